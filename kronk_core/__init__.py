@@ -1,0 +1,25 @@
+"""Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
+
+from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.plugins import hookimpl
+from kronk_core.sdk import ChatStream, Kronk, LoadedModel
+from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, FinishReason, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "ChatDelta",
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResult",
+    "ChatStream",
+    "FinishReason",
+    "Kronk",
+    "KronkConfig",
+    "LoadedModel",
+    "ModelConfig",
+    "SamplingConfig",
+    "Usage",
+    "hookimpl",
+]

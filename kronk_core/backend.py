@@ -1,0 +1,113 @@
+"""What a backend plugin provides: a loaded text model the engine can drive.
+
+The engine is backend-neutral; everything llama.cpp-specific lives in the
+llamacpp plugin, which implements these protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kronk_core.config import ModelConfig
+from kronk_core.sampling import SamplerStage
+from kronk_core.types import TokenLogprob
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Facts about a loaded model that templates, caches and dialects need."""
+
+    id: str
+    path: str
+    architecture: str
+    n_ctx_train: int
+    n_ctx_per_seq: int
+    n_seq_max: int
+    n_vocab: int
+    bos_token: str
+    eos_token: str
+    chat_template: str | None
+    template_name: str | None
+    kv_bytes_per_token: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Batch:
+    """One decode call's worth of tokens: parallel lists, one entry per token."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    logits: list[bool] = field(default_factory=list)
+
+    def add(self, token: int, position: int, seq_id: int, want_logits: bool) -> int:
+        """Append one token; returns its index in the batch (used to read its logits)."""
+        self.tokens.append(token)
+        self.positions.append(position)
+        self.seq_ids.append(seq_id)
+        self.logits.append(want_logits)
+        return len(self.tokens) - 1
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Sampler(Protocol):
+    """A native sampler chain bound to one request."""
+
+    def sample(self, batch_index: int) -> int:
+        """Pick the next token from the logits at batch_index and accept it into the chain."""
+
+    def close(self) -> None:
+        """Free the native chain."""
+
+
+@runtime_checkable
+class TextModel(Protocol):
+    """A loaded model plus its context, driven by exactly one engine thread."""
+
+    info: ModelInfo
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes this token adds to the output text (special tokens render as empty)."""
+
+    def token_text(self, token: int) -> str:
+        """The token as shown in logprobs (special tokens rendered, invalid UTF-8 replaced)."""
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def decode(self, batch: Batch) -> None:
+        """Run the model over the batch; raises KronkError when the backend fails."""
+
+    def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
+        """Log-probabilities of the raw (unsampled) distribution at batch_index."""
+
+    def new_sampler(self, stages: Sequence[SamplerStage]) -> Sampler: ...
+
+    def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
+        """Remove positions [start, end) of seq_id (end -1 = to the end)."""
+
+    def seq_copy(self, src: int, dst: int, start: int, end: int) -> None: ...
+
+    def seq_keep(self, seq_id: int) -> None: ...
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """Export one sequence's KV state."""
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> int:
+        """Import a state exported by seq_state; returns bytes read (0 = failure)."""
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """Loads models of the kinds it claims (the llamacpp plugin claims `.gguf`)."""
+
+    name: str
+
+    def load_text_model(self, config: ModelConfig) -> TextModel: ...

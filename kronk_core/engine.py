@@ -1,0 +1,383 @@
+"""The batch engine: one worker thread per loaded text model, continuous batching over slots.
+
+Each step builds ONE batch holding a token for every generating slot plus
+prompt chunks for prefilling slots (bounded by n_batch), runs one decode, then
+samples, detokenizes and checks stop conditions per slot. The asyncio side
+talks to the thread only through a bounded request queue and per-request
+output queues fed with `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from kronk_core.backend import Batch, Sampler, TextModel
+from kronk_core.detok import StopMatcher, Utf8Stream
+from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
+from kronk_core.sampling import SamplerStage
+from kronk_core.slots import CacheStrategy, Slot
+from kronk_core.types import (
+    EngineEvent,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TextChunk,
+    TokenLogprob,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_SECONDS = 0.1
+_request_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one engine step put into its decode: slot id → token count."""
+
+    index: int
+    generating: dict[int, int]
+    prefilling: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    steps: int
+    queued: int
+    active: int
+    generated_tokens: int
+    prefilled_tokens: int
+
+
+@dataclass(eq=False)
+class _Job:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[EngineEvent]
+    id: int = field(default_factory=lambda: next(_request_ids))
+    enqueued_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    slot: Slot | None = None
+    sampler: Sampler | None = None
+    next_prompt_index: int = 0
+    cached_tokens: int = 0
+    pending_token: int | None = None
+    batch_index: int = -1
+    completion_tokens: int = 0
+    started_at: float = 0.0
+    first_token_at: float = 0.0
+    utf8: Utf8Stream = field(default_factory=Utf8Stream)
+    stops: StopMatcher | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.next_prompt_index < len(self.request.prompt_tokens)
+
+    def deliver(self, event: EngineEvent) -> None:
+        """Hand an event to the consumer's loop; a closed loop means the consumer is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            self.cancelled = True
+
+
+class GenerationStream:
+    """The consumer's end of one request: an async iterator of engine events.
+
+    Leaving the iteration early (break, exception, aclose) cancels the request;
+    the engine frees its slot within one step.
+    """
+
+    def __init__(self, engine: Engine, job: _Job, events: asyncio.Queue[EngineEvent]) -> None:
+        self._engine = engine
+        self._job = job
+        self._events = events
+        self._done = False
+
+    @property
+    def request_id(self) -> int:
+        return self._job.id
+
+    def __aiter__(self) -> AsyncIterator[EngineEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[EngineEvent]:
+        try:
+            while not self._done:
+                event = await self._events.get()
+                if isinstance(event, Finished):
+                    self._done = True
+                yield event
+        finally:
+            if not self._done:
+                self.cancel()
+
+    def cancel(self) -> None:
+        self._engine.cancel(self._job)
+
+
+class Engine:
+    """Owns a TextModel and runs every request for it on one worker thread."""
+
+    def __init__(
+        self,
+        model: TextModel,
+        *,
+        n_batch: int,
+        queue_depth: int,
+        cache: CacheStrategy,
+        sampler_stages: Callable[[SamplingParams], Sequence[SamplerStage]],
+    ) -> None:
+        self.model = model
+        self.n_ctx_per_seq = model.info.n_ctx_per_seq
+        self.n_batch = n_batch
+        self.slots = [Slot(id=i, seq_id=i) for i in range(model.info.n_seq_max)]
+        self._cache = cache
+        self._sampler_stages = sampler_stages
+        self._queue: queue.Queue[_Job] = queue.Queue(maxsize=len(self.slots) * queue_depth)
+        self._wake = threading.Event()
+        self._active: list[_Job] = []
+        self._stopping = False
+        self._step_listeners: list[Callable[[StepRecord], None]] = []
+        self._steps = 0
+        self._generated = 0
+        self._prefilled = 0
+        self._thread = threading.Thread(
+            target=self._run, name=f"kronk-engine-{model.info.id}", daemon=True
+        )
+        self._thread.start()
+
+    # ---- asyncio side -------------------------------------------------------
+
+    async def submit(self, request: GenerationRequest, *, wait: float) -> GenerationStream:
+        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError."""
+        if self._stopping:
+            raise EngineClosedError("the model is shutting down")
+        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._queue.put_nowait(job)
+                break
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    raise QueueFullError(
+                        f"the request queue for {self.model.info.id} is full "
+                        f"({self._queue.maxsize} waiting); retry later",
+                        retry_after=max(1, int(wait) or 1),
+                    ) from None
+                await asyncio.sleep(0.01)
+        self._wake.set()
+        return GenerationStream(self, job, events)
+
+    def cancel(self, job: _Job) -> None:
+        job.cancelled = True
+        self._wake.set()
+
+    def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
+        """Call listener(record) on the engine thread after every decode step."""
+        self._step_listeners.append(listener)
+
+    def remove_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
+        self._step_listeners.remove(listener)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            steps=self._steps,
+            queued=self._queue.qsize(),
+            active=len(self._active),
+            generated_tokens=self._generated,
+            prefilled_tokens=self._prefilled,
+        )
+
+    def close(self) -> None:
+        """Stop the worker; queued and running requests end with an error event."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    # ---- engine thread ------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._reap_cancelled()
+                self._admit()
+                if not self._active:
+                    self._wake.wait(_IDLE_WAIT_SECONDS)
+                    self._wake.clear()
+                    continue
+                self._step()
+        except Exception:
+            log.exception("engine for %s crashed", self.model.info.id)
+        finally:
+            self._shutdown_jobs()
+
+    def _shutdown_jobs(self) -> None:
+        for job in list(self._active):
+            self._finish(job, FinishReason.error, error="the model was unloaded")
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            job.deliver(Finished(FinishReason.error, Usage(), error="the model was unloaded"))
+
+    def _reap_cancelled(self) -> None:
+        for job in [job for job in self._active if job.cancelled]:
+            self._finish(job, FinishReason.cancelled)
+
+    def _admit(self) -> None:
+        while not self._stopping:
+            free = [slot for slot in self.slots if not slot.busy]
+            if not free:
+                return
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job.cancelled:
+                job.deliver(Finished(FinishReason.cancelled, Usage()))
+                continue
+            self._start(job, free)
+
+    def _start(self, job: _Job, free: list[Slot]) -> None:
+        prompt = job.request.prompt_tokens
+        slot = self._cache.select_slot(free, prompt)
+        slot.busy = slot.pending = True
+        job.slot = slot
+        job.started_at = time.monotonic()
+        self._active.append(job)
+        try:
+            job.cached_tokens = self._cache.prepare(slot, prompt, self.model)
+            job.next_prompt_index = job.cached_tokens
+            job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
+        except KronkError as exc:
+            self._finish(job, FinishReason.error, error=exc.message)
+            return
+        job.stops = StopMatcher(job.request.stop)
+
+    def _step(self) -> None:
+        batch = Batch()
+        generating: dict[int, int] = {}
+        prefilling: dict[int, int] = {}
+        sampled: list[_Job] = []
+        for job in self._active:
+            if job.pending_token is None or job.slot is None:
+                continue
+            job.batch_index = batch.add(
+                job.pending_token, len(job.slot.tokens), job.slot.seq_id, True
+            )
+            generating[job.slot.id] = 1
+            sampled.append(job)
+        budget = self.n_batch - len(batch)
+        chunks: list[tuple[_Job, Sequence[int]]] = []
+        for job in self._active:
+            if budget <= 0:
+                break
+            if not job.prefilling or job.slot is None:
+                continue
+            prompt = job.request.prompt_tokens
+            start = job.next_prompt_index
+            chunk = prompt[start : start + budget]
+            last = len(prompt) - 1
+            for offset, token in enumerate(chunk):
+                index = batch.add(token, start + offset, job.slot.seq_id, start + offset == last)
+            if start + len(chunk) == len(prompt):
+                job.batch_index = index
+                sampled.append(job)
+            chunks.append((job, chunk))
+            prefilling[job.slot.id] = len(chunk)
+            budget -= len(chunk)
+        try:
+            self.model.decode(batch)
+        except KronkError as exc:
+            log.error("decode failed on %s: %s", self.model.info.id, exc.message)
+            for job in list(self._active):
+                self._finish(job, FinishReason.error, error=exc.message)
+            return
+        for job in list(self._active):
+            if job.slot is not None and job.slot.id in generating and job.pending_token is not None:
+                job.slot.tokens.append(job.pending_token)
+                job.pending_token = None
+        for job, chunk in chunks:
+            assert job.slot is not None
+            job.slot.tokens.extend(chunk)
+            job.next_prompt_index += len(chunk)
+            if not job.prefilling:
+                job.slot.pending = False
+        self._steps += 1
+        self._generated += len(generating)
+        self._prefilled += sum(prefilling.values())
+        for job in sampled:
+            self._sample(job)
+        if self._step_listeners:
+            record = StepRecord(self._steps, generating, prefilling)
+            for listener in self._step_listeners:
+                listener(record)
+
+    def _sample(self, job: _Job) -> None:
+        assert job.sampler is not None and job.slot is not None and job.stops is not None
+        token = job.sampler.sample(job.batch_index)
+        if job.completion_tokens == 0:
+            job.first_token_at = time.monotonic()
+        if self.model.is_end_of_generation(token):
+            self._finish(job, FinishReason.stop)
+            return
+        job.completion_tokens += 1
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if job.request.logprobs:
+            # The native chain samples from a copy, so these are the raw
+            # log-probs the token was chosen from, as before acceptance.
+            logprobs = (
+                self.model.logprobs(job.batch_index, token, job.request.top_logprobs),
+            )
+        text = job.stops.push(job.utf8.push(self.model.token_bytes(token)))
+        if text or logprobs:
+            job.deliver(TextChunk(text, 1, logprobs))
+        if job.stops.matched is not None:
+            self._finish(job, FinishReason.stop)
+        elif job.completion_tokens >= job.request.max_tokens:
+            self._finish(job, FinishReason.length)
+        elif len(job.slot.tokens) + 1 >= self.n_ctx_per_seq:
+            self._finish(job, FinishReason.length)
+        else:
+            job.pending_token = token
+
+    def _finish(self, job: _Job, reason: FinishReason, error: str | None = None) -> None:
+        if job.stops is not None and reason is not FinishReason.error:
+            tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
+            if tail:
+                job.deliver(TextChunk(tail, 0))
+        usage = Usage(
+            prompt_tokens=len(job.request.prompt_tokens),
+            completion_tokens=job.completion_tokens,
+            cached_tokens=job.cached_tokens,
+        )
+        job.deliver(Finished(reason, usage, error))
+        if job.sampler is not None:
+            job.sampler.close()
+            job.sampler = None
+        self._active.remove(job)
+        slot = job.slot
+        if slot is None:
+            return
+        job.pending_token = None
+        try:
+            self._cache.release(slot, self.model)
+        except KronkError as exc:
+            log.error("cache release failed on slot %d: %s", slot.id, exc.message)
+            self.model.seq_remove(slot.seq_id, 0, -1)
+            slot.tokens.clear()
+        slot.busy = slot.pending = False
+        slot.last_used = time.monotonic()

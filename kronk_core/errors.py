@@ -1,0 +1,77 @@
+"""The one error hierarchy. Each API dialect maps these to its own HTTP shape in one place."""
+
+from __future__ import annotations
+
+
+class KronkError(Exception):
+    """Base of every error Kronk raises on purpose. `status` is the HTTP status it maps to."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(KronkError):
+    """The request is malformed or a value is out of range."""
+
+    status = 400
+    code = "invalid_argument"
+
+
+class ContextOverflowError(InvalidRequestError):
+    """Prompt plus max_tokens do not fit in the model's context window."""
+
+    code = "context_length_exceeded"
+
+
+class ModelNotFoundError(KronkError):
+    """No configured or installed model has that id."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class ConfigError(KronkError):
+    """A configuration value is invalid; the message names the key."""
+
+    status = 500
+    code = "config_error"
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}", param=key)
+        self.key = key
+
+
+class ModelLoadError(KronkError):
+    """A model could not be loaded (file missing, unsupported, out of memory)."""
+
+    status = 500
+    code = "model_load_failed"
+
+
+class TemplateError(InvalidRequestError):
+    """The chat template failed to render these messages."""
+
+    code = "template_error"
+
+
+class QueueFullError(KronkError):
+    """The model's request queue stayed full past the caller's wait."""
+
+    status = 429
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineClosedError(KronkError):
+    """The engine was shut down while the request was queued or running."""
+
+    status = 503
+    code = "unavailable"

@@ -1,0 +1,121 @@
+"""The plugin contract: every hook a Kronk plugin can implement.
+
+Plugins are pluggy plugins of project "kronk", found through the entry-point
+group "kronk". Implement a hook by defining a function with the same name,
+decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from kronk_core.backend import Backend, ModelInfo
+from kronk_core.config import ModelConfig
+from kronk_core.events import RequestRecord
+from kronk_core.sampling import SamplerStage
+from kronk_core.slots import CacheStrategy
+from kronk_core.templates import TemplateProcessor
+from kronk_core.types import SamplingParams
+
+if TYPE_CHECKING:
+    import click
+
+    from kronk_core.sdk import Kronk
+
+hookspec = pluggy.HookspecMarker("kronk")
+
+
+@hookspec(firstresult=True)
+def kronk_backend(model_config: ModelConfig) -> Backend | None:
+    """Claim a model: return a Backend that can load it, or None to pass.
+
+    Called once per model load with the validated model config (its
+    `model_path` is resolved). The first non-None answer wins; use
+    `tryfirst=True` on your hookimpl to claim files another backend would also
+    claim. The built-in llamacpp backend claims `.gguf` files.
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_cache_strategy(name: str, model_config: ModelConfig) -> CacheStrategy | None:
+    """Return the CacheStrategy called `name` for this model, or None if you do not provide it.
+
+    `name` comes from the model config ("none", "spc", "imc"; a third party
+    may define more through its own config). The strategy object lives as
+    long as the model's engine and is only called from the engine thread.
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_sampler_stages(params: SamplingParams, model: ModelInfo) -> list[SamplerStage] | None:
+    """Return the ordered sampler stages for one request, or None to pass.
+
+    `params` are fully resolved (request > model config > defaults). The list
+    must end with a token-selecting stage (Greedy, Distribution or
+    AdaptiveP). The backend builds its native chain from it. The built-in
+    implementation is `trylast`, so any plugin answering first replaces it.
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_template_processor(
+    model_info: ModelInfo, model_config: ModelConfig
+) -> TemplateProcessor | None:
+    """Return the TemplateProcessor for this model, or None to pass.
+
+    Most specific wins: a processor for one model family should answer only
+    when `model_info.architecture`, `model_info.chat_template` or
+    `model_config.template` says it is that family. The generic jinja
+    processor is `trylast`.
+    """
+
+
+@hookspec
+def kronk_routes(kronk: Kronk) -> Sequence[Any]:
+    """Return Litestar route handlers (or Routers) to mount on the server.
+
+    `kronk` is the SDK facade the server runs on: use it to reach models and
+    configuration. Paths must not collide with another plugin's.
+    """
+
+
+@hookspec
+def kronk_guards(kronk: Kronk) -> Sequence[Callable[..., Any]]:
+    """Return Litestar guards applied to every route (e.g. authentication)."""
+
+
+@hookspec
+def kronk_middleware(kronk: Kronk) -> Sequence[Any]:
+    """Return Litestar middleware (classes or DefineMiddleware) for the whole app."""
+
+
+@hookspec
+def kronk_exception_handlers(kronk: Kronk) -> Mapping[type[Exception], Callable[..., Any]]:
+    """Return {exception type: Litestar exception handler} for the whole app.
+
+    Dialects map errors to their own shape in their own route handlers; this
+    hook is for app-wide fallbacks.
+    """
+
+
+@hookspec
+def kronk_startup(kronk: Kronk) -> None:
+    """Called once after the server (or SDK) has started and plugins are registered."""
+
+
+@hookspec
+def kronk_shutdown(kronk: Kronk) -> None:
+    """Called once when the server (or SDK) shuts down, before models are unloaded."""
+
+
+@hookspec
+def kronk_request_finished(record: RequestRecord) -> None:
+    """Called after every generation finishes (observability). Must not block or raise."""
+
+
+@hookspec
+def kronk_cli(group: click.Group) -> None:
+    """Add sub-commands to the `kronk` command-line group."""

@@ -1,0 +1,68 @@
+"""The plugin manager: finds plugins through entry points and registers the active ones."""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib.metadata import entry_points
+from types import ModuleType
+
+import pluggy
+
+from kronk_core import hookspecs
+from kronk_core.config import PluginSelection
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "kronk"
+hookimpl = pluggy.HookimplMarker("kronk")
+
+
+def _names_from_env(variable: str) -> list[str]:
+    return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+
+
+def effective_selection(selection: PluginSelection) -> PluginSelection:
+    """Config selection overridden by KRONK_PLUGINS / KRONK_DISABLE_PLUGINS when set."""
+    enabled = _names_from_env("KRONK_PLUGINS") or selection.enabled
+    disabled = _names_from_env("KRONK_DISABLE_PLUGINS") or selection.disabled
+    return PluginSelection(enabled=enabled, disabled=disabled)
+
+
+def create_plugin_manager(
+    selection: PluginSelection | None = None,
+    extra: dict[str, ModuleType | object] | None = None,
+) -> pluggy.PluginManager:
+    """Register every installed `kronk` entry point the selection allows, then `extra`.
+
+    `extra` registers in-process plugins (name → module or object) exactly as
+    an installed one would be; the selection applies to them too.
+    """
+    chosen = effective_selection(selection or PluginSelection())
+    manager = pluggy.PluginManager("kronk")
+    manager.add_hookspecs(hookspecs)
+
+    def allowed(name: str) -> bool:
+        if name in chosen.disabled:
+            return False
+        return not chosen.enabled or name in chosen.enabled
+
+    for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        if not allowed(entry_point.name):
+            log.info("plugin %s installed but disabled by configuration", entry_point.name)
+            continue
+        if manager.has_plugin(entry_point.name):
+            continue
+        plugin = entry_point.load()
+        manager.register(plugin, name=entry_point.name)
+        log.info("registered plugin %s from %s", entry_point.name, entry_point.value)
+    for name, plugin in (extra or {}).items():
+        if allowed(name):
+            manager.register(plugin, name=name)
+            log.info("registered plugin %s (in-process)", name)
+    manager.check_pending()
+    return manager
+
+
+def registered_plugins(manager: pluggy.PluginManager) -> list[str]:
+    return [name for name, _ in manager.list_name_plugin()]

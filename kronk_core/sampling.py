@@ -1,0 +1,120 @@
+"""Sampler stages: backend-neutral descriptions of a sampler chain.
+
+A plugin's `kronk_sampler_stages` hook returns an ordered list of these; the
+backend turns the list into its native chain. The last stage must select a
+token (`Greedy`, `Distribution` or `AdaptiveP`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from kronk_core.config import SamplingConfig
+from kronk_core.types import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    gbnf: str
+    root: str = "root"
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchemaGrammar:
+    """Constrain output to JSON matching this schema (JSON text); the backend compiles it."""
+
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class Penalties:
+    last_n: int
+    repeat: float
+    frequency: float
+    presence: float
+
+
+@dataclass(frozen=True, slots=True)
+class Dry:
+    multiplier: float
+    base: float
+    allowed_length: int
+    penalty_last_n: int
+    sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+
+
+@dataclass(frozen=True, slots=True)
+class TopK:
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopP:
+    p: float
+    min_keep: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MinP:
+    p: float
+    min_keep: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Xtc:
+    probability: float
+    threshold: float
+    min_keep: int
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Temperature:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Greedy:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveP:
+    target: float
+    decay: float
+    seed: int
+
+
+SamplerStage = (
+    Grammar | JsonSchemaGrammar | Penalties | Dry | TopK | TopP | MinP | Xtc | Temperature | Greedy | Distribution
+    | AdaptiveP
+)
+
+SELECTING_STAGES = (Greedy, Distribution, AdaptiveP)
+
+# llama.cpp's "pick a random seed" value.
+RANDOM_SEED = 0xFFFFFFFF
+
+
+def resolve_sampling(*layers: SamplingConfig | None) -> SamplingParams:
+    """Merge sampling layers, highest precedence first (request, model config), over defaults."""
+    values: dict[str, object] = {}
+    names = {f.name for f in fields(SamplingParams)}
+    for layer in reversed([layer for layer in layers if layer is not None]):
+        for name, value in layer.model_dump(exclude_none=True).items():
+            if name in names:
+                values[name] = value
+    return replace(SamplingParams(), **values)  # type: ignore[arg-type]
+
+
+def resolve_max_tokens(request: int | None, model: SamplingConfig, default: int) -> int:
+    if request is not None:
+        return request
+    if model.max_tokens is not None:
+        return model.max_tokens
+    return default

@@ -1,0 +1,438 @@
+"""The SDK facade: everything the server does, from plain Python."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+from pydantic import ValidationError
+
+from kronk_core.backend import TextModel
+from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.engine import Engine, GenerationStream
+from kronk_core.errors import (
+    ContextOverflowError,
+    InvalidRequestError,
+    KronkError,
+    ModelLoadError,
+)
+from kronk_core.events import RequestRecord
+from kronk_core.models import known_model_ids, resolve_model_config
+from kronk_core.plugins import create_plugin_manager, registered_plugins
+from kronk_core.sampling import resolve_sampling
+from kronk_core.templates import OutputParser, RenderOptions, TemplateProcessor
+from kronk_core.types import (
+    DEFAULT_MAX_TOKENS,
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TextChunk,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model with its engine and template processor, ready for requests."""
+
+    config: ModelConfig
+    model: TextModel
+    engine: Engine
+    template: TemplateProcessor
+    loaded_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> list[int]:
+        """Template then tokenize; the template supplies BOS and other special tokens itself."""
+        prompt = self.template.render(messages, options)
+        return self.model.tokenize(prompt, add_special=False, parse_special=True)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.model.close()
+
+
+class ChatStream:
+    """A started chat generation: prompt already checked and queued; iterate for deltas."""
+
+    def __init__(
+        self,
+        kronk: Kronk,
+        loaded: LoadedModel,
+        stream: GenerationStream,
+        parser: OutputParser,
+        prompt_tokens: int,
+    ) -> None:
+        self._kronk = kronk
+        self._loaded = loaded
+        self._stream = stream
+        self._parser = parser
+        self.prompt_tokens = prompt_tokens
+        self.model_id = loaded.id
+        self.created = time.time()
+
+    def __aiter__(self) -> AsyncIterator[ChatDelta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChatDelta]:
+        started = time.monotonic()
+        first_token_at = 0.0
+        async for event in self._stream:
+            if isinstance(event, TextChunk):
+                if not first_token_at:
+                    first_token_at = time.monotonic()
+                parts = self._parser.feed(event.text) if event.text else []
+                if event.logprobs:
+                    head = parts[0] if parts else ChatDelta()
+                    parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
+                for part in parts:
+                    yield part
+                continue
+            assert isinstance(event, Finished)
+            if event.reason is FinishReason.error:
+                raise KronkError(event.error or "generation failed")
+            for part in self._parser.finish():
+                yield part
+            self._kronk.request_finished(self.model_id, self._stream, event, started, first_token_at)
+            yield ChatDelta(finish_reason=event.reason, usage=event.usage)
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
+def _with_logprobs(delta: ChatDelta, logprobs: tuple[TokenLogprob, ...]) -> ChatDelta:
+    return ChatDelta(
+        content=delta.content,
+        reasoning=delta.reasoning,
+        tool_calls=delta.tool_calls,
+        logprobs=delta.logprobs + logprobs,
+        finish_reason=delta.finish_reason,
+        usage=delta.usage,
+    )
+
+
+def _message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
+    if isinstance(value, ChatMessage):
+        return value
+    role = value.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise InvalidRequestError(f"unknown message role {role!r}", param="messages")
+    content = value.get("content")
+    if content is not None and not isinstance(content, str):
+        raise InvalidRequestError("message content must be a string", param="messages")
+    return ChatMessage(role=role, content=content)
+
+
+class Kronk:
+    """Load models and run chats on them, with or without a server.
+
+    >>> kronk = Kronk()
+    >>> result = asyncio.run(kronk.chat([{"role": "user", "content": "Hi"}], max_tokens=20))
+    """
+
+    def __init__(
+        self,
+        config: KronkConfig | None = None,
+        *,
+        plugins: Mapping[str, ModuleType | object] | None = None,
+    ) -> None:
+        self.config = config or KronkConfig()
+        self.plugins = create_plugin_manager(self.config.plugins, extra=dict(plugins or {}))
+        self.hook = self.plugins.hook
+        self._loaded: dict[str, LoadedModel] = {}
+        self._load_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
+
+    # ---- models ------------------------------------------------------------
+
+    def model_ids(self) -> list[str]:
+        """Every model this instance can serve: configured, installed, and the default."""
+        return known_model_ids(self.config)
+
+    def loaded_models(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    def get_loaded(self, model_id: str | None = None) -> LoadedModel | None:
+        return self._loaded.get(model_id or self.config.default_model)
+
+    def load(self, model_id: str | None = None) -> LoadedModel:
+        """Load a model (once, even when called concurrently) and start its engine."""
+        model_id = model_id or self.config.default_model
+        with self._guard:
+            lock = self._load_locks.setdefault(model_id, threading.Lock())
+        with lock:
+            loaded = self._loaded.get(model_id)
+            if loaded is None:
+                loaded = self._load(model_id)
+                self._loaded[model_id] = loaded
+            return loaded
+
+    async def aload(self, model_id: str | None = None) -> LoadedModel:
+        loaded = self.get_loaded(model_id)
+        if loaded is not None:
+            return loaded
+        return await asyncio.to_thread(self.load, model_id)
+
+    def _load(self, model_id: str) -> LoadedModel:
+        config = resolve_model_config(self.config, model_id)
+        backend = self.hook.kronk_backend(model_config=config)
+        if backend is None:
+            raise ModelLoadError(f"no backend plugin can load {config.model_path}")
+        started = time.monotonic()
+        text_model = backend.load_text_model(config)
+        try:
+            cache = self.hook.kronk_cache_strategy(name=config.cache_strategy, model_config=config)
+            if cache is None:
+                raise ModelLoadError(f"no plugin provides cache strategy {config.cache_strategy!r}")
+            template = self.hook.kronk_template_processor(
+                model_info=text_model.info, model_config=config
+            )
+            if template is None:
+                raise ModelLoadError(f"no template processor for {model_id}")
+            info = text_model.info
+
+            def stages(params: SamplingParams) -> list[Any]:
+                chosen = self.hook.kronk_sampler_stages(params=params, model=info)
+                if not chosen:
+                    raise ModelLoadError("no plugin provides sampler stages")
+                return list(chosen)
+
+            engine = Engine(
+                text_model,
+                n_batch=config.n_batch,
+                queue_depth=config.queue_depth,
+                cache=cache,
+                sampler_stages=stages,
+            )
+        except BaseException:
+            text_model.close()
+            raise
+        log.info(
+            "loaded %s in %.2fs: backend=%s template=%s cache=%s slots=%d ctx/slot=%d",
+            model_id,
+            time.monotonic() - started,
+            backend.name,
+            template.name,
+            cache.name,
+            text_model.info.n_seq_max,
+            text_model.info.n_ctx_per_seq,
+        )
+        return LoadedModel(config=config, model=text_model, engine=engine, template=template)
+
+    def unload(self, model_id: str | None = None) -> bool:
+        """Stop a model's engine and free it; running requests end with an error event."""
+        loaded = self._loaded.pop(model_id or self.config.default_model, None)
+        if loaded is None:
+            return False
+        loaded.close()
+        log.info("unloaded %s", loaded.id)
+        return True
+
+    def close(self) -> None:
+        for model_id in list(self._loaded):
+            self.unload(model_id)
+
+    def __enter__(self) -> Kronk:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---- chat --------------------------------------------------------------
+
+    def render_options(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> RenderOptions:
+        thinking = request.enable_thinking
+        if request.grammar or request.json_schema:
+            thinking = False  # a grammar applies from the first generated token
+        return RenderOptions(
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=True if thinking is None else thinking,
+            reasoning_effort=request.reasoning_effort,
+            tools=request.tools,
+            template_kwargs=dict(request.template_kwargs),
+        )
+
+    async def start_chat(self, request: ChatRequest, *, wait: float | None = None) -> ChatStream:
+        """Validate, render, check the context and queue the request.
+
+        Everything that can fail before the first token fails here (unknown
+        model, template error, context overflow, queue full), so a server can
+        answer with a proper status before it starts a stream.
+        """
+        if not request.messages:
+            raise InvalidRequestError("messages must not be empty", param="messages")
+        loaded = await self.aload(request.model)
+        options = self.render_options(request)
+        prompt = loaded.render(request.messages, options)
+        sampling = resolve_sampling(request.sampling, loaded.config.sampling)
+        if request.grammar or request.json_schema:
+            sampling = _with_grammar(sampling, request.grammar, request.json_schema)
+        max_tokens = self._max_tokens(loaded, request, len(prompt))
+        generation = GenerationRequest(
+            prompt_tokens=tuple(prompt),
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=request.stop,
+            logprobs=request.logprobs or request.top_logprobs > 0,
+            top_logprobs=request.top_logprobs,
+        )
+        stream = await loaded.engine.submit(
+            generation, wait=self.config.queue_wait_seconds if wait is None else wait
+        )
+        return ChatStream(self, loaded, stream, loaded.template.parser(options), len(prompt))
+
+    def _max_tokens(self, loaded: LoadedModel, request: ChatRequest, prompt_len: int) -> int:
+        limit = loaded.model.info.n_ctx_per_seq
+        explicit = request.max_tokens or loaded.config.sampling.max_tokens
+        room = limit - prompt_len
+        if room < 1 or (explicit is not None and explicit > room):
+            wanted = explicit or 1
+            raise ContextOverflowError(
+                f"this request needs {prompt_len + wanted} tokens ({prompt_len} in the prompt "
+                f"+ {wanted} to generate) but the context window of {loaded.id} is {limit} tokens",
+                param="messages",
+            )
+        return explicit if explicit is not None else min(DEFAULT_MAX_TOKENS, room)
+
+    async def chat_stream(
+        self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
+    ) -> AsyncIterator[ChatDelta]:
+        """Stream a chat answer as deltas; the last one carries finish_reason and usage."""
+        stream = await self.start_chat(self.chat_request(messages, **params))
+        async for delta in stream:
+            yield delta
+
+    async def chat(
+        self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
+    ) -> ChatResult:
+        """Run a chat to the end and return the whole answer."""
+        return await collect(await self.start_chat(self.chat_request(messages, **params)))
+
+    def chat_request(
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] = (),
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        grammar: str | None = None,
+        json_schema: str | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        chat_template_kwargs: Mapping[str, str | int | float | bool | None] | None = None,
+        **sampling: Any,
+    ) -> ChatRequest:
+        """Build a ChatRequest from keyword arguments; sampling keys as in the manual."""
+        try:
+            overrides = SamplingConfig.model_validate(sampling)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = ".".join(str(part) for part in first["loc"])
+            raise InvalidRequestError(f"{key}: {first['msg']}", param=key) from None
+        if max_tokens is not None and max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+        if not 0 <= top_logprobs <= 5:
+            raise InvalidRequestError("top_logprobs must be between 0 and 5", param="top_logprobs")
+        return ChatRequest(
+            messages=tuple(_message(message) for message in messages),
+            model=model,
+            sampling=overrides,
+            max_tokens=max_tokens,
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            grammar=grammar,
+            json_schema=json_schema,
+            enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort,
+            template_kwargs=tuple((chat_template_kwargs or {}).items()),
+        )
+
+    async def count_prompt_tokens(self, request: ChatRequest, *, add_generation_prompt: bool) -> int:
+        loaded = await self.aload(request.model)
+        options = self.render_options(request, add_generation_prompt=add_generation_prompt)
+        return len(loaded.render(request.messages, options))
+
+    async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
+        """Tokenize raw text the way a prompt is (BOS added, special tokens parsed)."""
+        loaded = await self.aload(model)
+        return loaded.model.tokenize(text, add_special=True, parse_special=True)
+
+    def request_finished(
+        self,
+        model_id: str,
+        stream: GenerationStream,
+        finished: Finished,
+        started: float,
+        first_token_at: float,
+    ) -> None:
+        now = time.monotonic()
+        record = RequestRecord(
+            request_id=str(stream.request_id),
+            model=model_id,
+            prompt_tokens=finished.usage.prompt_tokens,
+            completion_tokens=finished.usage.completion_tokens,
+            cached_tokens=finished.usage.cached_tokens,
+            finish_reason=finished.reason.value,
+            queue_seconds=0.0,
+            time_to_first_token=(first_token_at - started) if first_token_at else 0.0,
+            total_seconds=now - started,
+        )
+        self.hook.kronk_request_finished(record=record)
+
+
+def _with_grammar(
+    params: SamplingParams, grammar: str | None, json_schema: str | None
+) -> SamplingParams:
+    return replace(params, grammar=grammar, json_schema=json_schema)
+
+
+async def collect(stream: ChatStream) -> ChatResult:
+    """Drain a ChatStream into a ChatResult."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[ToolCall] = []
+    logprobs: list[TokenLogprob] = []
+    finish = FinishReason.stop
+    usage = Usage()
+    async for delta in stream:
+        content.append(delta.content)
+        reasoning.append(delta.reasoning)
+        tool_calls.extend(delta.tool_calls)
+        logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            finish = delta.finish_reason
+        if delta.usage is not None:
+            usage = delta.usage
+    return ChatResult(
+        content="".join(content),
+        reasoning="".join(reasoning),
+        finish_reason=finish,
+        usage=usage,
+        tool_calls=tool_calls,
+        logprobs=logprobs,
+    )
+
+
+__all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "collect"]

@@ -1,0 +1,185 @@
+"""Plain dataclasses that travel inside Kronk, from a dialect to the engine and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from kronk_core.config import SamplingConfig
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Role
+    content: str | None = None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call; `parameters_json` is its JSON schema as text."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Fully resolved sampling values for one request (no "unset" left)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    dry_multiplier: float = 1.05
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    xtc_min_keep: int = 1
+    adaptive_p_target: float = 0.0
+    adaptive_p_decay: float = 0.0
+    grammar: str | None = None
+    json_schema: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+class FinishReason(StrEnum):
+    stop = "stop"
+    length = "length"
+    tool_calls = "tool_calls"
+    cancelled = "cancelled"
+    error = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the engine runs: tokens in, sampling settings, stop conditions."""
+
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """Newly generated text (complete UTF-8, stop strings already cut) and its tokens' logprobs."""
+
+    text: str
+    token_count: int
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of a generation."""
+
+    reason: FinishReason
+    usage: Usage
+    error: str | None = None
+
+
+EngineEvent = TextChunk | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDelta:
+    """One streamed piece of a chat answer, as the SDK hands it out."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+@dataclass(slots=True)
+class ChatResult:
+    """A whole chat answer (the SDK's non-streaming result)."""
+
+    content: str
+    reasoning: str
+    finish_reason: FinishReason
+    usage: Usage
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A chat request as every dialect hands it to the SDK.
+
+    `sampling` holds only what the caller set; unset values fall back to the
+    model config, then to the defaults. `json_schema` is the schema as JSON text.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    model: str | None = None
+    sampling: SamplingConfig | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    grammar: str | None = None
+    json_schema: str | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None
+    template_kwargs: tuple[tuple[str, str | int | float | bool | None], ...] = ()
+    tools: tuple[ToolSpec, ...] = ()

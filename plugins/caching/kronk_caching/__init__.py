@@ -1,0 +1,1 @@
+"""KV cache strategies for Kronk."""

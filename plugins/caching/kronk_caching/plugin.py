@@ -1,0 +1,16 @@
+"""Hook implementations of the caching plugin."""
+
+from __future__ import annotations
+
+from kronk_core import hookimpl
+from kronk_core.config import ModelConfig
+from kronk_core.slots import CacheStrategy
+
+from kronk_caching.none import NoCache
+
+
+@hookimpl
+def kronk_cache_strategy(name: str, model_config: ModelConfig) -> CacheStrategy | None:
+    if name == "none":
+        return NoCache()
+    return None

@@ -1,0 +1,1 @@
+"""llama.cpp backend for Kronk."""

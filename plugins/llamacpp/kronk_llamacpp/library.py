@@ -1,0 +1,33 @@
+"""Process-wide llama.cpp set-up: backend init once, its log routed into Python logging."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+import llama_cpp
+
+log = logging.getLogger("kronk.llama")
+_lock = threading.Lock()
+_initialised = False
+
+# GGML log levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@llama_cpp.llama_log_callback  # type: ignore[misc]
+def _route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    python_level = _LEVELS.get(level, logging.DEBUG)
+    if log.isEnabledFor(python_level):
+        log.log(python_level, "%s", text.decode("utf-8", errors="replace").rstrip())
+
+
+def ensure_initialised() -> None:
+    global _initialised
+    with _lock:
+        if _initialised:
+            return
+        llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _initialised = True

@@ -1,0 +1,234 @@
+"""A GGUF model and its llama.cpp context, driven by one Kronk engine thread."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+
+import llama_cpp
+import numpy as np
+
+from kronk_core.backend import Batch, ModelInfo
+from kronk_core.config import ModelConfig, RopeScaling
+from kronk_core.errors import KronkError, ModelLoadError
+from kronk_core.sampling import SamplerStage
+from kronk_core.types import TokenLogprob, TopLogprob
+
+from kronk_llamacpp.library import ensure_initialised
+from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params, model_params
+from kronk_llamacpp.sampler import NativeSampler, build_sampler
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_WINDOW = 8192
+_SKIPPED_METADATA = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                     "tokenizer.ggml.merges", "tokenizer.chat_template")
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def load_text_model(self, config: ModelConfig) -> LlamaTextModel:
+        return LlamaTextModel(config)
+
+
+def _metadata(model: llama_cpp.llama_model_p) -> dict[str, str]:
+    key = ctypes.create_string_buffer(256)
+    value = ctypes.create_string_buffer(1024)
+    found: dict[str, str] = {}
+    for index in range(llama_cpp.llama_model_meta_count(model)):
+        llama_cpp.llama_model_meta_key_by_index(model, index, key, len(key))
+        name = key.value.decode("utf-8", errors="replace")
+        if name in _SKIPPED_METADATA:
+            continue
+        llama_cpp.llama_model_meta_val_str_by_index(model, index, value, len(value))
+        found[name] = value.value.decode("utf-8", errors="replace")
+    return found
+
+
+class LlamaTextModel:
+    """Implements kronk_core.backend.TextModel over llama.cpp's low-level API."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        ensure_initialised()
+        path = config.model_path
+        if path is None or not path.is_file():
+            raise ModelLoadError(f"model_path: file not found: {path}")
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params(config))
+        if not self._model:
+            raise ModelLoadError(f"model_path: llama.cpp could not load {path} (not a valid GGUF?)")
+        self._ctx: llama_cpp.llama_context_p | None = None
+        self._batch: llama_cpp.llama_batch | None = None
+        try:
+            self._open_context(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_context(self, config: ModelConfig) -> None:
+        model = self._model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        metadata = _metadata(model)
+        n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
+        context_window = config.context_window or min(n_ctx_train, DEFAULT_CONTEXT_WINDOW)
+        if context_window > n_ctx_train and config.rope_scaling is RopeScaling.none:
+            log.warning(
+                "context_window %d of %s is beyond the model's training length %d and "
+                "rope_scaling is none: expect degraded output past %d tokens "
+                "(set rope_scaling: yarn to extend the context)",
+                context_window, config.id, n_ctx_train, n_ctx_train,
+            )
+        self._ctx = llama_cpp.llama_init_from_model(model, context_params(config, context_window))
+        if not self._ctx:
+            raise ModelLoadError(
+                f"context_window: llama.cpp could not create a context of {context_window} tokens "
+                f"x {config.n_seq_max} slots for {config.id} (out of memory?)"
+            )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        self._n_batch = config.n_batch
+        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, config.n_seq_max)
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(config.n_batch,))
+        self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(config.n_batch,))
+        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(config.n_batch,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(config.n_batch,))[:] = 1
+        self._seq_ids = self._batch.seq_id
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        template = llama_cpp.llama_model_chat_template(model, None)
+        n_layer = llama_cpp.llama_model_n_layer(model)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+        arch = metadata.get("general.architecture", "unknown")
+        key_len = int(metadata.get(f"{arch}.attention.key_length", "0") or 0)
+        value_len = int(metadata.get(f"{arch}.attention.value_length", "0") or 0)
+        kv_bytes = n_layer * n_head_kv * (
+            key_len * GGML_TYPE_BYTES[config.cache_type_k]
+            + value_len * GGML_TYPE_BYTES[config.cache_type_v]
+        )
+        self.info = ModelInfo(
+            id=config.id,
+            path=str(config.model_path),
+            architecture=arch,
+            n_ctx_train=n_ctx_train,
+            n_ctx_per_seq=self.n_ctx_per_seq,
+            n_seq_max=config.n_seq_max,
+            n_vocab=self.n_vocab,
+            bos_token=self.token_text(llama_cpp.llama_vocab_bos(self._vocab)),
+            eos_token=self.token_text(llama_cpp.llama_vocab_eos(self._vocab)),
+            chat_template=template.decode("utf-8") if template else None,
+            template_name=config.template,
+            kv_bytes_per_token=int(kv_bytes),
+            metadata=metadata,
+        )
+
+    # ---- tokens ------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, add_special, parse_special
+            )
+            if count >= 0:
+                return list(buffer[:count])
+            capacity = -count
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buffer = self._piece_buffer
+        size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:size]
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token, False)
+        return piece
+
+    def token_text(self, token: int) -> str:
+        return self._piece(token, True).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # ---- decoding ----------------------------------------------------------
+
+    def decode(self, batch: Batch) -> None:
+        count = len(batch)
+        if not 0 < count <= self._n_batch:
+            raise KronkError(f"batch of {count} tokens outside 1..{self._n_batch}")
+        assert self._batch is not None
+        self._tokens[:count] = batch.tokens
+        self._positions[:count] = batch.positions
+        self._want_logits[:count] = batch.logits
+        seq_ids = self._seq_ids
+        for index, seq_id in enumerate(batch.seq_ids):
+            seq_ids[index][0] = seq_id
+        self._batch.n_tokens = count
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            raise KronkError(f"llama_decode failed with status {status}")
+
+    def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
+        peak = logits.max()
+        logsumexp = peak + np.log(np.exp(logits - peak).sum())
+        top: tuple[TopLogprob, ...] = ()
+        if top_n > 0:
+            best = np.argpartition(-logits, top_n)[:top_n]
+            best = best[np.argsort(-logits[best], kind="stable")]
+            top = tuple(self._top(int(t), float(logits[t] - logsumexp)) for t in best)
+        text = self.token_text(token)
+        return TokenLogprob(
+            token=text,
+            logprob=min(0.0, float(logits[token] - logsumexp)),
+            bytes=tuple(text.encode("utf-8")),
+            top_logprobs=top,
+        )
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        text = self.token_text(token)
+        return TopLogprob(token=text, logprob=min(0.0, logprob), bytes=tuple(text.encode("utf-8")))
+
+    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler:
+        assert self._ctx is not None
+        return build_sampler(self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages)
+
+    # ---- KV sequences ------------------------------------------------------
+
+    def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end))
+
+    def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+
+    def seq_keep(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
+
+    def seq_state(self, seq_id: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, seq_id)
+        return bytes(buffer[:written])
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> int:
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return int(llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id))
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

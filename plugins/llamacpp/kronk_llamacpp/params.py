@@ -1,0 +1,103 @@
+"""Kronk model config → llama.cpp model and context parameters."""
+
+from __future__ import annotations
+
+import os
+
+import llama_cpp
+
+from kronk_core.config import CacheType, FlashAttention, ModelConfig, RopeScaling, SplitMode
+
+# enum ggml_type values (stable in ggml.h; the Python bindings export only some).
+GGML_TYPES = {
+    CacheType.f32: 0,
+    CacheType.f16: 1,
+    CacheType.q4_0: 2,
+    CacheType.q4_1: 3,
+    CacheType.q5_0: 6,
+    CacheType.q5_1: 7,
+    CacheType.q8_0: 8,
+    CacheType.iq4_nl: 20,
+    CacheType.bf16: 30,
+}
+
+GGML_TYPE_BYTES = {
+    CacheType.f32: 4.0,
+    CacheType.f16: 2.0,
+    CacheType.bf16: 2.0,
+    CacheType.q8_0: 34 / 32,
+    CacheType.q4_0: 18 / 32,
+    CacheType.q4_1: 20 / 32,
+    CacheType.iq4_nl: 18 / 32,
+    CacheType.q5_0: 22 / 32,
+    CacheType.q5_1: 24 / 32,
+}
+
+FLASH_ATTENTION = {
+    FlashAttention.auto: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    FlashAttention.enabled: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    FlashAttention.disabled: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+SPLIT_MODES = {
+    SplitMode.none: llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    SplitMode.layer: llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    SplitMode.row: llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
+
+ROPE_SCALING = {
+    RopeScaling.none: llama_cpp.LLAMA_ROPE_SCALING_TYPE_NONE,
+    RopeScaling.linear: llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR,
+    RopeScaling.yarn: llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN,
+}
+
+
+def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
+    params = llama_cpp.llama_model_default_params()
+    # Kronk: 0 = all layers, -1 = none, N = N. llama.cpp: -1 = all, 0 = none.
+    if config.n_gpu_layers == 0:
+        params.n_gpu_layers = -1
+    elif config.n_gpu_layers == -1:
+        params.n_gpu_layers = 0
+    else:
+        params.n_gpu_layers = config.n_gpu_layers
+    params.split_mode = SPLIT_MODES[config.split_mode]
+    params.main_gpu = config.main_gpu
+    return params
+
+
+def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_context_params:
+    params = llama_cpp.llama_context_default_params()
+    # Each slot owns a full context_window of KV (per-sequence, not unified).
+    params.n_ctx = n_ctx_per_seq * config.n_seq_max
+    params.n_batch = config.n_batch
+    params.n_ubatch = config.n_ubatch
+    params.n_seq_max = config.n_seq_max
+    params.kv_unified = False
+    threads = config.n_threads or os.cpu_count() or 1
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.type_k = GGML_TYPES[config.cache_type_k]
+    params.type_v = GGML_TYPES[config.cache_type_v]
+    params.flash_attn_type = FLASH_ATTENTION[config.flash_attention]
+    params.offload_kqv = config.offload_kqv
+    params.op_offload = config.op_offload
+    params.swa_full = config.swa_full
+    params.no_perf = True
+    if config.rope_scaling is not RopeScaling.none:
+        params.rope_scaling_type = ROPE_SCALING[config.rope_scaling]
+    if config.rope_freq_base is not None:
+        params.rope_freq_base = config.rope_freq_base
+    if config.rope_freq_scale is not None:
+        params.rope_freq_scale = config.rope_freq_scale
+    if config.yarn_ext_factor is not None:
+        params.yarn_ext_factor = config.yarn_ext_factor
+    if config.yarn_attn_factor is not None:
+        params.yarn_attn_factor = config.yarn_attn_factor
+    if config.yarn_beta_fast is not None:
+        params.yarn_beta_fast = config.yarn_beta_fast
+    if config.yarn_beta_slow is not None:
+        params.yarn_beta_slow = config.yarn_beta_slow
+    if config.yarn_orig_ctx is not None:
+        params.yarn_orig_ctx = config.yarn_orig_ctx
+    return params

@@ -1,0 +1,127 @@
+"""Sampler stages → one native llama.cpp sampler chain."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import llama_cpp
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from kronk_core.errors import InvalidRequestError
+from kronk_core.sampling import (
+    SELECTING_STAGES,
+    AdaptiveP,
+    Distribution,
+    Dry,
+    Grammar,
+    Greedy,
+    JsonSchemaGrammar,
+    MinP,
+    Penalties,
+    SamplerStage,
+    Temperature,
+    TopK,
+    TopP,
+    Xtc,
+)
+
+
+class NativeSampler:
+    """A llama.cpp sampler chain; `sample` picks from batch logits and accepts the token."""
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, chain: llama_cpp.llama_sampler_p) -> None:
+        self._ctx = ctx
+        self._chain: llama_cpp.llama_sampler_p | None = chain
+
+    def sample(self, batch_index: int) -> int:
+        return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, batch_index))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+
+
+def compile_json_schema(schema: str) -> str:
+    try:
+        return str(json_schema_to_gbnf(schema))
+    except Exception as exc:  # the converter raises bare Exceptions / ValueErrors
+        raise InvalidRequestError(
+            f"json_schema cannot be turned into a grammar: {exc}", param="json_schema"
+        ) from None
+
+
+def _native_stage(
+    stage: SamplerStage, vocab: llama_cpp.llama_vocab_p, n_vocab: int, n_ctx: int
+) -> llama_cpp.llama_sampler_p:
+    match stage:
+        case Grammar(gbnf=gbnf, root=root):
+            return _grammar(vocab, gbnf, root, "grammar")
+        case JsonSchemaGrammar(schema=schema):
+            return _grammar(vocab, compile_json_schema(schema), "root", "json_schema")
+        case Penalties(last_n=last_n, repeat=repeat, frequency=frequency, presence=presence):
+            return llama_cpp.llama_sampler_init_penalties(
+                n_vocab, n_ctx if last_n < 0 else last_n, repeat, frequency, presence
+            )
+        case Dry():
+            # Kronk: penalty_last_n 0 (or -1) = the whole context; llama.cpp: 0 = disabled.
+            last_n = n_ctx if stage.penalty_last_n <= 0 else stage.penalty_last_n
+            breakers = (ctypes.c_char_p * len(stage.sequence_breakers))(
+                *(b.encode() for b in stage.sequence_breakers)
+            )
+            return llama_cpp.llama_sampler_init_dry(
+                vocab,
+                stage.multiplier,
+                stage.base,
+                stage.allowed_length,
+                last_n,
+                breakers,
+                len(stage.sequence_breakers),
+            )
+        case TopK(k=k):
+            return llama_cpp.llama_sampler_init_top_k(k)
+        case TopP(p=p, min_keep=min_keep):
+            return llama_cpp.llama_sampler_init_top_p(p, min_keep)
+        case MinP(p=p, min_keep=min_keep):
+            return llama_cpp.llama_sampler_init_min_p(p, min_keep)
+        case Xtc(probability=probability, threshold=threshold, min_keep=min_keep, seed=seed):
+            return llama_cpp.llama_sampler_init_xtc(probability, threshold, min_keep, seed)
+        case Temperature(value=value):
+            return llama_cpp.llama_sampler_init_temp(value)
+        case Greedy():
+            return llama_cpp.llama_sampler_init_greedy()
+        case Distribution(seed=seed):
+            return llama_cpp.llama_sampler_init_dist(seed)
+        case AdaptiveP(target=target, decay=decay, seed=seed):
+            return llama_cpp.llama_sampler_init_adaptive_p(target, decay, seed)
+    raise InvalidRequestError(f"the llamacpp backend has no sampler stage {stage!r}")
+
+
+def _grammar(
+    vocab: llama_cpp.llama_vocab_p, gbnf: str, root: str, param: str
+) -> llama_cpp.llama_sampler_p:
+    native = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), root.encode())
+    if not native:
+        raise InvalidRequestError(f"{param}: the GBNF grammar does not parse", param=param)
+    return native
+
+
+def build_sampler(
+    ctx: llama_cpp.llama_context_p,
+    vocab: llama_cpp.llama_vocab_p,
+    n_vocab: int,
+    n_ctx: int,
+    stages: Sequence[SamplerStage],
+) -> NativeSampler:
+    if not stages or not isinstance(stages[-1], SELECTING_STAGES):
+        raise InvalidRequestError("a sampler chain must end with a token-selecting stage")
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    sampler = NativeSampler(ctx, chain)
+    try:
+        for stage in stages:
+            llama_cpp.llama_sampler_chain_add(chain, _native_stage(stage, vocab, n_vocab, n_ctx))
+    except BaseException:
+        sampler.close()
+        raise
+    return sampler

@@ -1,0 +1,1 @@
+"""The default sampler-stage order for Kronk."""

@@ -1,0 +1,82 @@
+"""Default sampler chain, in llama.cpp's customary order.
+
+constraints (grammar) → penalties → DRY → top-k → top-p → min-p → XTC →
+temperature → selection (greedy, distribution or adaptive-p).
+"""
+
+from __future__ import annotations
+
+from kronk_core import hookimpl
+from kronk_core.backend import ModelInfo
+from kronk_core.sampling import (
+    RANDOM_SEED,
+    AdaptiveP,
+    Distribution,
+    Dry,
+    Grammar,
+    Greedy,
+    JsonSchemaGrammar,
+    MinP,
+    Penalties,
+    SamplerStage,
+    Temperature,
+    TopK,
+    TopP,
+    Xtc,
+)
+from kronk_core.types import SamplingParams
+
+
+def default_stages(params: SamplingParams) -> list[SamplerStage]:
+    seed = RANDOM_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+    stages: list[SamplerStage] = []
+    if params.grammar:
+        stages.append(Grammar(params.grammar))
+    elif params.json_schema:
+        stages.append(JsonSchemaGrammar(params.json_schema))
+    if (
+        params.repeat_penalty != 1.0
+        or params.frequency_penalty != 0.0
+        or params.presence_penalty != 0.0
+    ):
+        stages.append(
+            Penalties(
+                last_n=params.repeat_last_n,
+                repeat=params.repeat_penalty,
+                frequency=params.frequency_penalty,
+                presence=params.presence_penalty,
+            )
+        )
+    if params.dry_multiplier > 0.0:
+        stages.append(
+            Dry(
+                multiplier=params.dry_multiplier,
+                base=params.dry_base,
+                allowed_length=params.dry_allowed_length,
+                penalty_last_n=params.dry_penalty_last_n,
+            )
+        )
+    if params.greedy:
+        stages.append(Greedy())
+        return stages
+    if params.top_k > 0:
+        stages.append(TopK(params.top_k))
+    if params.top_p < 1.0:
+        stages.append(TopP(params.top_p))
+    if params.min_p > 0.0:
+        stages.append(MinP(params.min_p))
+    if params.xtc_probability > 0.0:
+        stages.append(
+            Xtc(params.xtc_probability, params.xtc_threshold, params.xtc_min_keep, seed)
+        )
+    stages.append(Temperature(params.temperature))
+    if params.adaptive_p_target > 0.0:
+        stages.append(AdaptiveP(params.adaptive_p_target, params.adaptive_p_decay, seed))
+    else:
+        stages.append(Distribution(seed))
+    return stages
+
+
+@hookimpl(trylast=True)
+def kronk_sampler_stages(params: SamplingParams, model: ModelInfo) -> list[SamplerStage]:
+    return default_stages(params)

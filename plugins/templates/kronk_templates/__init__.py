@@ -1,0 +1,1 @@
+"""Chat templates for Kronk."""

@@ -1,0 +1,110 @@
+"""Render chat templates in a jinja2 sandbox."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from importlib.resources import files
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kronk_core.errors import ConfigError, TemplateError
+from kronk_core.templates import OutputParser, RenderOptions
+from kronk_core.types import ChatDelta, ChatMessage
+
+BUNDLED = ("gemma", "chatml", "llama3")
+
+
+def bundled_source(name: str) -> str:
+    if name not in BUNDLED:
+        raise ConfigError("template", f"unknown template {name!r}; bundled: {', '.join(BUNDLED)}")
+    return (files("kronk_templates") / "bundled" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(f"chat template: {message}")
+
+
+def _message_dict(message: ChatMessage) -> dict[str, Any]:
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        data["name"] = message.name
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        data["reasoning_content"] = message.reasoning_content
+    if message.tool_calls:
+        data["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.loads(call.arguments or "{}")},
+            }
+            for call in message.tool_calls
+        ]
+    return data
+
+
+class PlainParser:
+    """Generated text is all content (models without reasoning or tool markup)."""
+
+    def feed(self, text: str) -> list[ChatDelta]:
+        return [ChatDelta(content=text)] if text else []
+
+    def finish(self) -> list[ChatDelta]:
+        return []
+
+
+class JinjaTemplateProcessor:
+    def __init__(self, name: str, source: str, bos_token: str, eos_token: str) -> None:
+        self.name = name
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+        )
+        environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(
+            value, indent=indent, ensure_ascii=False
+        )
+        environment.globals["raise_exception"] = _raise
+        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = environment.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError("template", f"chat template {name!r} does not parse: {exc}") from None
+        self._bos = bos_token
+        self._eos = eos_token
+
+    def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> str:
+        context: dict[str, Any] = {
+            "messages": [_message_dict(message) for message in messages],
+            "add_generation_prompt": options.add_generation_prompt,
+            "enable_thinking": options.enable_thinking,
+            "bos_token": self._bos,
+            "eos_token": self._eos,
+            **dict(options.template_kwargs),
+        }
+        if options.reasoning_effort is not None:
+            context["reasoning_effort"] = options.reasoning_effort
+        if options.tools:
+            context["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": json.loads(tool.parameters_json),
+                    },
+                }
+                for tool in options.tools
+            ]
+        try:
+            return self._template.render(context)
+        except TemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
+            raise TemplateError(f"chat template {self.name!r} failed: {exc}") from None
+
+    def parser(self, options: RenderOptions) -> OutputParser:
+        return PlainParser()
