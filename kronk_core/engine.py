@@ -200,6 +200,11 @@ class Engine:
             prefilled_tokens=self._prefilled,
         )
 
+    @property
+    def alive(self) -> bool:
+        """True while the worker thread runs and accepts requests."""
+        return self._thread.is_alive() and not self._stopping
+
     def close(self) -> None:
         """Stop the worker; queued and running requests end with an error event."""
         self._stopping = True
@@ -224,14 +229,15 @@ class Engine:
             self._shutdown_jobs()
 
     def _shutdown_jobs(self) -> None:
+        unloaded = EngineClosedError("the model was unloaded")
         for job in list(self._active):
-            self._finish(job, FinishReason.error, error="the model was unloaded")
+            self._finish(job, FinishReason.error, error=unloaded)
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            job.deliver(Finished(FinishReason.error, Usage(), error="the model was unloaded"))
+            job.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
 
     def _reap_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
@@ -263,7 +269,7 @@ class Engine:
             job.next_prompt_index = job.cached_tokens
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
-            self._finish(job, FinishReason.error, error=exc.message)
+            self._finish(job, FinishReason.error, error=exc)
             return
         job.stops = StopMatcher(job.request.stop)
 
@@ -304,7 +310,7 @@ class Engine:
         except KronkError as exc:
             log.error("decode failed on %s: %s", self.model.info.id, exc.message)
             for job in list(self._active):
-                self._finish(job, FinishReason.error, error=exc.message)
+                self._finish(job, FinishReason.error, error=exc)
             return
         for job in list(self._active):
             if job.slot is not None and job.slot.id in generating and job.pending_token is not None:
@@ -354,7 +360,7 @@ class Engine:
         else:
             job.pending_token = token
 
-    def _finish(self, job: _Job, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:

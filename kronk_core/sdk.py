@@ -108,7 +108,7 @@ class ChatStream:
                 continue
             assert isinstance(event, Finished)
             if event.reason is FinishReason.error:
-                raise KronkError(event.error or "generation failed")
+                raise event.error or KronkError("generation failed")
             for part in self._parser.finish():
                 yield part
             self._kronk.request_finished(self.model_id, self._stream, event, started, first_token_at)
@@ -375,9 +375,9 @@ class Kronk:
         return len(loaded.render(request.messages, options))
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
-        """Tokenize raw text the way a prompt is (BOS added, special tokens parsed)."""
+        """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
         loaded = await self.aload(model)
-        return loaded.model.tokenize(text, add_special=True, parse_special=True)
+        return loaded.model.tokenize(text, add_special=False, parse_special=True)
 
     def request_finished(
         self,

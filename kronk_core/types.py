@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Literal
 
 from kronk_core.config import SamplingConfig
+from kronk_core.errors import KronkError
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -132,7 +133,7 @@ class Finished:
 
     reason: FinishReason
     usage: Usage
-    error: str | None = None
+    error: KronkError | None = None
 
 
 EngineEvent = TextChunk | Finished

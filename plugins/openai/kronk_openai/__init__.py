@@ -1,0 +1,1 @@
+"""The OpenAI API dialect for Kronk."""

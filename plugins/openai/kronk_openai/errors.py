@@ -1,0 +1,67 @@
+"""KronkError → OpenAI's error shape: {"error": {"message", "type", "code", "param"}}."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from litestar import Response
+from pydantic import ValidationError
+
+from kronk_core.errors import InvalidRequestError, KronkError, QueueFullError
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "server_error"),
+            "code": code,
+            "param": param,
+        }
+    }
+
+
+def error_response(error: KronkError) -> Response[dict[str, Any]]:
+    headers = {}
+    if isinstance(error, QueueFullError):
+        headers["Retry-After"] = str(error.retry_after)
+    message = error.message if error.status < 500 else f"{error.code}: {error.message}"
+    return Response(
+        error_body(error.status, message, error.code, error.param),
+        status_code=error.status,
+        headers=headers,
+    )
+
+
+def sse_error(error: KronkError) -> bytes:
+    """An error event for a stream that has already started."""
+    body = error_body(error.status, error.message, error.code, error.param)
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def invalid_body(exc: ValidationError) -> InvalidRequestError:
+    """The first pydantic error, as a message that names the field."""
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return InvalidRequestError(f"missing required field: {location}", param=location)
+    return InvalidRequestError(f"{location}: {message}", param=location or None)
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None

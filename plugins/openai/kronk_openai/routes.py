@@ -1,0 +1,174 @@
+"""OpenAI routes: chat completions, models, tokenize."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, Router, get, post
+from litestar.response import Stream
+from pydantic import ValidationError
+
+from kronk_core.errors import KronkError, ModelNotFoundError
+from kronk_core.sdk import ChatStream, Kronk, collect
+from kronk_core.types import ChatDelta
+
+from kronk_openai.errors import error_response, invalid_body, parse_json, sse_error
+from kronk_openai.responses import (
+    FINISH_REASONS,
+    delta_dict,
+    logprobs_dict,
+    usage_dict,
+)
+from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
+
+
+def _kronk(request: Request[Any, Any, Any]) -> Kronk:
+    kronk: Kronk = request.app.state.kronk
+    return kronk
+
+
+async def _parse(request: Request[Any, Any, Any], model: type[Any]) -> Any:
+    data = parse_json(await request.body())
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
+    kronk = _kronk(request)
+    stream = await kronk.start_chat(body.to_core())
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        deltas = aiter(stream)
+        # Wait for the first event so errors at start (a bad grammar) still get a status code.
+        first = await anext(deltas)
+        return Stream(
+            _sse(stream, deltas, first, completion_id, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    result = await collect(stream)
+    message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": FINISH_REASONS[result.finish_reason],
+        "logprobs": logprobs_dict(result.logprobs) if body.logprobs or body.top_logprobs else None,
+    }
+    return Response(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(stream.created),
+            "model": stream.model_id,
+            "choices": [choice],
+            "usage": usage_dict(result.usage),
+        }
+    )
+
+
+async def _sse(
+    stream: ChatStream,
+    deltas: AsyncIterator[ChatDelta],
+    first: ChatDelta,
+    completion_id: str,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    base = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(stream.created),
+        "model": stream.model_id,
+    }
+
+    def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> bytes:
+        payload: dict[str, Any] = {**base, "choices": [choice] if choice else []}
+        if include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    try:
+        async for delta in _chain(first, deltas):
+            if delta.finish_reason is not None:
+                yield chunk(
+                    {"index": 0, "delta": {}, "finish_reason": FINISH_REASONS[delta.finish_reason]}
+                )
+                if include_usage and delta.usage is not None:
+                    yield chunk(None, usage_dict(delta.usage))
+                continue
+            choice: dict[str, Any] = {"index": 0, "delta": delta_dict(delta), "finish_reason": None}
+            if delta.logprobs:
+                choice["logprobs"] = logprobs_dict(delta.logprobs)
+            yield chunk(choice)
+    except KronkError as exc:
+        yield sse_error(exc)
+        return
+    yield b"data: [DONE]\n\n"
+
+
+async def _chain(first: ChatDelta, rest: AsyncIterator[ChatDelta]) -> AsyncIterator[ChatDelta]:
+    yield first
+    async for delta in rest:
+        yield delta
+
+
+def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
+    loaded = kronk.get_loaded(model_id)
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "kronk",
+        "loaded": loaded is not None,
+    }
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    kronk = _kronk(request)
+    return {"object": "list", "data": [_model_card(kronk, mid) for mid in kronk.model_ids()]}
+
+
+@get("/v1/models/{model_id:str}")
+async def get_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    kronk = _kronk(request)
+    if model_id not in kronk.model_ids():
+        raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
+    return _model_card(kronk, model_id)
+
+
+@post("/v1/tokenize", status_code=200)
+async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body: TokenizeRequest = await _parse(request, TokenizeRequest)
+    kronk = _kronk(request)
+    if body.apply_template:
+        chat = kronk.chat_request([{"role": "user", "content": body.input}], model=body.model)
+        count = await kronk.count_prompt_tokens(
+            chat, add_generation_prompt=body.add_generation_prompt
+        )
+    else:
+        count = len(await kronk.tokenize(body.input, model=body.model))
+    return {"object": "tokenize", "created": int(time.time()), "model": body.model, "tokens": count}
+
+
+def _handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
+    return error_response(exc)
+
+
+def router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[chat_completions, list_models, get_model, tokenize],
+        exception_handlers={KronkError: _handle_kronk_error},
+    )

@@ -1,0 +1,230 @@
+"""Pydantic models of the OpenAI requests Kronk accepts, and their mapping to core types."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kronk_core.config import SamplingConfig
+from kronk_core.errors import InvalidRequestError
+from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolSpec
+
+JsonScalar = str | int | float | bool | None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url", "input_audio", "file"]
+
+
+class FunctionCall(BaseModel):
+    name: str
+    # Non-compliant clients send an object instead of a JSON string.
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | ImagePart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def to_core(self) -> ChatMessage:
+        content = self.content
+        if isinstance(content, list):
+            if any(isinstance(part, ImagePart) for part in content):
+                raise InvalidRequestError(
+                    "this server has no multimodal model: only text content parts are accepted",
+                    param="messages",
+                )
+            content = "".join(part.text for part in content if isinstance(part, TextPart))
+        calls = tuple(
+            ToolCall(
+                id=call.id,
+                name=call.function.name,
+                arguments=call.function.arguments
+                if isinstance(call.function.arguments, str)
+                else json.dumps(call.function.arguments),
+            )
+            for call in self.tool_calls or ()
+        )
+        return ChatMessage(
+            role=self.role,
+            content=content,
+            name=self.name,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            reasoning_content=self.reasoning_content,
+        )
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+
+class FunctionSpec(BaseModel):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolIn(BaseModel):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+def _thinking_flag(value: Any) -> Any:
+    """The manual documents enable_thinking as the string "true"/"false"; accept both forms."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions. Unknown fields are ignored, as OpenAI clients send extras."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: int | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repeat_penalty: Annotated[float, Field(ge=0.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    dry_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    dry_base: Annotated[float, Field(ge=1.0)] | None = None
+    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
+    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
+    xtc_probability: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    xtc_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    xtc_min_keep: Annotated[int, Field(ge=1)] | None = None
+    adaptive_p_target: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    adaptive_p_decay: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, JsonScalar] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    user: str | None = None
+
+    @field_validator("enable_thinking", mode="before")
+    @classmethod
+    def _normalise_thinking(cls, value: Any) -> Any:
+        return _thinking_flag(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.n != 1:
+            raise ValueError("n: only n=1 is supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            if self.max_tokens != self.max_completion_tokens:
+                raise ValueError("max_tokens and max_completion_tokens disagree")
+        constraints = [
+            self.grammar is not None,
+            self.json_schema is not None,
+            self.response_format is not None and self.response_format.type != "text",
+        ]
+        if sum(constraints) > 1:
+            raise ValueError("use only one of grammar, json_schema and response_format")
+        return self
+
+    def sampling(self) -> SamplingConfig:
+        fields = SamplingConfig.model_fields
+        return SamplingConfig.model_validate(
+            {name: value for name, value in self if name in fields and value is not None}
+        )
+
+    def schema_text(self) -> str | None:
+        if self.json_schema is not None:
+            return json.dumps(self.json_schema)
+        if self.response_format is None or self.response_format.type == "text":
+            return None
+        if self.response_format.type == "json_object":
+            return json.dumps({"type": "object"})
+        assert self.response_format.json_schema is not None
+        return json.dumps(self.response_format.json_schema.schema_ or {"type": "object"})
+
+    def to_core(self) -> ChatRequest:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        tools = () if self.tool_choice == "none" else tuple(
+            ToolSpec(
+                name=tool.function.name,
+                description=tool.function.description,
+                parameters_json=json.dumps(tool.function.parameters),
+            )
+            for tool in self.tools or ()
+        )
+        return ChatRequest(
+            messages=tuple(message.to_core() for message in self.messages),
+            model=self.model,
+            sampling=self.sampling(),
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            stop=stop,
+            logprobs=self.logprobs or bool(self.top_logprobs),
+            top_logprobs=self.top_logprobs or 0,
+            grammar=self.grammar,
+            json_schema=self.schema_text(),
+            enable_thinking=self.enable_thinking,
+            reasoning_effort=self.reasoning_effort,
+            template_kwargs=tuple((self.chat_template_kwargs or {}).items()),
+            tools=tools,
+        )
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str
+    apply_template: bool = False
+    add_generation_prompt: bool = True

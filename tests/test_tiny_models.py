@@ -1,0 +1,72 @@
+"""The tiny GGUF generator: its model loads and decodes, and its short training length warns."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kronk_core import Kronk, KronkConfig
+from kronk_core.config import ModelConfig
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_models.py"
+WARNING_TEXT = "beyond the model's training length"
+
+
+def _load_script() -> ModuleType:
+    # scripts/ is not a package, so load the generator by path.
+    spec = importlib.util.spec_from_file_location("make_tiny_models", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path: Path = _load_script().make_tiny_llama(
+        tmp_path_factory.mktemp("tiny-models") / "tiny-llama.gguf"
+    )
+    return path
+
+
+@contextmanager
+def _kronk(base: Path, model: Path, context_window: int) -> Iterator[Kronk]:
+    config = KronkConfig(
+        base_path=base,
+        models={"tiny": ModelConfig(model_path=model, template="chatml",
+                                    context_window=context_window)},
+    )
+    instance = Kronk(config)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+async def test_tiny_llama_generates(tiny_llama: Path, tmp_path: Path) -> None:
+    with _kronk(tmp_path, tiny_llama, 128) as kronk:
+        result = await kronk.chat([{"role": "user", "content": "hi"}], model="tiny",
+                                  max_tokens=5, temperature=0)
+        assert result.usage.completion_tokens == 5
+        assert kronk.load("tiny").model.info.n_ctx_train == 256
+
+
+@pytest.mark.parametrize(("context_window", "warns"), [(512, True), (128, False)])
+def test_context_beyond_training_length_warns(
+    tiny_llama: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    context_window: int, warns: bool,
+) -> None:
+    with (
+        _kronk(tmp_path, tiny_llama, context_window) as kronk,
+        caplog.at_level(logging.WARNING, logger="kronk_llamacpp.model"),
+    ):
+        kronk.load("tiny")
+    found = [r for r in caplog.records if r.name == "kronk_llamacpp.model"
+             and r.levelno == logging.WARNING and WARNING_TEXT in r.getMessage()]
+    assert bool(found) is warns
