@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
+import uvicorn
+
+from kronk_api import ServerSettings, create_app
 
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig
@@ -27,3 +34,30 @@ def kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
     instance.load()
     yield instance
     instance.close()
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    kronk: Kronk
+
+
+@pytest.fixture(scope="session")
+def server(kronk: Kronk) -> Iterator[RunningServer]:
+    """A real uvicorn on 127.0.0.1 (free port) serving the session's Kronk instance."""
+    app = create_app(ServerSettings(queue_wait_seconds=2.0), kronk=kronk)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not instance.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield RunningServer(base_url=f"http://127.0.0.1:{port}", kronk=kronk)
+    instance.should_exit = True
+    thread.join(timeout=10)

@@ -1,0 +1,113 @@
+"""Engine benchmark: overhead against a bare llama_decode loop, and batching throughput.
+
+Everything is measured side by side in one run on the default model:
+  1. single-stream decode tok/s: bare llama.cpp loop vs the Kronk engine (target overhead ≤ 5%);
+  2. aggregate decode tok/s at 1/2/4/8 concurrent streams (target at 8: ≥ 2x one stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import time
+
+import llama_cpp
+
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core.models import default_model_path
+from kronk_llamacpp.library import ensure_initialised
+from kronk_llamacpp.params import context_params, model_params
+
+PROMPT = "<bos><start_of_turn>user\nTell me a long story about a lighthouse keeper.<end_of_turn>\n<start_of_turn>model\n"
+
+
+def bare_loop(config: ModelConfig, tokens: int) -> float:
+    """Greedy decode with nothing but llama.cpp calls; returns decode tok/s."""
+    ensure_initialised()
+    model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), model_params(config))
+    ctx = llama_cpp.llama_init_from_model(model, context_params(config, config.context_window or 2048))
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    data = PROMPT.encode()
+    buffer = (llama_cpp.llama_token * 512)()
+    count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, 512, False, True)
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+    for i in range(count):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = buffer[i], i, 1
+        batch.seq_id[i][0], batch.logits[i] = 0, i == count - 1
+    batch.n_tokens = count
+    llama_cpp.llama_decode(ctx, batch)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    index, position = count - 1, count
+    started = time.perf_counter()
+    for _ in range(tokens):
+        token = llama_cpp.llama_sampler_sample(chain, ctx, index)
+        batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
+        batch.seq_id[0][0], batch.logits[0] = 0, True
+        batch.n_tokens = 1
+        llama_cpp.llama_decode(ctx, batch)
+        index, position = 0, position + 1
+    elapsed = time.perf_counter() - started
+    llama_cpp.llama_sampler_free(chain)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return tokens / elapsed
+
+
+async def engine_streams(kronk: Kronk, streams: int, tokens: int) -> float:
+    """Aggregate decode tok/s of `streams` concurrent greedy generations (after their first token)."""
+    stamps: list[float] = []
+    firsts: list[float] = []
+
+    async def one(i: int) -> None:
+        messages = [{"role": "user", "content": f"Count from {i} upwards, one number a line."}]
+        first = True
+        async for delta in kronk.chat_stream(
+            messages, max_tokens=tokens, temperature=0, dry_multiplier=0
+        ):
+            if delta.logprobs or delta.content:
+                now = time.perf_counter()
+                if first:
+                    firsts.append(now)
+                    first = False
+                else:
+                    stamps.append(now)
+
+    await asyncio.gather(*(one(i) for i in range(streams)))
+    # Count tokens decoded after every stream has started, over that window.
+    start = max(firsts)
+    after = [stamp for stamp in stamps if stamp > start]
+    return len(after) / (max(after) - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=200)
+    args = parser.parse_args()
+    config = ModelConfig(
+        id=DEFAULT_MODEL_ID, model_path=default_model_path(), template="gemma",
+        context_window=2048, n_seq_max=8,
+    )
+    bare = bare_loop(config.model_copy(update={"n_seq_max": 1}), args.tokens)
+    kronk = Kronk(KronkConfig(models={DEFAULT_MODEL_ID: config}))
+    kronk.load()
+    asyncio.run(engine_streams(kronk, 1, 16))  # warm-up
+    single = asyncio.run(engine_streams(kronk, 1, args.tokens))
+    print(f"\n{'single stream decode':<34}{'tok/s':>10}")
+    print(f"{'bare llama_decode loop':<34}{bare:>10.1f}")
+    print(f"{'kronk engine':<34}{single:>10.1f}")
+    print(f"{'engine overhead':<34}{(1 - single / bare) * 100:>9.1f}%  (target <= 5%)")
+    print(f"\n{'concurrent streams':<20}{'aggregate tok/s':>16}{'x single':>10}")
+    base = 0.0
+    for streams in (1, 2, 4, 8):
+        rate = asyncio.run(engine_streams(kronk, streams, args.tokens))
+        base = base or rate
+        print(f"{streams:<20}{rate:>16.1f}{rate / base:>10.2f}")
+    print("target at 8 streams: >= 2.00x")
+    kronk.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The `kronk` command line. Every flag has a KRONK_* environment variable."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from kronk_api.settings import ServerSettings, load_settings
+from kronk_core import Kronk, KronkConfig
+from kronk_core.config import default_base_path, load_model_config_file
+from kronk_core.errors import KronkError
+from kronk_core.models import installed_model_files, known_model_ids
+from kronk_core.plugins import create_plugin_manager
+
+# Flag → settings key; the environment variable names follow the Kronk manual.
+SERVER_OPTIONS = {
+    "api_host": "KRONK_WEB_API_HOST",
+    "base_path": "KRONK_BASE_PATH",
+    "model": "KRONK_MODEL",
+    "model_config_file": "KRONK_CATALOG_MODEL_CONFIG_FILE",
+    "preload": "KRONK_PRELOAD",
+    "queue_wait_seconds": "KRONK_QUEUE_WAIT_SECONDS",
+    "log_level": "KRONK_LOG_LEVEL",
+}
+
+
+def _base_path(value: Path | None) -> Path:
+    return (value or default_base_path()).expanduser()
+
+
+def _pid_file(base: Path) -> Path:
+    return base / "server.pid"
+
+
+def _log_file(base: Path) -> Path:
+    return base / "logs" / "server.log"
+
+
+def _fail(error: KronkError) -> NoReturn:
+    raise click.ClickException(error.message)
+
+
+class KronkGroup(click.Group):
+    """Lets plugins add sub-commands through the kronk_cli hook."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plugins_added = False
+
+    def _add_plugin_commands(self) -> None:
+        if not self._plugins_added:
+            self._plugins_added = True
+            create_plugin_manager().hook.kronk_cli(group=self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._add_plugin_commands()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._add_plugin_commands()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=KronkGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kronk")
+def main() -> None:
+    """Kronk: a local inference server and SDK for GGUF models."""
+
+
+@main.group()
+def server() -> None:
+    """Start, stop and inspect the model server."""
+
+
+@server.command("start")
+@click.option("--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT to bind [127.0.0.1:8080]")
+@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path),
+              help="Base directory for Kronk data [~/.kronk]")
+@click.option("--model", envvar="KRONK_MODEL", help="Default model id")
+@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
+              type=click.Path(path_type=Path), help="YAML file with per-model settings")
+@click.option("--preload/--no-preload", default=None, envvar="KRONK_PRELOAD",
+              help="Load the default model at start instead of on first use")
+@click.option("--queue-wait-seconds", type=float, envvar="KRONK_QUEUE_WAIT_SECONDS",
+              help="How long a request waits for queue space before 429 [30]")
+@click.option("--log-level", envvar="KRONK_LOG_LEVEL",
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level [info]")
+@click.option("--config", "config_file", envvar="KRONK_CONFIG", type=click.Path(path_type=Path),
+              help="YAML file with server settings (flags and environment override it)")
+@click.option("-d", "--detach", is_flag=True, help="Run in the background; logs go to the log file")
+def server_start(config_file: Path | None, detach: bool, **options: Any) -> None:
+    """Start the model server."""
+    overrides = {key: value for key, value in options.items() if value is not None}
+    try:
+        settings = load_settings(config_file, overrides)
+    except KronkError as exc:
+        _fail(exc)
+    if detach:
+        _start_detached(settings)
+        return
+    _serve(settings)
+
+
+def _serve(settings: ServerSettings) -> None:
+    import uvicorn
+
+    from kronk_api.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    try:
+        app = create_app(settings)
+    except KronkError as exc:
+        _fail(exc)
+    base = settings.base_path.expanduser()
+    base.mkdir(parents=True, exist_ok=True)
+    _pid_file(base).write_text(str(os.getpid()))
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    finally:
+        _pid_file(base).unlink(missing_ok=True)
+
+
+def _start_detached(settings: ServerSettings) -> None:
+    base = settings.base_path.expanduser()
+    log_file = _log_file(base)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    environment = {**os.environ, **_environment_for(settings)}
+    with log_file.open("ab") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kronk_api.cli", "server", "start"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+        )
+    click.echo(f"kronk server started in the background (pid {process.pid}) on {settings.api_host}")
+    click.echo(f"logs: {log_file}")
+
+
+def _environment_for(settings: ServerSettings) -> dict[str, str]:
+    values = settings.model_dump(exclude_none=True)
+    return {SERVER_OPTIONS[key]: str(value).lower() if isinstance(value, bool) else str(value)
+            for key, value in values.items()}
+
+
+@server.command("stop")
+@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for exit")
+def server_stop(base_path: Path | None, timeout: float) -> None:
+    """Stop a server started from this base path."""
+    pid_file = _pid_file(_base_path(base_path))
+    if not pid_file.exists():
+        raise click.ClickException("no running server found (no pid file)")
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        raise click.ClickException(f"server process {pid} is not running") from None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            click.echo(f"stopped server (pid {pid})")
+            return
+        time.sleep(0.1)
+    raise click.ClickException(f"server (pid {pid}) did not exit within {timeout}s")
+
+
+@server.command("logs")
+@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@click.option("-n", "--lines", default=100, show_default=True, help="How many lines to show")
+def server_logs(base_path: Path | None, lines: int) -> None:
+    """Show the log of a server started with -d."""
+    log_file = _log_file(_base_path(base_path))
+    if not log_file.exists():
+        raise click.ClickException(f"no log file at {log_file}")
+    for line in log_file.read_text(errors="replace").splitlines()[-lines:]:
+        click.echo(line)
+
+
+@main.group()
+def model() -> None:
+    """Inspect models."""
+
+
+@model.command("list")
+@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
+              type=click.Path(path_type=Path))
+def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
+    """List configured, installed and default models."""
+    try:
+        models = load_model_config_file(model_config_file) if model_config_file else {}
+    except KronkError as exc:
+        _fail(exc)
+    config = KronkConfig(base_path=_base_path(base_path), models=models)
+    files = installed_model_files(config)
+    for model_id in known_model_ids(config):
+        configured = config.model(model_id)
+        where = configured.model_path if configured and configured.model_path else files.get(model_id)
+        click.echo(f"{model_id}\t{where or 'embedded default'}")
+
+
+@main.command("run")
+@click.argument("model_id", required=False)
+@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
+              type=click.Path(path_type=Path))
+@click.option("--max-tokens", default=512, show_default=True)
+@click.option("--temperature", type=float, default=None)
+def run(
+    model_id: str | None,
+    base_path: Path | None,
+    model_config_file: Path | None,
+    max_tokens: int,
+    temperature: float | None,
+) -> None:
+    """Chat with a model in the terminal (no server needed). Ctrl-D or /exit quits."""
+    # llama.cpp's load chatter would interleave with the conversation.
+    logging.getLogger("kronk.llama").setLevel(logging.ERROR)
+    try:
+        models = load_model_config_file(model_config_file) if model_config_file else {}
+        config = KronkConfig(base_path=_base_path(base_path), models=models)
+        kronk = Kronk(config)
+        with _spinner(f"loading {model_id or config.default_model}"):
+            kronk.load(model_id)
+    except KronkError as exc:
+        _fail(exc)
+    sampling = {} if temperature is None else {"temperature": temperature}
+    history: list[dict[str, str]] = []
+    try:
+        while True:
+            try:
+                line = input(">>> ")
+            except EOFError:
+                break
+            if line.strip() in ("/exit", "/quit"):
+                break
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            answer = asyncio.run(_stream_answer(kronk, model_id, history, max_tokens, sampling))
+            history.append({"role": "assistant", "content": answer})
+    finally:
+        kronk.close()
+
+
+async def _stream_answer(
+    kronk: Kronk,
+    model_id: str | None,
+    history: list[dict[str, str]],
+    max_tokens: int,
+    sampling: dict[str, float],
+) -> str:
+    parts: list[str] = []
+    try:
+        async for delta in kronk.chat_stream(
+            history, model=model_id, max_tokens=max_tokens, **sampling
+        ):
+            if delta.content:
+                parts.append(delta.content)
+                click.echo(delta.content, nl=False)
+    except KronkError as exc:
+        click.echo(f"\nerror: {exc.message}", err=True)
+    click.echo()
+    return "".join(parts)
+
+
+class _spinner:
+    """A spinner on stderr while something slow (a model load) runs."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self) -> None:
+        for frame in itertools.cycle("|/-\\"):
+            if self._done.wait(0.1):
+                break
+            click.echo(f"\r{frame} {self._label}", nl=False, err=True)
+        click.echo("\r" + " " * (len(self._label) + 2) + "\r", nl=False, err=True)
+
+    def __enter__(self) -> _spinner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+if __name__ == "__main__":
+    main()

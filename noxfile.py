@@ -1,0 +1,49 @@
+"""Developer sessions: tests, lint, bench, serve. `python3 -m pip install nox` first."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PLUGINS = ["llamacpp", "sampling", "templates", "caching", "openai"]
+PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
+EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
+# Tests of the core alone: they must pass without llama-cpp-python or any plugin.
+CORE_TESTS = ["tests/test_config.py", "tests/test_detok.py", "tests/test_core_import.py"]
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole suite on real llama.cpp and the real default model."""
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def core(session: nox.Session) -> None:
+    """The core alone, without llama-cpp-python or any plugin installed."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-p", "no:cacheprovider", *CORE_TESTS, *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
+    session.run("ruff", "check", ".")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks, each printing ratios measured side by side in one run."""
+    session.install("-e", ".", *EDITABLE_PLUGINS)
+    session.run("python", "bench/bench_engine.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def serve(session: nox.Session) -> None:
+    """Install and start the server on the default model (127.0.0.1:8080)."""
+    session.install(*PACKAGES)
+    session.run("kronk", "server", "start", "--preload", *session.posargs)
