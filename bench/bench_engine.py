@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import time
 
 import llama_cpp
@@ -19,14 +18,21 @@ from kronk_core.models import default_model_path
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import context_params, model_params
 
-PROMPT = "<bos><start_of_turn>user\nTell me a long story about a lighthouse keeper.<end_of_turn>\n<start_of_turn>model\n"
+PROMPT = (
+    "<bos><start_of_turn>user\nCount from 1 upwards, one number a line.<end_of_turn>\n"
+    "<start_of_turn>model\n"
+)
 
 
 def bare_loop(config: ModelConfig, tokens: int) -> float:
     """Greedy decode with nothing but llama.cpp calls; returns decode tok/s."""
     ensure_initialised()
-    model = llama_cpp.llama_model_load_from_file(str(config.model_path).encode(), model_params(config))
-    ctx = llama_cpp.llama_init_from_model(model, context_params(config, config.context_window or 2048))
+    model = llama_cpp.llama_model_load_from_file(
+        str(config.model_path).encode(), model_params(config)
+    )
+    ctx = llama_cpp.llama_init_from_model(
+        model, context_params(config, config.context_window or 2048)
+    )
     vocab = llama_cpp.llama_model_get_vocab(model)
     data = PROMPT.encode()
     buffer = (llama_cpp.llama_token * 512)()
@@ -57,7 +63,7 @@ def bare_loop(config: ModelConfig, tokens: int) -> float:
 
 
 async def engine_streams(kronk: Kronk, streams: int, tokens: int) -> float:
-    """Aggregate decode tok/s of `streams` concurrent greedy generations (after their first token)."""
+    """Aggregate decode tok/s of `streams` concurrent greedy generations, once all have started."""
     stamps: list[float] = []
     firsts: list[float] = []
 
@@ -87,8 +93,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=200)
     args = parser.parse_args()
     config = ModelConfig(
-        id=DEFAULT_MODEL_ID, model_path=default_model_path(), template="gemma",
-        context_window=2048, n_seq_max=8,
+        id=DEFAULT_MODEL_ID,
+        model_path=default_model_path(),
+        template="gemma",
+        context_window=2048,
+        n_seq_max=8,
     )
     bare = bare_loop(config.model_copy(update={"n_seq_max": 1}), args.tokens)
     kronk = Kronk(KronkConfig(models={DEFAULT_MODEL_ID: config}))

@@ -29,7 +29,9 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     kronk: Kronk = request.app.state.kronk
     loaded = kronk.get_loaded()
     if loaded is None or not loaded.engine.alive:
-        return Response({"status": "not ready", "model": kronk.config.default_model}, status_code=503)
+        return Response(
+            {"status": "not ready", "model": kronk.config.default_model}, status_code=503
+        )
     return Response({"status": "ready", "model": loaded.id})
 
 
@@ -38,7 +40,9 @@ def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     body = {
         "error": {
             "message": exc.detail,
-            "type": _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
+            "type": _ERROR_TYPES.get(
+                status, "invalid_request_error" if status < 500 else "server_error"
+            ),
             "code": str(status),
             "param": None,
         }

@@ -85,19 +85,44 @@ def server() -> None:
 
 @server.command("start")
 @click.option("--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT to bind [127.0.0.1:8080]")
-@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path),
-              help="Base directory for Kronk data [~/.kronk]")
+@click.option(
+    "--base-path",
+    envvar="KRONK_BASE_PATH",
+    type=click.Path(path_type=Path),
+    help="Base directory for Kronk data [~/.kronk]",
+)
 @click.option("--model", envvar="KRONK_MODEL", help="Default model id")
-@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
-              type=click.Path(path_type=Path), help="YAML file with per-model settings")
-@click.option("--preload/--no-preload", default=None, envvar="KRONK_PRELOAD",
-              help="Load the default model at start instead of on first use")
-@click.option("--queue-wait-seconds", type=float, envvar="KRONK_QUEUE_WAIT_SECONDS",
-              help="How long a request waits for queue space before 429 [30]")
-@click.option("--log-level", envvar="KRONK_LOG_LEVEL",
-              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level [info]")
-@click.option("--config", "config_file", envvar="KRONK_CONFIG", type=click.Path(path_type=Path),
-              help="YAML file with server settings (flags and environment override it)")
+@click.option(
+    "--model-config-file",
+    envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
+    type=click.Path(path_type=Path),
+    help="YAML file with per-model settings",
+)
+@click.option(
+    "--preload/--no-preload",
+    default=None,
+    envvar="KRONK_PRELOAD",
+    help="Load the default model at start instead of on first use",
+)
+@click.option(
+    "--queue-wait-seconds",
+    type=float,
+    envvar="KRONK_QUEUE_WAIT_SECONDS",
+    help="How long a request waits for queue space before 429 [30]",
+)
+@click.option(
+    "--log-level",
+    envvar="KRONK_LOG_LEVEL",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log level [info]",
+)
+@click.option(
+    "--config",
+    "config_file",
+    envvar="KRONK_CONFIG",
+    type=click.Path(path_type=Path),
+    help="YAML file with server settings (flags and environment override it)",
+)
 @click.option("-d", "--detach", is_flag=True, help="Run in the background; logs go to the log file")
 def server_start(config_file: Path | None, detach: bool, **options: Any) -> None:
     """Start the model server."""
@@ -154,8 +179,10 @@ def _start_detached(settings: ServerSettings) -> None:
 
 def _environment_for(settings: ServerSettings) -> dict[str, str]:
     values = settings.model_dump(exclude_none=True)
-    return {SERVER_OPTIONS[key]: str(value).lower() if isinstance(value, bool) else str(value)
-            for key, value in values.items()}
+    return {
+        SERVER_OPTIONS[key]: str(value).lower() if isinstance(value, bool) else str(value)
+        for key, value in values.items()
+    }
 
 
 @server.command("stop")
@@ -202,8 +229,9 @@ def model() -> None:
 
 @model.command("list")
 @click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
-              type=click.Path(path_type=Path))
+@click.option(
+    "--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE", type=click.Path(path_type=Path)
+)
 def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
     """List configured, installed and default models."""
     try:
@@ -214,15 +242,18 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
     files = installed_model_files(config)
     for model_id in known_model_ids(config):
         configured = config.model(model_id)
-        where = configured.model_path if configured and configured.model_path else files.get(model_id)
+        where = (
+            configured.model_path if configured and configured.model_path else files.get(model_id)
+        )
         click.echo(f"{model_id}\t{where or 'embedded default'}")
 
 
 @main.command("run")
 @click.argument("model_id", required=False)
 @click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option("--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
-              type=click.Path(path_type=Path))
+@click.option(
+    "--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE", type=click.Path(path_type=Path)
+)
 @click.option("--max-tokens", default=512, show_default=True)
 @click.option("--temperature", type=float, default=None)
 def run(

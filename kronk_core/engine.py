@@ -316,10 +316,10 @@ class Engine:
             if job.slot is not None and job.slot.id in generating and job.pending_token is not None:
                 job.slot.tokens.append(job.pending_token)
                 job.pending_token = None
-        for job, chunk in chunks:
+        for job, prefilled in chunks:
             assert job.slot is not None
-            job.slot.tokens.extend(chunk)
-            job.next_prompt_index += len(chunk)
+            job.slot.tokens.extend(prefilled)
+            job.next_prompt_index += len(prefilled)
             if not job.prefilling:
                 job.slot.pending = False
         self._steps += 1
@@ -345,17 +345,16 @@ class Engine:
         if job.request.logprobs:
             # The native chain samples from a copy, so these are the raw
             # log-probs the token was chosen from, as before acceptance.
-            logprobs = (
-                self.model.logprobs(job.batch_index, token, job.request.top_logprobs),
-            )
+            logprobs = (self.model.logprobs(job.batch_index, token, job.request.top_logprobs),)
         text = job.stops.push(job.utf8.push(self.model.token_bytes(token)))
         if text or logprobs:
             job.deliver(TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
             self._finish(job, FinishReason.stop)
-        elif job.completion_tokens >= job.request.max_tokens:
-            self._finish(job, FinishReason.length)
-        elif len(job.slot.tokens) + 1 >= self.n_ctx_per_seq:
+        elif (
+            job.completion_tokens >= job.request.max_tokens
+            or len(job.slot.tokens) + 1 >= self.n_ctx_per_seq
+        ):
             self._finish(job, FinishReason.length)
         else:
             job.pending_token = token

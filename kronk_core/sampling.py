@@ -91,7 +91,17 @@ class AdaptiveP:
 
 
 SamplerStage = (
-    Grammar | JsonSchemaGrammar | Penalties | Dry | TopK | TopP | MinP | Xtc | Temperature | Greedy | Distribution
+    Grammar
+    | JsonSchemaGrammar
+    | Penalties
+    | Dry
+    | TopK
+    | TopP
+    | MinP
+    | Xtc
+    | Temperature
+    | Greedy
+    | Distribution
     | AdaptiveP
 )
 

@@ -111,7 +111,9 @@ class ChatStream:
                 raise event.error or KronkError("generation failed")
             for part in self._parser.finish():
                 yield part
-            self._kronk.request_finished(self.model_id, self._stream, event, started, first_token_at)
+            self._kronk.request_finished(
+                self.model_id, self._stream, event, started, first_token_at
+            )
             yield ChatDelta(finish_reason=event.reason, usage=event.usage)
 
     def cancel(self) -> None:
@@ -259,7 +261,9 @@ class Kronk:
 
     # ---- chat --------------------------------------------------------------
 
-    def render_options(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> RenderOptions:
+    def render_options(
+        self, request: ChatRequest, *, add_generation_prompt: bool = True
+    ) -> RenderOptions:
         thinking = request.enable_thinking
         if request.grammar or request.json_schema:
             thinking = False  # a grammar applies from the first generated token
@@ -369,7 +373,9 @@ class Kronk:
             template_kwargs=tuple((chat_template_kwargs or {}).items()),
         )
 
-    async def count_prompt_tokens(self, request: ChatRequest, *, add_generation_prompt: bool) -> int:
+    async def count_prompt_tokens(
+        self, request: ChatRequest, *, add_generation_prompt: bool
+    ) -> int:
         loaded = await self.aload(request.model)
         options = self.render_options(request, add_generation_prompt=add_generation_prompt)
         return len(loaded.render(request.messages, options))

@@ -12,7 +12,6 @@ import pytest
 import uvicorn
 
 from kronk_api import ServerSettings, create_app
-
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig
 from kronk_core.models import DEFAULT_MODEL_SETTINGS, default_model_path

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from kronk_caching.none import NoCache
 from kronk_core import hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.slots import CacheStrategy
-
-from kronk_caching.none import NoCache
 
 
 @hookimpl

@@ -14,7 +14,6 @@ from kronk_core.config import ModelConfig, RopeScaling
 from kronk_core.errors import KronkError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
-
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params, model_params
 from kronk_llamacpp.sampler import NativeSampler, build_sampler
@@ -22,8 +21,13 @@ from kronk_llamacpp.sampler import NativeSampler, build_sampler
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_WINDOW = 8192
-_SKIPPED_METADATA = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
-                     "tokenizer.ggml.merges", "tokenizer.chat_template")
+_SKIPPED_METADATA = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.chat_template",
+)
 
 
 class LlamaCppBackend:
@@ -78,7 +82,10 @@ class LlamaTextModel:
                 "context_window %d of %s is beyond the model's training length %d and "
                 "rope_scaling is none: expect degraded output past %d tokens "
                 "(set rope_scaling: yarn to extend the context)",
-                context_window, config.id, n_ctx_train, n_ctx_train,
+                context_window,
+                config.id,
+                n_ctx_train,
+                n_ctx_train,
             )
         self._ctx = llama_cpp.llama_init_from_model(model, context_params(config, context_window))
         if not self._ctx:
@@ -103,9 +110,13 @@ class LlamaTextModel:
         arch = metadata.get("general.architecture", "unknown")
         key_len = int(metadata.get(f"{arch}.attention.key_length", "0") or 0)
         value_len = int(metadata.get(f"{arch}.attention.value_length", "0") or 0)
-        kv_bytes = n_layer * n_head_kv * (
-            key_len * GGML_TYPE_BYTES[config.cache_type_k]
-            + value_len * GGML_TYPE_BYTES[config.cache_type_v]
+        kv_bytes = (
+            n_layer
+            * n_head_kv
+            * (
+                key_len * GGML_TYPE_BYTES[config.cache_type_k]
+                + value_len * GGML_TYPE_BYTES[config.cache_type_v]
+            )
         )
         self.info = ModelInfo(
             id=config.id,
@@ -142,7 +153,9 @@ class LlamaTextModel:
         size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
         if size < 0:
             buffer = ctypes.create_string_buffer(-size)
-            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+            size = llama_cpp.llama_token_to_piece(
+                self._vocab, token, buffer, len(buffer), 0, special
+            )
         return buffer.raw[:size]
 
     def token_bytes(self, token: int) -> bytes:

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from kronk_core import Kronk, hookimpl
-
 from kronk_openai.routes import router
 
 

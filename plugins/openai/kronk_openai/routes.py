@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
-
 from kronk_openai.errors import error_response, invalid_body, parse_json, sse_error
 from kronk_openai.responses import (
     FINISH_REASONS,

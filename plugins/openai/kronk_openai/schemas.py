@@ -166,9 +166,9 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("n: only n=1 is supported")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            if self.max_tokens != self.max_completion_tokens:
-                raise ValueError("max_tokens and max_completion_tokens disagree")
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens disagree")
         constraints = [
             self.grammar is not None,
             self.json_schema is not None,
@@ -196,13 +196,17 @@ class ChatCompletionRequest(BaseModel):
 
     def to_core(self) -> ChatRequest:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        tools = () if self.tool_choice == "none" else tuple(
-            ToolSpec(
-                name=tool.function.name,
-                description=tool.function.description,
-                parameters_json=json.dumps(tool.function.parameters),
+        tools = (
+            ()
+            if self.tool_choice == "none"
+            else tuple(
+                ToolSpec(
+                    name=tool.function.name,
+                    description=tool.function.description,
+                    parameters_json=json.dumps(tool.function.parameters),
+                )
+                for tool in self.tools or ()
             )
-            for tool in self.tools or ()
         )
         return ChatRequest(
             messages=tuple(message.to_core() for message in self.messages),

@@ -66,9 +66,7 @@ def default_stages(params: SamplingParams) -> list[SamplerStage]:
     if params.min_p > 0.0:
         stages.append(MinP(params.min_p))
     if params.xtc_probability > 0.0:
-        stages.append(
-            Xtc(params.xtc_probability, params.xtc_threshold, params.xtc_min_keep, seed)
-        )
+        stages.append(Xtc(params.xtc_probability, params.xtc_threshold, params.xtc_min_keep, seed))
     stages.append(Temperature(params.temperature))
     if params.adaptive_p_target > 0.0:
         stages.append(AdaptiveP(params.adaptive_p_target, params.adaptive_p_decay, seed))

@@ -9,7 +9,6 @@ from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import ConfigError
 from kronk_core.templates import TemplateProcessor
-
 from kronk_templates.jinja import BUNDLED, JinjaTemplateProcessor, bundled_source
 
 
@@ -22,8 +21,9 @@ def choose_template(model_info: ModelInfo, model_config: ModelConfig) -> tuple[s
         path = Path(chosen).expanduser()
         if not path.is_file():
             raise ConfigError(
-                "template", f"{chosen!r} is neither a bundled template ({', '.join(BUNDLED)}) "
-                "nor a readable .jinja file"
+                "template",
+                f"{chosen!r} is neither a bundled template ({', '.join(BUNDLED)}) "
+                "nor a readable .jinja file",
             )
         return path.stem, path.read_text(encoding="utf-8")
     if model_info.chat_template:
