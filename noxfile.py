@@ -14,35 +14,35 @@ EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}
 CORE_TESTS = ["tests/test_config.py", "tests/test_detok.py", "tests/test_core_import.py"]
 
 
-@nox.session(python="3.11")
+@nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session
 def core(session: nox.Session) -> None:
     """The core alone, without llama-cpp-python or any plugin installed."""
     session.install("-e", ".[test]")
     session.run("pytest", "-p", "no:cacheprovider", *CORE_TESTS, *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.run("ruff", "check", ".")
     session.run("mypy")
 
 
-@nox.session(python="3.11")
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
     session.install("-e", ".", *EDITABLE_PLUGINS)
     session.run("python", "bench/bench_engine.py", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session
 def serve(session: nox.Session) -> None:
     """Install and start the server on the default model (127.0.0.1:8080)."""
     session.install(*PACKAGES)

@@ -123,7 +123,13 @@ def server() -> None:
     type=click.Path(path_type=Path),
     help="YAML file with server settings (flags and environment override it)",
 )
-@click.option("-d", "--detach", is_flag=True, help="Run in the background; logs go to the log file")
+@click.option(
+    "-d",
+    "--detach",
+    is_flag=True,
+    envvar="KRONK_DETACH",
+    help="Run in the background; logs go to the log file",
+)
 def server_start(config_file: Path | None, detach: bool, **options: Any) -> None:
     """Start the model server."""
     overrides = {key: value for key, value in options.items() if value is not None}
@@ -164,6 +170,7 @@ def _start_detached(settings: ServerSettings) -> None:
     log_file = _log_file(base)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     environment = {**os.environ, **_environment_for(settings)}
+    environment.pop("KRONK_DETACH", None)  # the child must run in the foreground
     with log_file.open("ab") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "kronk_api.cli", "server", "start"],
@@ -187,32 +194,57 @@ def _environment_for(settings: ServerSettings) -> dict[str, str]:
 
 @server.command("stop")
 @click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for exit")
+@click.option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    envvar="KRONK_STOP_TIMEOUT",
+    help="Seconds to wait for exit",
+)
 def server_stop(base_path: Path | None, timeout: float) -> None:
     """Stop a server started from this base path."""
     pid_file = _pid_file(_base_path(base_path))
     if not pid_file.exists():
         raise click.ClickException("no running server found (no pid file)")
     pid = int(pid_file.read_text())
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    if not _is_kronk_process(pid):
         pid_file.unlink(missing_ok=True)
-        raise click.ClickException(f"server process {pid} is not running") from None
+        raise click.ClickException(f"server process {pid} is not running")
+    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _is_kronk_process(pid):
+            # uvicorn re-raises SIGTERM after its shutdown, so the server can't clean up.
+            pid_file.unlink(missing_ok=True)
             click.echo(f"stopped server (pid {pid})")
             return
         time.sleep(0.1)
     raise click.ClickException(f"server (pid {pid}) did not exit within {timeout}s")
 
 
+def _is_kronk_process(pid: int) -> bool:
+    """True if pid is alive and runs kronk (a stale pid file may name a reused pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not cmdline.exists():
+        return True  # no /proc (macOS): trust the pid file
+    arguments = cmdline.read_bytes().replace(b"\0", b" ")
+    return b"kronk" in arguments and b"<defunct>" not in arguments
+
+
 @server.command("logs")
 @click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option("-n", "--lines", default=100, show_default=True, help="How many lines to show")
+@click.option(
+    "-n",
+    "--lines",
+    default=100,
+    show_default=True,
+    envvar="KRONK_LOG_LINES",
+    help="How many lines to show",
+)
 def server_logs(base_path: Path | None, lines: int) -> None:
     """Show the log of a server started with -d."""
     log_file = _log_file(_base_path(base_path))
@@ -254,8 +286,8 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
 @click.option(
     "--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE", type=click.Path(path_type=Path)
 )
-@click.option("--max-tokens", default=512, show_default=True)
-@click.option("--temperature", type=float, default=None)
+@click.option("--max-tokens", default=512, show_default=True, envvar="KRONK_MAX_TOKENS")
+@click.option("--temperature", type=float, default=None, envvar="KRONK_TEMPERATURE")
 def run(
     model_id: str | None,
     base_path: Path | None,

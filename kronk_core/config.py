@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -135,18 +136,24 @@ class ModelConfig(BaseModel):
     def _lower_cache_type(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _check_relations(self) -> Self:
-        if self.n_ubatch > self.n_batch:
-            raise ValueError(
-                f"n_ubatch ({self.n_ubatch}) must be less than or equal to n_batch ({self.n_batch})"
-            )
-        if self.system_prompt_cache and self.incremental_cache:
+    # Field validators (not a model validator) so the error's location names the key.
+    @field_validator("n_ubatch")
+    @classmethod
+    def _ubatch_within_batch(cls, value: int, info: ValidationInfo) -> int:
+        n_batch = info.data.get("n_batch")
+        if n_batch is not None and value > n_batch:
+            raise ValueError(f"must be less than or equal to n_batch ({n_batch}), got {value}")
+        return value
+
+    @field_validator("incremental_cache")
+    @classmethod
+    def _one_cache_mode(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("system_prompt_cache"):
             raise ValueError(
                 "system_prompt_cache and incremental_cache are mutually exclusive; "
                 "IMC already caches the system prompt"
             )
-        return self
+        return value
 
     @property
     def cache_strategy(self) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
+from kronk_core.events import RequestRecord
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheStrategy, Slot
 from kronk_core.types import (
@@ -136,6 +137,7 @@ class Engine:
         queue_depth: int,
         cache: CacheStrategy,
         sampler_stages: Callable[[SamplingParams], Sequence[SamplerStage]],
+        on_finished: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.model = model
         self.n_ctx_per_seq = model.info.n_ctx_per_seq
@@ -143,6 +145,7 @@ class Engine:
         self.slots = [Slot(id=i, seq_id=i) for i in range(model.info.n_seq_max)]
         self._cache = cache
         self._sampler_stages = sampler_stages
+        self._on_finished = on_finished
         self._queue: queue.Queue[_Job] = queue.Queue(maxsize=len(self.slots) * queue_depth)
         self._wake = threading.Event()
         self._active: list[_Job] = []
@@ -160,8 +163,8 @@ class Engine:
 
     async def submit(self, request: GenerationRequest, *, wait: float) -> GenerationStream:
         """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError."""
-        if self._stopping:
-            raise EngineClosedError("the model is shutting down")
+        if not self.alive:
+            raise EngineClosedError(f"the engine of {self.model.info.id} is not running")
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
         deadline = time.monotonic() + wait
@@ -225,11 +228,12 @@ class Engine:
                 self._step()
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
-        finally:
-            self._shutdown_jobs()
+            self._shutdown_jobs(KronkError("the inference engine failed; see the server log"))
+        else:
+            self._shutdown_jobs(EngineClosedError("the model was unloaded"))
 
-    def _shutdown_jobs(self) -> None:
-        unloaded = EngineClosedError("the model was unloaded")
+    def _shutdown_jobs(self, unloaded: KronkError) -> None:
+        self._stopping = True
         for job in list(self._active):
             self._finish(job, FinishReason.error, error=unloaded)
         while True:
@@ -323,14 +327,16 @@ class Engine:
             if not job.prefilling:
                 job.slot.pending = False
         self._steps += 1
-        self._generated += len(generating)
         self._prefilled += sum(prefilling.values())
         for job in sampled:
             self._sample(job)
         if self._step_listeners:
             record = StepRecord(self._steps, generating, prefilling)
             for listener in self._step_listeners:
-                listener(record)
+                try:
+                    listener(record)
+                except Exception:
+                    log.exception("step listener failed")
 
     def _sample(self, job: _Job) -> None:
         assert job.sampler is not None and job.slot is not None and job.stops is not None
@@ -341,6 +347,7 @@ class Engine:
             self._finish(job, FinishReason.stop)
             return
         job.completion_tokens += 1
+        self._generated += 1
         logprobs: tuple[TokenLogprob, ...] = ()
         if job.request.logprobs:
             # The native chain samples from a copy, so these are the raw
@@ -359,6 +366,22 @@ class Engine:
         else:
             job.pending_token = token
 
+    def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
+        now = time.monotonic()
+        return RequestRecord(
+            request_id=str(job.id),
+            model=self.model.info.id,
+            prompt_tokens=len(job.request.prompt_tokens),
+            completion_tokens=job.completion_tokens,
+            cached_tokens=job.cached_tokens,
+            finish_reason=reason.value,
+            queue_seconds=(job.started_at or now) - job.enqueued_at,
+            time_to_first_token=(job.first_token_at - job.enqueued_at)
+            if job.first_token_at
+            else 0.0,
+            total_seconds=now - job.enqueued_at,
+        )
+
     def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
@@ -370,6 +393,8 @@ class Engine:
             cached_tokens=job.cached_tokens,
         )
         job.deliver(Finished(reason, usage, error))
+        if self._on_finished is not None:
+            self._on_finished(self._record(job, reason))
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None

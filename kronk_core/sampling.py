@@ -121,10 +121,3 @@ def resolve_sampling(*layers: SamplingConfig | None) -> SamplingParams:
                 values[name] = value
     return replace(SamplingParams(), **values)  # type: ignore[arg-type]
 
-
-def resolve_max_tokens(request: int | None, model: SamplingConfig, default: int) -> int:
-    if request is not None:
-        return request
-    if model.max_tokens is not None:
-        return model.max_tokens
-    return default

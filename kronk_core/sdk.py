@@ -25,7 +25,7 @@ from kronk_core.errors import (
 from kronk_core.events import RequestRecord
 from kronk_core.models import known_model_ids, resolve_model_config
 from kronk_core.plugins import create_plugin_manager, registered_plugins
-from kronk_core.sampling import resolve_sampling
+from kronk_core.sampling import SamplerStage, resolve_sampling
 from kronk_core.templates import OutputParser, RenderOptions, TemplateProcessor
 from kronk_core.types import (
     DEFAULT_MAX_TOKENS,
@@ -75,14 +75,11 @@ class ChatStream:
 
     def __init__(
         self,
-        kronk: Kronk,
         loaded: LoadedModel,
         stream: GenerationStream,
         parser: OutputParser,
         prompt_tokens: int,
     ) -> None:
-        self._kronk = kronk
-        self._loaded = loaded
         self._stream = stream
         self._parser = parser
         self.prompt_tokens = prompt_tokens
@@ -93,12 +90,8 @@ class ChatStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ChatDelta]:
-        started = time.monotonic()
-        first_token_at = 0.0
         async for event in self._stream:
             if isinstance(event, TextChunk):
-                if not first_token_at:
-                    first_token_at = time.monotonic()
                 parts = self._parser.feed(event.text) if event.text else []
                 if event.logprobs:
                     head = parts[0] if parts else ChatDelta()
@@ -111,9 +104,6 @@ class ChatStream:
                 raise event.error or KronkError("generation failed")
             for part in self._parser.finish():
                 yield part
-            self._kronk.request_finished(
-                self.model_id, self._stream, event, started, first_token_at
-            )
             yield ChatDelta(finish_reason=event.reason, usage=event.usage)
 
     def cancel(self) -> None:
@@ -212,18 +202,18 @@ class Kronk:
                 raise ModelLoadError(f"no template processor for {model_id}")
             info = text_model.info
 
-            def stages(params: SamplingParams) -> list[Any]:
-                chosen = self.hook.kronk_sampler_stages(params=params, model=info)
-                if not chosen:
-                    raise ModelLoadError("no plugin provides sampler stages")
-                return list(chosen)
+            def stages(params: SamplingParams) -> list[SamplerStage]:
+                return list(self.hook.kronk_sampler_stages(params=params, model=info) or [])
 
+            if not stages(SamplingParams()):
+                raise ModelLoadError("no plugin provides sampler stages")
             engine = Engine(
                 text_model,
                 n_batch=config.n_batch,
                 queue_depth=config.queue_depth,
                 cache=cache,
                 sampler_stages=stages,
+                on_finished=self._request_finished,
             )
         except BaseException:
             text_model.close()
@@ -302,11 +292,12 @@ class Kronk:
         stream = await loaded.engine.submit(
             generation, wait=self.config.queue_wait_seconds if wait is None else wait
         )
-        return ChatStream(self, loaded, stream, loaded.template.parser(options), len(prompt))
+        return ChatStream(loaded, stream, loaded.template.parser(options), len(prompt))
 
     def _max_tokens(self, loaded: LoadedModel, request: ChatRequest, prompt_len: int) -> int:
+        """The request's max_tokens must fit; a default (model config or 4096) is capped."""
         limit = loaded.model.info.n_ctx_per_seq
-        explicit = request.max_tokens or loaded.config.sampling.max_tokens
+        explicit = request.max_tokens
         room = limit - prompt_len
         if room < 1 or (explicit is not None and explicit > room):
             wanted = explicit or 1
@@ -315,7 +306,9 @@ class Kronk:
                 f"+ {wanted} to generate) but the context window of {loaded.id} is {limit} tokens",
                 param="messages",
             )
-        return explicit if explicit is not None else min(DEFAULT_MAX_TOKENS, room)
+        if explicit is not None:
+            return explicit
+        return min(loaded.config.sampling.max_tokens or DEFAULT_MAX_TOKENS, room)
 
     async def chat_stream(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
@@ -385,27 +378,11 @@ class Kronk:
         loaded = await self.aload(model)
         return loaded.model.tokenize(text, add_special=False, parse_special=True)
 
-    def request_finished(
-        self,
-        model_id: str,
-        stream: GenerationStream,
-        finished: Finished,
-        started: float,
-        first_token_at: float,
-    ) -> None:
-        now = time.monotonic()
-        record = RequestRecord(
-            request_id=str(stream.request_id),
-            model=model_id,
-            prompt_tokens=finished.usage.prompt_tokens,
-            completion_tokens=finished.usage.completion_tokens,
-            cached_tokens=finished.usage.cached_tokens,
-            finish_reason=finished.reason.value,
-            queue_seconds=0.0,
-            time_to_first_token=(first_token_at - started) if first_token_at else 0.0,
-            total_seconds=now - started,
-        )
-        self.hook.kronk_request_finished(record=record)
+    def _request_finished(self, record: RequestRecord) -> None:
+        try:
+            self.hook.kronk_request_finished(record=record)
+        except Exception:
+            log.exception("a kronk_request_finished hook failed")
 
 
 def _with_grammar(

@@ -198,17 +198,19 @@ class LlamaTextModel:
             best = np.argpartition(-logits, top_n)[:top_n]
             best = best[np.argsort(-logits[best], kind="stable")]
             top = tuple(self._top(int(t), float(logits[t] - logsumexp)) for t in best)
-        text = self.token_text(token)
+        raw = self._piece(token, True)
         return TokenLogprob(
-            token=text,
+            token=raw.decode("utf-8", errors="replace"),
             logprob=min(0.0, float(logits[token] - logsumexp)),
-            bytes=tuple(text.encode("utf-8")),
+            bytes=tuple(raw),
             top_logprobs=top,
         )
 
     def _top(self, token: int, logprob: float) -> TopLogprob:
-        text = self.token_text(token)
-        return TopLogprob(token=text, logprob=min(0.0, logprob), bytes=tuple(text.encode("utf-8")))
+        raw = self._piece(token, True)
+        return TopLogprob(
+            token=raw.decode("utf-8", errors="replace"), logprob=min(0.0, logprob), bytes=tuple(raw)
+        )
 
     def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler:
         assert self._ctx is not None

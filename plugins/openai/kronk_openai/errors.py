@@ -57,7 +57,9 @@ def invalid_body(exc: ValidationError) -> InvalidRequestError:
     message = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] == "missing":
         return InvalidRequestError(f"missing required field: {location}", param=location)
-    return InvalidRequestError(f"{location}: {message}", param=location or None)
+    if not location:
+        return InvalidRequestError(message)
+    return InvalidRequestError(f"{location}: {message}", param=location)
 
 
 def parse_json(body: bytes) -> Any:

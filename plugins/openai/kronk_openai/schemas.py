@@ -123,7 +123,7 @@ class ChatCompletionRequest(BaseModel):
     n: int = 1
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -154,6 +154,15 @@ class ChatCompletionRequest(BaseModel):
     tools: list[ToolIn] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     user: str | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError(f"at most 4 stop sequences are allowed, got {len(value)}")
+        return value
 
     @field_validator("enable_thinking", mode="before")
     @classmethod
@@ -195,7 +204,7 @@ class ChatCompletionRequest(BaseModel):
         return json.dumps(self.response_format.json_schema.schema_ or {"type": "object"})
 
     def to_core(self) -> ChatRequest:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        stop = tuple(self.stop or ())
         tools = (
             ()
             if self.tool_choice == "none"

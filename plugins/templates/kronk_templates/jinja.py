@@ -16,6 +16,7 @@ from kronk_core.templates import OutputParser, RenderOptions
 from kronk_core.types import ChatDelta, ChatMessage
 
 BUNDLED = ("gemma", "chatml", "llama3")
+_RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 
 
 def bundled_source(name: str) -> str:
@@ -61,9 +62,8 @@ class PlainParser:
 class JinjaTemplateProcessor:
     def __init__(self, name: str, source: str, bos_token: str, eos_token: str) -> None:
         self.name = name
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
-        )
+        # Plain Undefined, as Hugging Face renders them: templates test `{% if tools %}`.
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(
             value, indent=indent, ensure_ascii=False
         )
@@ -77,13 +77,14 @@ class JinjaTemplateProcessor:
         self._eos = eos_token
 
     def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> str:
+        # chat_template_kwargs may set template switches (enable_thinking, ...), not the inputs.
         context: dict[str, Any] = {
+            "enable_thinking": options.enable_thinking,
+            **{k: v for k, v in options.template_kwargs.items() if k not in _RESERVED},
             "messages": [_message_dict(message) for message in messages],
             "add_generation_prompt": options.add_generation_prompt,
-            "enable_thinking": options.enable_thinking,
             "bos_token": self._bos,
             "eos_token": self._eos,
-            **dict(options.template_kwargs),
         }
         if options.reasoning_effort is not None:
             context["reasoning_effort"] = options.reasoning_effort
