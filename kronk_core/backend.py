@@ -31,6 +31,9 @@ class ModelInfo:
     chat_template: str | None
     template_name: str | None
     kv_bytes_per_token: int = 0
+    # False for sliding-window attention without a full-size cache and for
+    # recurrent/hybrid models: their KV cannot be cut back at any position.
+    kv_trimmable: bool = True
     metadata: dict[str, str] = field(default_factory=dict)
 
 
@@ -71,7 +74,8 @@ class TextModel(Protocol):
 
     info: ModelInfo
 
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids. Reads only the vocabulary, so any thread may call it."""
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes this token adds to the output text (special tokens render as empty)."""

@@ -128,6 +128,8 @@ class ModelConfig(BaseModel):
     system_prompt_cache: bool = False
     incremental_cache: bool = False
     cache_min_tokens: Annotated[int, Field(ge=0)] = 100
+    host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
+    host_cache_dir: Path | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 

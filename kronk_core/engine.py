@@ -71,6 +71,7 @@ class _Job:
     sampler: Sampler | None = None
     next_prompt_index: int = 0
     cached_tokens: int = 0
+    snapshot_at: int = 0
     pending_token: int | None = None
     batch_index: int = -1
     completion_tokens: int = 0
@@ -262,15 +263,15 @@ class Engine:
             self._start(job, free)
 
     def _start(self, job: _Job, free: list[Slot]) -> None:
-        prompt = job.request.prompt_tokens
-        slot = self._cache.select_slot(free, prompt)
+        slot = self._cache.select_slot(free, job.request)
         slot.busy = slot.pending = True
         job.slot = slot
         job.started_at = time.monotonic()
         self._active.append(job)
         try:
-            job.cached_tokens = self._cache.prepare(slot, prompt, self.model)
-            job.next_prompt_index = job.cached_tokens
+            plan = self._cache.prepare(slot, job.request, self.model)
+            job.cached_tokens = job.next_prompt_index = plan.reused
+            job.snapshot_at = plan.snapshot_at
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
@@ -299,7 +300,10 @@ class Engine:
                 continue
             prompt = job.request.prompt_tokens
             start = job.next_prompt_index
-            chunk = prompt[start : start + budget]
+            end = start + budget
+            if start < job.snapshot_at < end:
+                end = job.snapshot_at  # the cache strategy exports the KV at exactly this point
+            chunk = prompt[start:end]
             last = len(prompt) - 1
             for offset, token in enumerate(chunk):
                 index = batch.add(token, start + offset, job.slot.seq_id, start + offset == last)
@@ -324,6 +328,9 @@ class Engine:
             assert job.slot is not None
             job.slot.tokens.extend(prefilled)
             job.next_prompt_index += len(prefilled)
+            if job.snapshot_at and job.next_prompt_index == job.snapshot_at:
+                job.snapshot_at = 0
+                self._cache.snapshot(job.slot, self.model)
             if not job.prefilling:
                 job.slot.pending = False
         self._steps += 1

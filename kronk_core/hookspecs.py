@@ -40,12 +40,16 @@ def kronk_backend(model_config: ModelConfig) -> Backend | None:
 
 
 @hookspec(firstresult=True)
-def kronk_cache_strategy(name: str, model_config: ModelConfig) -> CacheStrategy | None:
+def kronk_cache_strategy(
+    name: str, model_config: ModelConfig, model_info: ModelInfo
+) -> CacheStrategy | None:
     """Return the CacheStrategy called `name` for this model, or None if you do not provide it.
 
-    `name` comes from the model config ("none", "spc", "imc"; a third party
-    may define more through its own config). The strategy object lives as
-    long as the model's engine and is only called from the engine thread.
+    `name` is what the model config selects: "none", "spc"
+    (system_prompt_cache) or "imc" (incremental_cache). `model_info` says
+    whether the KV can be trimmed at any position (`kv_trimmable`). The
+    strategy object lives as long as the model's engine and is only called
+    from the engine thread.
     """
 
 

@@ -120,4 +120,3 @@ def resolve_sampling(*layers: SamplingConfig | None) -> SamplingParams:
             if name in names:
                 values[name] = value
     return replace(SamplingParams(), **values)  # type: ignore[arg-type]
-

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -55,6 +56,8 @@ class LoadedModel:
     engine: Engine
     template: TemplateProcessor
     loaded_at: float = field(default_factory=time.monotonic)
+    # SPC: system prompts seen, so a request without one can reuse the only one.
+    system_prompts: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     @property
     def id(self) -> str:
@@ -68,6 +71,48 @@ class LoadedModel:
     def close(self) -> None:
         self.engine.close()
         self.model.close()
+
+    def with_cached_system(self, messages: Sequence[ChatMessage]) -> Sequence[ChatMessage]:
+        """SPC: remember system prompts; prepend the single known one when a request has none."""
+        first = messages[0]
+        if first.role in ("system", "developer") and first.content:
+            self.system_prompts[first.content] = None
+            self.system_prompts.move_to_end(first.content)
+            while len(self.system_prompts) > _SPC_REMEMBERED:
+                self.system_prompts.popitem(last=False)
+            return messages
+        if len(self.system_prompts) == 1:
+            return [ChatMessage(role="system", content=next(iter(self.system_prompts))), *messages]
+        return messages
+
+    def system_tokens(
+        self, messages: Sequence[ChatMessage], options: RenderOptions, prompt: Sequence[int]
+    ) -> int:
+        """How many leading prompt tokens belong to the system prompt.
+
+        Templates place the system text differently (Gemma folds it into the
+        first user turn), so render the system message before two different
+        probe turns: the tokens they share, and share with the prompt, are it.
+        """
+        if messages[0].role not in ("system", "developer"):
+            return 0
+        probe = RenderOptions(add_generation_prompt=False, template_kwargs=options.template_kwargs)
+        first, second = (
+            self.render([messages[0], ChatMessage(role="user", content=text)], probe)
+            for text in ("A", "Z")
+        )
+        return min(_shared_prefix(first, second), _shared_prefix(first, prompt))
+
+
+_SPC_REMEMBERED = 8
+
+
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    size = min(len(a), len(b))
+    for index in range(size):
+        if a[index] != b[index]:
+            return index
+    return size
 
 
 class ChatStream:
@@ -192,7 +237,9 @@ class Kronk:
         started = time.monotonic()
         text_model = backend.load_text_model(config)
         try:
-            cache = self.hook.kronk_cache_strategy(name=config.cache_strategy, model_config=config)
+            cache = self.hook.kronk_cache_strategy(
+                name=config.cache_strategy, model_config=config, model_info=text_model.info
+            )
             if cache is None:
                 raise ModelLoadError(f"no plugin provides cache strategy {config.cache_strategy!r}")
             template = self.hook.kronk_template_processor(
@@ -276,7 +323,13 @@ class Kronk:
             raise InvalidRequestError("messages must not be empty", param="messages")
         loaded = await self.aload(request.model)
         options = self.render_options(request)
-        prompt = loaded.render(request.messages, options)
+        messages: Sequence[ChatMessage] = request.messages
+        if loaded.config.system_prompt_cache:
+            messages = loaded.with_cached_system(messages)
+        prompt = loaded.render(messages, options)
+        system_tokens = 0
+        if loaded.config.system_prompt_cache:
+            system_tokens = loaded.system_tokens(messages, options, prompt)
         sampling = resolve_sampling(request.sampling, loaded.config.sampling)
         if request.grammar or request.json_schema:
             sampling = _with_grammar(sampling, request.grammar, request.json_schema)
@@ -288,6 +341,7 @@ class Kronk:
             stop=request.stop,
             logprobs=request.logprobs or request.top_logprobs > 0,
             top_logprobs=request.top_logprobs,
+            system_tokens=system_tokens,
         )
         stream = await loaded.engine.submit(
             generation, wait=self.config.queue_wait_seconds if wait is None else wait

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kronk_core.backend import TextModel
+from kronk_core.types import GenerationRequest
 
 
 @dataclass(slots=True)
@@ -25,6 +26,29 @@ class Slot:
     last_used: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """What `prepare` did and wants: `reused` prompt tokens are already in the KV.
+
+    `snapshot_at` > 0 asks the engine to end a prefill chunk exactly at that
+    prompt position and then call `snapshot` (SPC exports the system prompt
+    there without a scratch sequence).
+    """
+
+    reused: int
+    snapshot_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    hits: int = 0
+    partial_hits: int = 0
+    rebuilds: int = 0
+    evictions: int = 0
+    restores: int = 0
+    tokens_saved: int = 0
+
+
 class CacheStrategy(Protocol):
     """Decides which slot a prompt runs in and how much of its KV is reused.
 
@@ -34,15 +58,22 @@ class CacheStrategy(Protocol):
 
     name: str
 
-    def select_slot(self, free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
-        """Pick one of the free slots (never empty) for this prompt."""
+    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
+        """Pick one of the free slots (never empty) for this request."""
 
-    def prepare(self, slot: Slot, prompt: Sequence[int], model: TextModel) -> int:
-        """Make the slot's sequence hold a prefix of `prompt`; return that prefix's length.
+    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
+        """Make the slot's sequence hold a prefix of the prompt; say how long it is.
 
-        On return `slot.tokens` must equal `prompt[:n]`, and at least the last
-        prompt token must be left to prefill (the engine needs its logits).
+        On return `slot.tokens` must equal `prompt[:plan.reused]`, and at least
+        the last prompt token must be left to prefill (the engine needs its
+        logits).
         """
+
+    def snapshot(self, slot: Slot, model: TextModel) -> None:
+        """The slot's KV now holds exactly `prompt[:plan.snapshot_at]`."""
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """The request in this slot finished; keep or drop its KV."""
+
+    def counters(self) -> CacheCounters:
+        """Totals since the model loaded (hits, partial hits, rebuilds, ...)."""

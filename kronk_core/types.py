@@ -116,6 +116,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    # How many leading prompt tokens are the system prompt (0: none or not computed).
+    system_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

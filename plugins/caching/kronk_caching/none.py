@@ -5,21 +5,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kronk_core.backend import TextModel
-from kronk_core.slots import Slot
+from kronk_core.slots import CacheCounters, CachePlan, Slot
+from kronk_core.types import GenerationRequest
 
 
 class NoCache:
     name = "none"
 
-    def select_slot(self, free: Sequence[Slot], prompt: Sequence[int]) -> Slot:
+    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
         return min(free, key=lambda slot: slot.last_used)
 
-    def prepare(self, slot: Slot, prompt: Sequence[int], model: TextModel) -> int:
+    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
         clear(slot, model)
-        return 0
+        return CachePlan(reused=0)
+
+    def snapshot(self, slot: Slot, model: TextModel) -> None:
+        pass
 
     def release(self, slot: Slot, model: TextModel) -> None:
         clear(slot, model)
+
+    def counters(self) -> CacheCounters:
+        return CacheCounters()
 
 
 def clear(slot: Slot, model: TextModel) -> None:

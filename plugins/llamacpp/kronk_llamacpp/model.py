@@ -131,6 +131,11 @@ class LlamaTextModel:
             chat_template=template.decode("utf-8") if template else None,
             template_name=config.template,
             kv_bytes_per_token=int(kv_bytes),
+            kv_trimmable=not (
+                llama_cpp.llama_model_is_recurrent(model)
+                or llama_cpp.llama_model_is_hybrid(model)
+                or (llama_cpp.llama_model_n_swa(model) > 0 and not config.swa_full)
+            ),
             metadata=metadata,
         )
 

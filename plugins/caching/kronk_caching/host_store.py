@@ -1,0 +1,119 @@
+"""The host-memory tier: sequence states of evicted conversations, in RAM and optionally on disk.
+
+Bounded by bytes (LRU). On disk, entries live under a fingerprint of the
+model file and the KV-shaping config, so a different model or layout never
+restores a wrong state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kronk_caching.prefix import common_prefix, token_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StoredConversation:
+    tokens: tuple[int, ...]
+    state: bytes | None  # None: only on disk
+    file: Path | None
+
+
+class HostStore:
+    def __init__(self, *, max_bytes: int, directory: Path | None, fingerprint: str) -> None:
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, StoredConversation] = OrderedDict()
+        self._bytes = 0
+        self._directory = directory / fingerprint if directory is not None else None
+        if self._directory is not None:
+            self._directory.mkdir(parents=True, exist_ok=True)
+            self._load_index()
+
+    @property
+    def ram_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, tokens: Sequence[int], state: bytes) -> None:
+        """Keep this conversation's state; drop stored conversations it extends."""
+        key = token_key(tokens)
+        for other in [k for k, e in self._entries.items() if _is_prefix(e.tokens, tokens)]:
+            self._drop(other)
+        file = None
+        if self._directory is not None:
+            file = self._directory / hashlib.sha256(key).hexdigest()
+            np.asarray(tokens, dtype=np.int32).tofile(file.with_suffix(".tokens"))
+            file.with_suffix(".state").write_bytes(state)
+        self._entries[key] = StoredConversation(tuple(tokens), state, file)
+        self._bytes += len(state)
+        self._shrink()
+
+    def best(self, prompt: Sequence[int], *, at_least: int) -> tuple[int, StoredConversation]:
+        """The entry sharing the longest prefix (≥ at_least) with prompt, or (0, empty)."""
+        best_len, best_key = 0, b""
+        for key, entry in self._entries.items():
+            shared = common_prefix(entry.tokens, prompt)
+            if shared >= at_least and shared > best_len:
+                best_len, best_key = shared, key
+        if not best_len:
+            return 0, StoredConversation((), None, None)
+        self._entries.move_to_end(best_key)
+        return best_len, self._entries[best_key]
+
+    def state_of(self, entry: StoredConversation) -> bytes | None:
+        if entry.state is not None:
+            return entry.state
+        if entry.file is None:
+            return None
+        try:
+            return entry.file.with_suffix(".state").read_bytes()
+        except OSError:
+            return None
+
+    def _shrink(self) -> None:
+        """Evict RAM copies, least recently used first, until under budget."""
+        for key, entry in list(self._entries.items()):
+            if self._bytes <= self._max_bytes:
+                return
+            if entry.state is None:
+                continue
+            self._bytes -= len(entry.state)
+            if entry.file is not None:
+                entry.state = None  # still on disk
+            else:
+                del self._entries[key]
+
+    def _drop(self, key: bytes) -> None:
+        entry = self._entries.pop(key)
+        if entry.state is not None:
+            self._bytes -= len(entry.state)
+        if entry.file is not None:
+            entry.file.with_suffix(".tokens").unlink(missing_ok=True)
+            entry.file.with_suffix(".state").unlink(missing_ok=True)
+
+    def _load_index(self) -> None:
+        assert self._directory is not None
+        for tokens_file in sorted(self._directory.glob("*.tokens")):
+            tokens = tuple(int(t) for t in np.fromfile(tokens_file, dtype=np.int32))
+            file = tokens_file.with_suffix("")
+            if file.with_suffix(".state").exists():
+                self._entries[token_key(tokens)] = StoredConversation(tokens, None, file)
+        if self._entries:
+            log.info(
+                "host cache: %d conversations on disk in %s", len(self._entries), self._directory
+            )
+
+
+def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:
+    return len(short) <= len(long) and common_prefix(short, long) == len(short)
