@@ -71,7 +71,6 @@ class _Job:
     sampler: Sampler | None = None
     next_prompt_index: int = 0
     cached_tokens: int = 0
-    snapshot_at: int = 0
     pending_token: int | None = None
     batch_index: int = -1
     completion_tokens: int = 0
@@ -271,7 +270,6 @@ class Engine:
         try:
             plan = self._cache.prepare(slot, job.request, self.model)
             job.cached_tokens = job.next_prompt_index = plan.reused
-            job.snapshot_at = plan.snapshot_at
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
@@ -300,10 +298,7 @@ class Engine:
                 continue
             prompt = job.request.prompt_tokens
             start = job.next_prompt_index
-            end = start + budget
-            if start < job.snapshot_at < end:
-                end = job.snapshot_at  # the cache strategy exports the KV at exactly this point
-            chunk = prompt[start:end]
+            chunk = prompt[start : start + budget]
             last = len(prompt) - 1
             for offset, token in enumerate(chunk):
                 index = batch.add(token, start + offset, job.slot.seq_id, start + offset == last)
@@ -328,9 +323,6 @@ class Engine:
             assert job.slot is not None
             job.slot.tokens.extend(prefilled)
             job.next_prompt_index += len(prefilled)
-            if job.snapshot_at and job.next_prompt_index == job.snapshot_at:
-                job.snapshot_at = 0
-                self._cache.snapshot(job.slot, self.model)
             if not job.prefilling:
                 job.slot.pending = False
         self._steps += 1

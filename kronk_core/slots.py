@@ -28,15 +28,9 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class CachePlan:
-    """What `prepare` did and wants: `reused` prompt tokens are already in the KV.
-
-    `snapshot_at` > 0 asks the engine to end a prefill chunk exactly at that
-    prompt position and then call `snapshot` (SPC exports the system prompt
-    there without a scratch sequence).
-    """
+    """What `prepare` did: `reused` prompt tokens are already in the slot's KV."""
 
     reused: int
-    snapshot_at: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +62,6 @@ class CacheStrategy(Protocol):
         the last prompt token must be left to prefill (the engine needs its
         logits).
         """
-
-    def snapshot(self, slot: Slot, model: TextModel) -> None:
-        """The slot's KV now holds exactly `prompt[:plan.snapshot_at]`."""
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """The request in this slot finished; keep or drop its KV."""

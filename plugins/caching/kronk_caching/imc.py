@@ -104,9 +104,6 @@ class IncrementalCache:
         self._count(restores=1)
         return min(shared, len(prompt) - 1)
 
-    def snapshot(self, slot: Slot, model: TextModel) -> None:
-        pass
-
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
 

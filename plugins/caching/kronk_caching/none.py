@@ -19,9 +19,6 @@ class NoCache:
         clear(slot, model)
         return CachePlan(reused=0)
 
-    def snapshot(self, slot: Slot, model: TextModel) -> None:
-        pass
-
     def release(self, slot: Slot, model: TextModel) -> None:
         clear(slot, model)
 

@@ -57,7 +57,9 @@ def kronk_cache_strategy(
     if name == "none":
         return NoCache()
     if name == "spc":
-        return SystemPromptCache(min_tokens=model_config.cache_min_tokens)
+        return SystemPromptCache(
+            min_tokens=model_config.cache_min_tokens, trimmable=model_info.kv_trimmable
+        )
     if name == "imc":
         store = None
         if model_config.host_cache_bytes or model_config.host_cache_dir:

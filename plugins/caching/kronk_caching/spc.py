@@ -1,9 +1,10 @@
 """System Prompt Cache: the system prompt's KV, exported once, restored into any slot.
 
-Instead of a scratch sequence, the first request with a new system prompt
-pauses its own prefill exactly at the system prompt's end and exports that
-state (`snapshot`), so building costs no extra decode and no reserved
-sequence. Entries are keyed by the exact system-prompt tokens, LRU-bounded.
+No scratch sequence: the first request with a new system prompt prefills as
+usual; when it finishes, its slot is trimmed back to the system prompt
+(exact with a full-size SWA cache) and that state is exported to RAM. Later
+requests restore it and prefill only the rest. Entries are keyed by the
+exact system-prompt tokens and bounded (LRU).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ log = logging.getLogger(__name__)
 class SystemPromptCache:
     name = "spc"
 
-    def __init__(self, *, min_tokens: int, max_entries: int = 8) -> None:
+    def __init__(self, *, min_tokens: int, trimmable: bool, max_entries: int = 8) -> None:
         self._min_tokens = min_tokens
+        self._trimmable = trimmable
         self._max_entries = max_entries
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
-        self._pending: dict[int, bytes] = {}  # slot id → key being built
+        self._to_export: dict[int, int] = {}  # slot id → system-prompt length to export at release
         self._counters = CacheCounters()
 
     def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
@@ -38,39 +40,34 @@ class SystemPromptCache:
     def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
         clear(slot, model)
         size = request.system_tokens
-        if size < self._min_tokens or size >= len(request.prompt_tokens):
+        if size < max(1, self._min_tokens) or size >= len(request.prompt_tokens):
             return CachePlan(reused=0)
         system = request.prompt_tokens[:size]
         key = token_key(system)
         state = self._states.get(key)
-        if state is not None and model.set_seq_state(slot.seq_id, state) > 0:
-            self._states.move_to_end(key)
-            slot.tokens.extend(system)
-            self._count(hits=1, tokens_saved=size)
-            return CachePlan(reused=size)
         if state is not None:
-            log.warning("SPC state restore failed on slot %d; rebuilding", slot.id)
-            clear(slot, model)
+            if model.set_seq_state(slot.seq_id, state) > 0:
+                self._states.move_to_end(key)
+                slot.tokens.extend(system)
+                self._count(hits=1, tokens_saved=size)
+                return CachePlan(reused=size)
+            log.warning("SPC restore failed on slot %d; rebuilding", slot.id)
             del self._states[key]
-        self._pending[slot.id] = key
+            clear(slot, model)
+        if self._trimmable:
+            self._to_export[slot.id] = size
         self._count(rebuilds=1)
-        return CachePlan(reused=0, snapshot_at=size)
-
-    def snapshot(self, slot: Slot, model: TextModel) -> None:
-        key = self._pending.pop(slot.id, None)
-        if key is None:
-            return
-        self._states[key] = model.seq_state(slot.seq_id)
-        self._states.move_to_end(key)
-        while len(self._states) > self._max_entries:
-            self._states.popitem(last=False)
-            self._count(evictions=1)
-        log.info(
-            "SPC cached a %d-token system prompt (%d entries)", len(slot.tokens), len(self._states)
-        )
+        return CachePlan(reused=0)
 
     def release(self, slot: Slot, model: TextModel) -> None:
-        self._pending.pop(slot.id, None)
+        size = self._to_export.pop(slot.id, 0)
+        if size and len(slot.tokens) >= size and model.seq_remove(slot.seq_id, size, -1):
+            del slot.tokens[size:]
+            self._states[token_key(slot.tokens)] = model.seq_state(slot.seq_id)
+            while len(self._states) > self._max_entries:
+                self._states.popitem(last=False)
+                self._count(evictions=1)
+            log.info("SPC cached a %d-token system prompt (%d entries)", size, len(self._states))
         clear(slot, model)
 
     def counters(self) -> CacheCounters:
