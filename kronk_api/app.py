@@ -11,6 +11,7 @@ from typing import Any
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
+from kronk_api.admin import slots
 from kronk_api.settings import ServerSettings
 from kronk_core import Kronk, __version__
 
@@ -86,7 +87,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         await asyncio.to_thread(kronk.close)
 
     app = Litestar(
-        route_handlers=[liveness, readiness, *_flatten(hook.kronk_routes(kronk=kronk))],
+        route_handlers=[liveness, readiness, slots, *_flatten(hook.kronk_routes(kronk=kronk))],
         guards=_flatten(hook.kronk_guards(kronk=kronk)),
         middleware=_flatten(hook.kronk_middleware(kronk=kronk)),
         exception_handlers=handlers,

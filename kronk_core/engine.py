@@ -23,7 +23,7 @@ from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord
 from kronk_core.sampling import SamplerStage
-from kronk_core.slots import CacheStrategy, Slot
+from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.types import (
     EngineEvent,
     Finished,
@@ -48,6 +48,17 @@ class StepRecord:
     index: int
     generating: dict[int, int]
     prefilling: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """A snapshot of one slot for reporting (SDK, admin endpoint)."""
+
+    id: int
+    cached_tokens: int
+    idle_seconds: float
+    busy: bool
+    pending: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +204,23 @@ class Engine:
 
     def remove_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
         self._step_listeners.remove(listener)
+
+    def slot_states(self) -> list[SlotState]:
+        """Read from any thread: a momentary, not transactional, view."""
+        now = time.monotonic()
+        return [
+            SlotState(
+                id=slot.id,
+                cached_tokens=len(slot.tokens),
+                idle_seconds=0.0 if slot.busy or not slot.last_used else now - slot.last_used,
+                busy=slot.busy,
+                pending=slot.pending,
+            )
+            for slot in self.slots
+        ]
+
+    def cache_counters(self) -> CacheCounters:
+        return self._cache.counters()
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from kronk_core.backend import TextModel
-from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.config import (
+    DEFAULT_MODEL_ID,
+    ContextOverflow,
+    KronkConfig,
+    ModelConfig,
+    SamplingConfig,
+)
 from kronk_core.engine import Engine, GenerationStream
 from kronk_core.errors import (
     ContextOverflowError,
@@ -124,8 +130,10 @@ class ChatStream:
         stream: GenerationStream,
         parser: OutputParser,
         prompt_tokens: int,
+        dropped_tokens: int = 0,
     ) -> None:
         self._stream = stream
+        self._dropped_tokens = dropped_tokens
         self._parser = parser
         self.prompt_tokens = prompt_tokens
         self.model_id = loaded.id
@@ -149,6 +157,7 @@ class ChatStream:
                 raise event.error or KronkError("generation failed")
             for part in self._parser.finish():
                 yield part
+            event.usage.dropped_tokens = self._dropped_tokens
             yield ChatDelta(finish_reason=event.reason, usage=event.usage)
 
     def cancel(self) -> None:
@@ -327,6 +336,11 @@ class Kronk:
         if loaded.config.system_prompt_cache:
             messages = loaded.with_cached_system(messages)
         prompt = loaded.render(messages, options)
+        dropped = 0
+        if loaded.config.context_overflow is ContextOverflow.trim:
+            messages, trimmed = self._trim_to_fit(loaded, messages, options, request, len(prompt))
+            if trimmed is not None:
+                dropped, prompt = len(prompt) - len(trimmed), trimmed
         system_tokens = 0
         if loaded.config.system_prompt_cache:
             system_tokens = loaded.system_tokens(messages, options, prompt)
@@ -346,7 +360,34 @@ class Kronk:
         stream = await loaded.engine.submit(
             generation, wait=self.config.queue_wait_seconds if wait is None else wait
         )
-        return ChatStream(loaded, stream, loaded.template.parser(options), len(prompt))
+        return ChatStream(loaded, stream, loaded.template.parser(options), len(prompt), dropped)
+
+    def _trim_to_fit(
+        self,
+        loaded: LoadedModel,
+        messages: Sequence[ChatMessage],
+        options: RenderOptions,
+        request: ChatRequest,
+        prompt_len: int,
+    ) -> tuple[Sequence[ChatMessage], list[int] | None]:
+        """context_overflow: trim — drop the oldest non-system messages until the request fits.
+
+        Returns the kept messages and their prompt, or (messages, None) when
+        nothing had to go. The last message is never dropped.
+        """
+        wanted = request.max_tokens or 1
+        limit = loaded.model.info.n_ctx_per_seq
+        if prompt_len + wanted <= limit:
+            return messages, None
+        kept = list(messages)
+        head = 1 if kept[0].role in ("system", "developer") else 0
+        prompt: list[int] | None = None
+        while len(kept) - head > 1:
+            del kept[head]
+            prompt = loaded.render(kept, options)
+            if len(prompt) + wanted <= limit:
+                return kept, prompt
+        return kept, prompt
 
     def _max_tokens(self, loaded: LoadedModel, request: ChatRequest, prompt_len: int) -> int:
         """The request's max_tokens must fit; a default (model config or 4096) is capped."""

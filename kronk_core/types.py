@@ -100,6 +100,8 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    # context_overflow: trim — prompt tokens dropped (oldest messages) to fit the context.
+    dropped_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

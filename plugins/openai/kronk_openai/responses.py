@@ -21,7 +21,10 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "dropped_tokens": usage.dropped_tokens,
+        },
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
