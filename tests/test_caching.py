@@ -1,0 +1,325 @@
+"""Message caching on the real default model: correctness against cold runs, and the scenarios."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.backend import Batch
+from kronk_core.sampling import Greedy
+from kronk_core.types import ChatResult
+from kronk_llamacpp.model import LlamaTextModel
+
+# DRY off: greedy is then a pure argmax, which the cold replay below reproduces.
+BASE = {"template": "gemma", "context_window": 4096, "sampling": {"dry_multiplier": 0.0}}
+SYSTEM = (
+    "You are the ship's computer of the research vessel Kestrel. Answer crew questions about "
+    "navigation, weather, cargo and the ship's systems. Be brief and precise. "
+) * 6
+TOPICS = [
+    "the current heading and speed of the ship",
+    "the forecast for the next twelve hours at our position",
+    "how much fresh water is left in the tanks",
+    "the status of the port engine after yesterday's repair",
+    "which cargo containers hold the sampling equipment",
+    "the nearest harbour with a repair dock",
+    "the fuel consumption at our current speed",
+    "the crew rota for the night watch",
+    "the battery charge of the survey drone",
+    "when we will reach the first sampling station",
+]
+
+
+def user_turn(index: int) -> dict[str, str]:
+    detail = " Please include every figure you know and explain how it was measured." * 2
+    return {"role": "user", "content": f"Turn {index}: tell me about {TOPICS[index % 10]}.{detail}"}
+
+
+def model_config(path: Path, **settings: Any) -> ModelConfig:
+    return ModelConfig.model_validate({"model_path": path, **BASE, **settings})
+
+
+@pytest.fixture(scope="module")
+def models(gemma_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
+    path = Path(gemma_path)
+    config = KronkConfig(
+        base_path=tmp_path_factory.mktemp("kronk-caching"),
+        models={
+            "cold": model_config(path),
+            "imc": model_config(path, incremental_cache=True, n_seq_max=2, host_cache_bytes=0),
+            "spc": model_config(path, system_prompt_cache=True, n_seq_max=2),
+        },
+    )
+    kronk = Kronk(config)
+    yield kronk
+    kronk.close()
+
+
+async def ask(kronk: Kronk, model: str, messages: list[dict[str, str]], **extra: Any) -> ChatResult:
+    return await kronk.chat(
+        messages, model=model, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5, **extra
+    )
+
+
+class ColdReplay:
+    """A cache-less context that decodes exactly the chunks the cached slot decoded.
+
+    llama.cpp's CPU kernels round differently for different batch shapes: on
+    this model one prompt prefilled in one chunk, or as chunk + single
+    generated tokens + chunk, differs by up to 0.6 nats with no cache at all.
+    So "the cache is exact" is checked against a cold run of the same decode
+    layout, and greedy text against a plain one-chunk cold run.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = LlamaTextModel(config.model_copy(update={"n_seq_max": 1}))
+        self.tokens: list[int] = []
+        self._index = 0
+
+    def prefill(self, prompt: list[int], keep: int) -> list[tuple[str, float]]:
+        """Keep `keep` tokens of the sequence, decode the rest of prompt in one chunk."""
+        assert self.tokens[:keep] == prompt[:keep]
+        self.model.seq_remove(0, keep, -1)
+        self.tokens = list(prompt)
+        batch = Batch()
+        for position in range(keep, len(prompt)):
+            batch.add(prompt[position], position, 0, position == len(prompt) - 1)
+        self.model.decode(batch)
+        self._index = len(batch) - 1
+        first = self.model.logprobs(self._index, 0, 5).top_logprobs
+        return [(t.token, t.logprob) for t in first]
+
+    def generate(self, count: int) -> str:
+        """Greedy, one token per decode as the engine does; the last token is not decoded."""
+        sampler = self.model.new_sampler([Greedy()])
+        text = b""
+        try:
+            for produced in range(count):
+                token = sampler.sample(self._index)
+                text += self.model.token_bytes(token)
+                if produced == count - 1:
+                    break
+                batch = Batch()
+                self._index = batch.add(token, len(self.tokens), 0, True)
+                self.model.decode(batch)
+                self.tokens.append(token)
+        finally:
+            sampler.close()
+        return text.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
+    loaded = kronk.get_loaded(model)
+    assert loaded is not None
+    request = kronk.chat_request(messages, model=model)
+    return loaded.render(request.messages, kronk.render_options(request))
+
+
+@pytest.mark.parametrize("strategy", ["imc", "spc"])
+async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
+    messages = [{"role": "system", "content": SYSTEM}]
+    previous_prompt = 0
+    replay = ColdReplay(models.load(strategy).config)
+    try:
+        for turn in range(10):
+            messages.append(user_turn(turn))
+            cached = await ask(models, strategy, messages)
+            cold = await ask(models, "cold", messages)
+            prompt = prompt_of(models, strategy, messages)
+            assert cached.usage.prompt_tokens == len(prompt)
+            if strategy == "spc" and turn > 0:
+                # The restored state is turn 0's one-chunk prefill, trimmed to the system prompt.
+                replay.prefill(prompt_of(models, strategy, messages[:2]), 0)
+            reference = replay.prefill(prompt, cached.usage.cached_tokens)
+            ours = [(t.token, t.logprob) for t in cached.logprobs[0].top_logprobs]
+            assert [token for token, _ in ours] == [token for token, _ in reference]
+            for (_, mine), (_, theirs) in zip(ours, reference, strict=True):
+                assert abs(mine - theirs) < 0.02
+            assert replay.generate(cached.usage.completion_tokens) == cached.content
+            assert cached.content == cold.content
+            assert cold.usage.cached_tokens == 0
+            if turn == 0:
+                assert cached.usage.cached_tokens == 0
+            elif strategy == "imc":
+                # Everything up to the previous prompt is reused: the turn only appended.
+                assert cached.usage.cached_tokens >= previous_prompt
+            else:
+                assert 100 < cached.usage.cached_tokens < previous_prompt
+            previous_prompt = cached.usage.prompt_tokens
+            messages.append({"role": "assistant", "content": cached.content})
+    finally:
+        replay.close()
+    counters = models.load(strategy).engine.cache_counters()
+    assert counters.hits >= 9 and counters.rebuilds >= 1
+
+
+def fresh(gemma_path: str, tmp_path: Path, **settings: Any) -> Kronk:
+    settings = {"incremental_cache": True, "n_seq_max": 2, **settings}
+    config = KronkConfig(
+        base_path=tmp_path, models={"m": model_config(Path(gemma_path), **settings)}
+    )
+    kronk = Kronk(config)
+    kronk.load("m")
+    return kronk
+
+
+def conversation(system: str, turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system}]
+    for turn in range(turns):
+        messages.append(user_turn(turn))
+        if turn < turns - 1:
+            messages.append({"role": "assistant", "content": f"Answer {turn}: noted."})
+    return messages
+
+
+async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path) -> None:
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    try:
+        first = await ask(kronk, "m", conversation(SYSTEM, 1))
+        assert first.usage.cached_tokens == 0
+        extended = await ask(kronk, "m", conversation(SYSTEM, 2))
+        assert extended.usage.cached_tokens >= first.usage.prompt_tokens
+        repeat = await ask(kronk, "m", conversation(SYSTEM, 2))
+        assert repeat.usage.cached_tokens == repeat.usage.prompt_tokens - 1
+        edited = conversation(SYSTEM, 2)
+        edited[1] = {"role": "user", "content": "Turn 0: something else entirely."}
+        partial = await ask(kronk, "m", edited)
+        assert 100 < partial.usage.cached_tokens < repeat.usage.cached_tokens
+        short_system = conversation("Be brief.", 2)
+        rebuilt = await ask(kronk, "m", short_system)
+        assert rebuilt.usage.cached_tokens == 0
+        counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
+        # The extension also trims: the client sent a different answer than was generated.
+        assert (counters.hits, counters.partial_hits, counters.rebuilds) == (1, 2, 2)
+    finally:
+        kronk.close()
+
+
+def slot_holding(kronk: Kronk, prefix_of: list[int]) -> list[int]:
+    engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+    return [slot.id for slot in engine.slots if slot.tokens[:50] == prefix_of[:50]]
+
+
+async def prompt_tokens(kronk: Kronk, messages: list[dict[str, str]]) -> list[int]:
+    loaded = kronk.get_loaded("m")
+    assert loaded is not None
+    request = kronk.chat_request(messages)
+    return loaded.render(request.messages, kronk.render_options(request))
+
+
+AGENT_SYSTEMS = [f"You are sub-agent {name}. " + SYSTEM for name in ("Alpha", "Bravo", "Charlie")]
+
+
+async def test_sub_agents_keep_their_slots(gemma_path: str, tmp_path: Path) -> None:
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    try:
+        a, b = (conversation(system, 1) for system in AGENT_SYSTEMS[:2])
+        await ask(kronk, "m", a)
+        await ask(kronk, "m", b)
+        slot_a = slot_holding(kronk, await prompt_tokens(kronk, a))
+        slot_b = slot_holding(kronk, await prompt_tokens(kronk, b))
+        assert len(slot_a) == 1 and len(slot_b) == 1 and slot_a != slot_b
+        for turn in range(2, 4):
+            a, b = (conversation(system, turn) for system in AGENT_SYSTEMS[:2])
+            assert (await ask(kronk, "m", a)).usage.cached_tokens > 100
+            assert (await ask(kronk, "m", b)).usage.cached_tokens > 100
+            assert slot_holding(kronk, await prompt_tokens(kronk, a)) == slot_a
+            assert slot_holding(kronk, await prompt_tokens(kronk, b)) == slot_b
+    finally:
+        kronk.close()
+
+
+@pytest.mark.parametrize("host_bytes", [0, 1 << 30])
+async def test_third_agent_evicts_lru_and_host_tier_restores(
+    gemma_path: str, tmp_path: Path, host_bytes: int
+) -> None:
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=host_bytes)
+    try:
+        a, b, c = (conversation(system, 1) for system in AGENT_SYSTEMS)
+        await ask(kronk, "m", a)
+        await ask(kronk, "m", b)
+        await ask(kronk, "m", c)  # evicts a, the least recently used
+        again = await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 2))
+        counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
+        assert counters.evictions >= 1
+        if host_bytes:
+            assert counters.restores == 1
+            assert again.usage.cached_tokens > 100
+        else:
+            assert counters.restores == 0
+            assert again.usage.cached_tokens == 0
+    finally:
+        kronk.close()
+
+
+async def test_simultaneous_new_conversations_get_different_slots(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    try:
+        a, b = (conversation(system, 1) for system in AGENT_SYSTEMS[:2])
+        await asyncio.gather(ask(kronk, "m", a), ask(kronk, "m", b))
+        slot_a = slot_holding(kronk, await prompt_tokens(kronk, a))
+        slot_b = slot_holding(kronk, await prompt_tokens(kronk, b))
+        assert len(slot_a) == 1 and len(slot_b) == 1 and slot_a != slot_b
+    finally:
+        kronk.close()
+
+
+async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: Kronk) -> None:
+    """The "tart" case: what the client sends back is not what the model generated."""
+    messages = [{"role": "system", "content": SYSTEM}, user_turn(0)]
+    first = await ask(models, "imc", messages)
+    # A client that strips or reformats the answer: its tokens now differ from the KV.
+    messages.append({"role": "assistant", "content": "  " + first.content.upper() + "\n\n"})
+    messages.append(user_turn(1))
+    cached = await ask(models, "imc", messages)
+    cold = await ask(models, "cold", messages)
+    assert cached.content == cold.content
+    assert 100 < cached.usage.cached_tokens < cached.usage.prompt_tokens
+    # The slot was cut where the re-rendered answer left the generated tokens.
+    assert cached.usage.cached_tokens < first.usage.prompt_tokens + first.usage.completion_tokens
+
+
+async def test_host_tier_on_disk_survives_restart_and_checks_config(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    disk = tmp_path / "kv"
+    settings = {"host_cache_dir": disk, "host_cache_bytes": 1 << 30, "n_seq_max": 1}
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts agent 0 to disk
+    finally:
+        kronk.close()
+    restarted = fresh(gemma_path, tmp_path, **settings)
+    try:
+        back = await ask(restarted, "m", conversation(AGENT_SYSTEMS[0], 2))
+        assert back.usage.cached_tokens > 100
+    finally:
+        restarted.close()
+    other_layout = fresh(gemma_path, tmp_path, **settings, context_window=2048)
+    try:
+        back = await ask(other_layout, "m", conversation(AGENT_SYSTEMS[0], 2))
+        assert back.usage.cached_tokens == 0
+    finally:
+        other_layout.close()
+
+
+async def test_context_overflow_trim_drops_oldest_messages(gemma_path: str, tmp_path: Path) -> None:
+    kronk = fresh(gemma_path, tmp_path, context_window=512, context_overflow="trim")
+    try:
+        long = conversation("Be brief.", 12)
+        result = await kronk.chat(long, model="m", max_tokens=32, temperature=0)
+        assert result.usage.dropped_tokens > 0
+        assert result.usage.prompt_tokens + 32 <= 512
+    finally:
+        kronk.close()
