@@ -39,7 +39,8 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
     session.install("-e", ".", *EDITABLE_PLUGINS)
-    session.run("python", "bench/bench_engine.py", *session.posargs)
+    session.run("python", "bench/bench_engine.py")
+    session.run("python", "bench/bench_caching.py")
 
 
 @nox.session
