@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, Router, get, post
+from litestar.params import FromPath
 from litestar.response import Stream
 from pydantic import ValidationError
 
@@ -140,7 +141,7 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 
 @get("/v1/models/{model_id:str}")
-async def get_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = _kronk(request)
     if model_id not in kronk.model_ids():
         raise ModelNotFoundError(f"model {model_id!r} not found", param="model")

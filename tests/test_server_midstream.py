@@ -1,0 +1,45 @@
+"""A failure after a stream has started reaches the client as an error event, then the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+import httpx
+
+from kronk_core import DEFAULT_MODEL_ID
+
+if TYPE_CHECKING:
+    from conftest import RunningServer
+
+
+async def test_unload_mid_stream_sends_an_error_event(server: RunningServer) -> None:
+    body = {
+        "model": DEFAULT_MODEL_ID,
+        "messages": [{"role": "user", "content": "Tell me a long story about dragons."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    events: list[str] = []
+    try:
+        async with (
+            httpx.AsyncClient(base_url=server.base_url, timeout=60) as client,
+            client.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line.removeprefix("data: "))
+                if len(events) == 3:
+                    # The model goes away while this stream is generating.
+                    await asyncio.to_thread(server.kronk.unload)
+    finally:
+        await asyncio.to_thread(server.kronk.load)
+    error = json.loads(events[-1])
+    assert error["error"]["code"] == "unavailable"
+    assert "unloaded" in error["error"]["message"]
+    assert all("[DONE]" not in event for event in events)
+    assert all("choices" in json.loads(event) for event in events[:-1])
