@@ -69,7 +69,11 @@ def _flatten(results: Iterable[Iterable[Any]]) -> list[Any]:
 
 
 def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = None) -> Litestar:
-    """Compose the server. `kronk` may be given to share an SDK instance (tests, embedding)."""
+    """Compose the server.
+
+    `kronk` may be given to share an SDK instance (tests, embedding); its own
+    config then rules models and queueing, and `settings` only the server.
+    """
     settings = settings or ServerSettings()
     kronk = kronk or Kronk(settings.kronk_config())
     hook = kronk.hook

@@ -67,7 +67,7 @@ def resolve_model_config(config: KronkConfig, model_id: str) -> ModelConfig:
         elif model_id in installed_model_files(config):
             configured = ModelConfig(id=model_id)
         else:
-            raise ModelNotFoundError(f"model {model_id!r} not found")
+            raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
     if configured.model_path is not None:
         path = configured.model_path.expanduser()
         if not path.is_file():

@@ -27,6 +27,7 @@ def kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
     """The default Gemma 3 270M with 4 slots, loaded once for the session."""
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
+        queue_wait_seconds=2.0,
         models={DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS)},
     )
     instance = Kronk(config)
@@ -44,7 +45,7 @@ class RunningServer:
 @pytest.fixture(scope="session")
 def server(kronk: Kronk) -> Iterator[RunningServer]:
     """A real uvicorn on 127.0.0.1 (free port) serving the session's Kronk instance."""
-    app = create_app(ServerSettings(queue_wait_seconds=2.0), kronk=kronk)
+    app = create_app(ServerSettings(), kronk=kronk)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -13,6 +13,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 from pydantic import ValidationError
 
+from kronk_api.disconnect import ClientDisconnected, unless_disconnected
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
@@ -24,6 +25,9 @@ from kronk_openai.responses import (
     usage_dict,
 )
 from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
+
+# nginx's code for "client closed the request"; nobody receives it, the log shows it.
+CLIENT_CLOSED_REQUEST = 499
 
 
 def _kronk(request: Request[Any, Any, Any]) -> Kronk:
@@ -49,13 +53,19 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         deltas = aiter(stream)
         # Wait for the first event so errors at start (a bad grammar) still get a status code.
-        first = await anext(deltas)
+        try:
+            first = await unless_disconnected(request, anext(deltas))
+        except ClientDisconnected:
+            return Response(None, status_code=CLIENT_CLOSED_REQUEST)
         return Stream(
             _sse(stream, deltas, first, completion_id, include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    result = await collect(stream)
+    try:
+        result = await unless_disconnected(request, collect(stream))
+    except ClientDisconnected:
+        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning

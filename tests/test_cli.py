@@ -1,0 +1,251 @@
+"""The real `kronk` command line, run as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kronk_api.settings import load_settings
+from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.errors import ConfigError
+
+CLI = [sys.executable, "-m", "kronk_api.cli"]
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    """The current environment without any KRONK_* variable, plus `extra`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KRONK_")}
+    env.update(extra)
+    return env
+
+
+def _kronk(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env if env is not None else _environment(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def _answers(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/v1/liveness", timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` is a kronk CLI process that has not exited (zombies count as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"kronk_api.cli" in command and "\nState:\tZ" not in status
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["server"],
+        ["server", "start"],
+        ["server", "stop"],
+        ["server", "logs"],
+        ["model"],
+        ["model", "list"],
+        ["run"],
+    ],
+    ids=lambda command: " ".join(command) or "kronk",
+)
+def test_help(command: list[str]) -> None:
+    result = _kronk(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage:" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script_version() -> None:
+    script = Path(sys.executable).parent / "kronk"
+    if not script.exists():
+        pytest.fail(f"console script not installed next to {sys.executable}")
+    result = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "version" in result.stdout
+
+
+def test_model_list(tmp_path: Path) -> None:
+    result = _kronk("model", "list", env=_environment(KRONK_BASE_PATH=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    ids = [line.split("\t")[0] for line in result.stdout.splitlines()]
+    assert DEFAULT_MODEL_ID in ids
+
+
+def test_environment_is_read_without_a_flag(tmp_path: Path) -> None:
+    """KRONK_WEB_API_HOST alone reaches the settings: a bad value is reported, nothing starts."""
+    result = _kronk(
+        "server",
+        "start",
+        "--base-path",
+        str(tmp_path),
+        env=_environment(KRONK_WEB_API_HOST="not-a-host-port"),
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "not-a-host-port" in result.stderr
+    assert "api_host" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_settings_file_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "kronk.yaml"
+    config.write_text("api_host: 127.0.0.1:9123\nqueue_wait_seconds: 7\n", encoding="utf-8")
+    from_file = load_settings(config, {})
+    assert from_file.api_host == "127.0.0.1:9123"
+    assert from_file.port == 9123
+    assert from_file.queue_wait_seconds == 7
+    overridden = load_settings(config, {"api_host": "127.0.0.1:9124"})
+    assert overridden.api_host == "127.0.0.1:9124"
+    assert overridden.queue_wait_seconds == 7
+    assert load_settings(None, {}).api_host == "127.0.0.1:8080"
+    config.write_text("api_host: nowhere\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config, {})
+    assert info.value.key == "api_host"
+
+
+def test_server_start_logs_stop(tmp_path: Path) -> None:
+    """One detached server: the flag beats the environment, then chat, logs and stop.
+
+    The parent gets KRONK_WEB_API_HOST=A and --api-host B and must pick B. The
+    detached child is started with the resolved settings as KRONK_* variables
+    and no flags, so its binding to B also shows the environment used on its own.
+    """
+    env_port, flag_port = _free_port(), _free_port()
+    base = tmp_path / "home"
+    env = _environment(KRONK_WEB_API_HOST=f"127.0.0.1:{env_port}")
+    pid: int | None = None
+    try:
+        started = _kronk(
+            "server",
+            "start",
+            "--api-host",
+            f"127.0.0.1:{flag_port}",
+            "--base-path",
+            str(base),
+            "--preload",
+            "-d",
+            env=env,
+            timeout=60,
+        )
+        assert started.returncode == 0, started.stderr
+        match = re.search(r"\(pid (\d+)\)", started.stdout)
+        assert match, started.stdout
+        pid = int(match.group(1))
+        assert f"127.0.0.1:{flag_port}" in started.stdout
+
+        url = f"http://127.0.0.1:{flag_port}"
+        deadline = time.monotonic() + 60
+        ready = None
+        while time.monotonic() < deadline:
+            try:
+                ready = httpx.get(url + "/v1/readiness", timeout=5)
+            except httpx.TransportError:
+                ready = None
+            if ready is not None and ready.status_code == 200:
+                break
+            assert _alive(pid), (base / "logs" / "server.log").read_text(errors="replace")
+            time.sleep(0.2)
+        assert ready is not None and ready.status_code == 200, "server not ready within 60 s"
+        assert ready.json() == {"status": "ready", "model": DEFAULT_MODEL_ID}
+        assert not _answers(env_port), "the environment's port answers although a flag was given"
+        assert (base / "server.pid").read_text().strip() == str(pid)
+
+        chat = httpx.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": DEFAULT_MODEL_ID,
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+            timeout=120,
+        )
+        assert chat.status_code == 200, chat.text
+        body = chat.json()
+        assert body["choices"][0]["message"]["content"]
+        assert body["usage"]["completion_tokens"] == 4
+
+        logs = _kronk("server", "logs", "--base-path", str(base), env=_environment(), timeout=60)
+        assert logs.returncode == 0, logs.stderr
+        assert logs.stdout.strip()
+        assert str(flag_port) in logs.stdout
+
+        stopped = _kronk("server", "stop", "--base-path", str(base), env=_environment())
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"pid {pid}" in stopped.stdout
+        assert _gone(pid, 5)
+        assert not _answers(flag_port)
+        assert not (base / "server.pid").exists()
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_server_stop_without_server(tmp_path: Path) -> None:
+    result = _kronk("server", "stop", "--base-path", str(tmp_path), timeout=60)
+    assert result.returncode != 0
+    assert "no running server" in result.stderr
+
+
+def test_run_chats_on_stdin(tmp_path: Path) -> None:
+    result = _kronk(
+        "run",
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "0",
+        env=_environment(KRONK_BASE_PATH=str(tmp_path)),
+        stdin="hello\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout.startswith(">>> "), result.stdout
+    answer = result.stdout.split(">>> ")[1]
+    assert answer.strip(), result.stdout
+    assert result.stdout.rstrip().endswith(">>>"), result.stdout

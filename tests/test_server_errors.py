@@ -1,0 +1,254 @@
+"""Error answers of the real server: status codes, the OpenAI error shape, 429 with Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from kronk_core import DEFAULT_MODEL_ID
+
+MODEL = DEFAULT_MODEL_ID
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "hello"}]
+CONTEXT = 8192
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": MESSAGES, **fields}
+
+
+def _assert_error_shape(response: httpx.Response) -> dict[str, Any]:
+    text = response.text
+    assert "Traceback" not in text
+    assert 'File "/' not in text
+    assert response.headers["content-type"].startswith("application/json"), text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert isinstance(error, dict)
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert "code" in error
+    assert error.get("param") is None or isinstance(error["param"], str)
+    return error
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        yield client
+
+
+# (method, path, request keyword arguments, status, code or None, words the message names)
+CASES: dict[str, tuple[str, str, dict[str, Any], int, str | None, tuple[str, ...]]] = {
+    "malformed_json": (
+        "POST", CHAT, {"content": b'{"model": "x", "messages": [', "headers": {
+            "content-type": "application/json"}}, 400, "invalid_argument", ("JSON",),
+    ),
+    "body_is_a_list": ("POST", CHAT, {"json": [_chat()]}, 400, "invalid_argument", ()),
+    "missing_messages": (
+        "POST", CHAT, {"json": {"model": MODEL}}, 400, "invalid_argument", ("messages",),
+    ),
+    "missing_model": (
+        "POST", CHAT, {"json": {"messages": MESSAGES}}, 400, "invalid_argument", ("model",),
+    ),
+    "empty_messages": (
+        "POST", CHAT, {"json": _chat(messages=[])}, 400, "invalid_argument", ("messages",),
+    ),
+    "temperature_wrong_type": (
+        "POST", CHAT, {"json": _chat(temperature="hot")}, 400, "invalid_argument",
+        ("temperature",),
+    ),
+    "temperature_too_high": (
+        "POST", CHAT, {"json": _chat(temperature=3)}, 400, "invalid_argument", ("temperature",),
+    ),
+    "top_p_zero": ("POST", CHAT, {"json": _chat(top_p=0)}, 400, "invalid_argument", ("top_p",)),
+    "top_logprobs_six": (
+        "POST", CHAT, {"json": _chat(logprobs=True, top_logprobs=6)}, 400, "invalid_argument",
+        ("top_logprobs",),
+    ),
+    "max_tokens_zero": (
+        "POST", CHAT, {"json": _chat(max_tokens=0)}, 400, "invalid_argument", ("max_tokens",),
+    ),
+    "stop_list_of_five": (
+        "POST", CHAT, {"json": _chat(stop=["a", "b", "c", "d", "e"])}, 400, "invalid_argument",
+        ("stop",),
+    ),
+    "n_two": ("POST", CHAT, {"json": _chat(n=2)}, 400, "invalid_argument", ("n",)),
+    "unknown_role": (
+        "POST", CHAT, {"json": _chat(messages=[{"role": "wizard", "content": "hi"}])}, 400,
+        "invalid_argument", ("role",),
+    ),
+    "image_content_part": (
+        "POST", CHAT, {"json": _chat(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ]}])}, 400, "invalid_argument", ("text",),
+    ),
+    "logit_bias": (
+        "POST", CHAT, {"json": _chat(logit_bias={"42": 5})}, 400, "invalid_argument",
+        ("logit_bias",),
+    ),
+    "invalid_grammar_streamed": (
+        "POST", CHAT, {"json": _chat(stream=True, grammar="root ::= (", max_tokens=4)}, 400,
+        "invalid_argument", ("grammar",),
+    ),
+    "unknown_model": (
+        "POST", CHAT, {"json": _chat(model="no-such-model")}, 404, "model_not_found",
+        ("no-such-model",),
+    ),
+    "unknown_model_streamed": (
+        "POST", CHAT, {"json": _chat(model="no-such-model", stream=True)}, 404,
+        "model_not_found", ("no-such-model",),
+    ),
+    "unknown_path": ("GET", "/v1/nope", {}, 404, None, ()),
+    "wrong_method": ("GET", CHAT, {}, 405, None, ()),
+    "tokenize_missing_input": (
+        "POST", "/v1/tokenize", {"json": {"model": MODEL}}, 400, "invalid_argument", ("input",),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code", "words"),
+    list(CASES.values()),
+    ids=list(CASES),
+)
+def test_error_answers(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    kwargs: dict[str, Any],
+    status: int,
+    code: str | None,
+    words: tuple[str, ...],
+) -> None:
+    response = http.request(method, path, **kwargs)
+    assert response.status_code == status, response.text
+    error = _assert_error_shape(response)
+    if code is not None:
+        assert error["code"] == code
+    for word in words:
+        assert word in error["message"], error
+    expected_type = {400: "invalid_request_error", 404: "not_found_error"}.get(status)
+    if expected_type is not None:
+        assert error["type"] == expected_type
+
+
+def _prompt_tokens(http: httpx.Client) -> int:
+    response = http.post(
+        "/v1/tokenize",
+        json={"model": MODEL, "input": MESSAGES[0]["content"], "apply_template": True},
+    )
+    assert response.status_code == 200, response.text
+    count: int = response.json()["tokens"]
+    return count
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_context_overflow(http: httpx.Client, stream: bool) -> None:
+    prompt = _prompt_tokens(http)
+    response = http.post(CHAT, json=_chat(max_tokens=9000, stream=stream))
+    assert response.status_code == 400, response.text
+    error = _assert_error_shape(response)
+    assert error["code"] == "context_length_exceeded"
+    assert error["type"] == "invalid_request_error"
+    assert str(CONTEXT) in error["message"]
+    assert str(prompt + 9000) in error["message"], (prompt, error["message"])
+    assert str(prompt) in error["message"]
+
+
+def test_unknown_route_shapes(http: httpx.Client) -> None:
+    response = http.delete("/v1/models")
+    assert response.status_code == 405
+    error = _assert_error_shape(response)
+    assert error["code"] == "405"
+
+
+# ---- queue full ---------------------------------------------------------------
+
+
+def _engine(server: Any) -> Any:
+    return server.kronk.get_loaded().engine
+
+
+def _idle(engine: Any) -> bool:
+    stats = engine.stats()
+    return stats.active == 0 and stats.queued == 0 and not any(s.busy for s in engine.slots)
+
+
+async def _wait_for(condition: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(condition())
+
+
+async def _hold_stream(client: httpx.AsyncClient, prompt: str) -> None:
+    """A long streamed generation that reads until it is cancelled."""
+    payload = _chat(
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=2000,
+        stream=True,
+    )
+    async with client.stream("POST", CHAT, json=payload) as response:
+        async for _ in response.aiter_raw():
+            pass
+
+
+async def test_queue_full_answers_429(server: Any) -> None:
+    engine = _engine(server)
+    assert await _wait_for(lambda: _idle(engine), 10), engine.stats()
+    slots = len(engine.slots)
+    capacity = slots * server.kronk.get_loaded().config.queue_depth
+    assert (slots, capacity) == (4, 8)
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=0)
+    timeout = httpx.Timeout(120, connect=10)
+    tasks: list[asyncio.Task[None]] = []
+    client = httpx.AsyncClient(base_url=server.base_url, timeout=timeout, limits=limits)
+    async with client:
+        try:
+            for index in range(slots):
+                prompt = f"Story {index} about a dragon."
+                tasks.append(asyncio.create_task(_hold_stream(client, prompt)))
+            assert await _wait_for(lambda: engine.stats().active == slots, 30), engine.stats()
+            for index in range(capacity):
+                tasks.append(asyncio.create_task(_hold_stream(client, f"Queued story {index}.")))
+            assert await _wait_for(lambda: engine.stats().queued == capacity, 30), engine.stats()
+            assert engine.stats().active == slots
+
+            started = time.monotonic()
+            response = await client.post(CHAT, json=_chat(max_tokens=4))
+            elapsed = time.monotonic() - started
+
+            assert response.status_code == 429, response.text
+            error = _assert_error_shape(response)
+            assert error["code"] == "queue_full"
+            assert error["type"] == "rate_limit_error"
+            assert all(not task.done() for task in tasks), [t for t in tasks if t.done()]
+            # The app was created with ServerSettings(queue_wait_seconds=2.0): the 429 must
+            # come after about 2 s and say so in Retry-After.
+            retry_after = response.headers.get("retry-after")
+            timing = f"429 after {elapsed:.1f}s with Retry-After {retry_after!r}"
+            assert retry_after == "2", timing
+            assert 1.5 <= elapsed < 8, timing
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            # Every closed stream must be released, the queued ones included.
+            cleanup = time.monotonic()
+            idle = await _wait_for(lambda: _idle(engine), 30)
+            cleanup = time.monotonic() - cleanup
+    assert idle, (cleanup, engine.stats(), [slot.busy for slot in engine.slots])

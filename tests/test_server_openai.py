@@ -1,0 +1,493 @@
+"""The OpenAI dialect against a real server, through the official `openai` SDK and httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+
+from kronk_core import DEFAULT_MODEL_ID
+
+MODEL = DEFAULT_MODEL_ID
+PROMPT = "Tell me about cats."
+MAX_TOKENS = 8
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def _messages(prompt: str = PROMPT) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _engine_idle(server: Any) -> bool:
+    engine = server.kronk.get_loaded().engine
+    stats = engine.stats()
+    return all(not slot.busy for slot in engine.slots) and stats.active == 0 and stats.queued == 0
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="none", max_retries=0, timeout=120
+    ) as instance:
+        yield instance
+
+
+def _async_client(server: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.base_url + "/v1", api_key="none", max_retries=0, timeout=120
+    )
+
+
+def _greedy(client: openai.OpenAI, prompt: str = PROMPT, **params: Any) -> ChatCompletion:
+    params.setdefault("max_tokens", MAX_TOKENS)
+    return client.chat.completions.create(
+        model=MODEL, messages=_messages(prompt), temperature=0, **params
+    )
+
+
+@pytest.fixture(scope="module")
+def greedy(client: openai.OpenAI) -> ChatCompletion:
+    """One greedy non-streamed answer to PROMPT, shared by the tests that compare with it."""
+    return _greedy(client)
+
+
+# ---- chat completions -------------------------------------------------------
+
+
+def test_sync_non_streaming(greedy: ChatCompletion) -> None:
+    assert greedy.id.startswith("chatcmpl-")
+    assert greedy.object == "chat.completion"
+    assert greedy.model == MODEL
+    assert len(greedy.choices) == 1
+    choice = greedy.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert choice.logprobs is None
+    usage = greedy.usage
+    assert usage is not None
+    assert usage.prompt_tokens > 0
+    assert 0 < usage.completion_tokens <= MAX_TOKENS
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == 0
+
+
+async def test_async_streaming_matches_non_streaming(server: Any, greedy: ChatCompletion) -> None:
+    async with _async_client(server) as aclient:
+        stream = await aclient.chat.completions.create(
+            model=MODEL,
+            messages=_messages(),
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    assert len(chunks) >= 3
+    assert {chunk.id for chunk in chunks} == {chunks[0].id}
+    assert chunks[0].id.startswith("chatcmpl-")
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.delta.role is None for chunk in chunks[1:] for c in chunk.choices)
+
+    usage_chunk, final = chunks[-1], chunks[-2]
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage is not None
+    assert final.choices[0].finish_reason == greedy.choices[0].finish_reason
+    assert all(c.finish_reason is None for chunk in chunks[:-2] for c in chunk.choices)
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+
+    content = "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
+    assert content == greedy.choices[0].message.content
+    assert greedy.usage is not None
+    assert usage_chunk.usage.completion_tokens == greedy.usage.completion_tokens
+    assert usage_chunk.usage.prompt_tokens == greedy.usage.prompt_tokens
+    assert usage_chunk.usage.total_tokens == greedy.usage.total_tokens
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_token_limit_fields(client: openai.OpenAI, field: str) -> None:
+    response = client.chat.completions.create(
+        model=MODEL, messages=_messages("hello"), temperature=0, **{field: 5}
+    )
+    assert response.usage is not None
+    assert response.usage.completion_tokens == 5
+    assert response.choices[0].finish_reason == "length"
+
+
+def _stop_candidates(text: str) -> tuple[str, str]:
+    """Two distinct substrings of `text` that start past its first character."""
+    first = text[len(text) // 3 :][:3]
+    second = text[len(text) // 2 :][:4]
+    assert first.strip() and second.strip() and first != second, text
+    return first, second
+
+
+def test_stop_string(client: openai.OpenAI, greedy: ChatCompletion) -> None:
+    full = greedy.choices[0].message.content or ""
+    stop, _ = _stop_candidates(full)
+    response = _greedy(client, stop=stop)
+    assert response.choices[0].finish_reason == "stop"
+    assert response.choices[0].message.content == full[: full.index(stop)]
+    assert greedy.usage is not None and response.usage is not None
+    assert response.usage.completion_tokens < greedy.usage.completion_tokens
+
+
+def test_stop_list(client: openai.OpenAI, greedy: ChatCompletion) -> None:
+    full = greedy.choices[0].message.content or ""
+    first, second = _stop_candidates(full)
+    response = _greedy(client, stop=["\x00never\x00", second, first])
+    cut = min(full.index(first), full.index(second))
+    assert response.choices[0].finish_reason == "stop"
+    assert response.choices[0].message.content == full[:cut]
+
+
+def _check_logprob_entries(entries: list[Any]) -> None:
+    for entry in entries:
+        assert entry.logprob <= 0.0
+        assert isinstance(entry.token, str)
+        assert entry.bytes == list(entry.token.encode("utf-8"))
+        tops = [top.logprob for top in entry.top_logprobs]
+        assert 1 <= len(tops) <= 3
+        assert tops == sorted(tops, reverse=True)
+        assert all(value <= 0.0 for value in tops)
+        assert entry.logprob <= tops[0] + 1e-6
+
+
+def test_logprobs_non_streamed(client: openai.OpenAI) -> None:
+    response = _greedy(client, max_tokens=6, logprobs=True, top_logprobs=3)
+    logprobs = response.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert response.usage is not None
+    assert len(logprobs.content) == response.usage.completion_tokens
+    _check_logprob_entries(logprobs.content)
+
+
+async def test_logprobs_streamed(server: Any) -> None:
+    async with _async_client(server) as aclient:
+        stream = await aclient.chat.completions.create(
+            model=MODEL,
+            messages=_messages(),
+            temperature=0,
+            max_tokens=6,
+            logprobs=True,
+            top_logprobs=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    entries = [
+        entry
+        for chunk in chunks
+        for choice in chunk.choices
+        if choice.logprobs is not None and choice.logprobs.content
+        for entry in choice.logprobs.content
+    ]
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert len(entries) == usage.completion_tokens > 0
+    _check_logprob_entries(entries)
+
+
+def test_response_format_json_schema(client: openai.OpenAI) -> None:
+    response = _greedy(
+        client,
+        'Reply with {"name": "Al", "age": 3}',
+        max_tokens=80,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "p", "schema": PERSON_SCHEMA},
+        },
+    )
+    assert response.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(response.choices[0].message.content or ""), PERSON_SCHEMA)
+
+
+def test_response_format_json_object(client: openai.OpenAI) -> None:
+    response = _greedy(
+        client, "Give a person as JSON.", max_tokens=80, response_format={"type": "json_object"}
+    )
+    assert response.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(response.choices[0].message.content or ""), dict)
+
+
+# ---- Kronk extensions through extra_body --------------------------------------
+
+
+def test_grammar_extension(client: openai.OpenAI) -> None:
+    response = _greedy(
+        client, "Yes or no?", max_tokens=10, extra_body={"grammar": 'root ::= "yes" | "no"'}
+    )
+    assert response.choices[0].message.content in {"yes", "no"}
+    assert response.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("extra", [{"top_k": 1}, {"min_p": 1.0}], ids=["top_k", "min_p"])
+def test_truncating_samplers_reduce_to_greedy(
+    client: openai.OpenAI, greedy: ChatCompletion, extra: dict[str, Any]
+) -> None:
+    """Keeping only the most likely token at temperature 1 must reproduce the greedy answer."""
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=_messages(),
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        seed=7,
+        extra_body=extra,
+    )
+    assert response.choices[0].message.content == greedy.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def repetitive(client: openai.OpenAI) -> str:
+    """The greedy answer to "hello" repeats itself: a target for the penalties."""
+    content = _greedy(client, "hello").choices[0].message.content or ""
+    assert content
+    return content
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"repeat_penalty": 10.0}, {"dry_multiplier": 8.0, "dry_allowed_length": 1}],
+    ids=["repeat_penalty", "dry_multiplier"],
+)
+def test_penalties_change_a_repetitive_answer(
+    client: openai.OpenAI, repetitive: str, extra: dict[str, Any]
+) -> None:
+    penalised = _greedy(client, "hello", extra_body=extra)
+    assert penalised.choices[0].message.content
+    assert penalised.choices[0].message.content != repetitive
+
+
+def test_xtc_accepted_and_validated(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=_messages(),
+        max_tokens=4,
+        temperature=1.0,
+        seed=3,
+        extra_body={"xtc_probability": 1.0, "xtc_threshold": 0.1},
+    )
+    assert response.usage is not None and response.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as info:
+        _greedy(client, max_tokens=4, extra_body={"xtc_probability": 1.5})
+    assert "xtc_probability" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"top_k": -1}, {"min_p": 1.5}, {"repeat_penalty": -1}, {"dry_multiplier": -0.5}],
+    ids=["top_k", "min_p", "repeat_penalty", "dry_multiplier"],
+)
+def test_extension_ranges_checked(client: openai.OpenAI, extra: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _greedy(client, max_tokens=4, extra_body=extra)
+    assert next(iter(extra)) in str(info.value)
+
+
+@pytest.mark.parametrize("flag", [False, "false", True, "true"])
+def test_enable_thinking_forms(client: openai.OpenAI, flag: bool | str) -> None:
+    response = _greedy(client, max_tokens=1, extra_body={"enable_thinking": flag})
+    assert response.choices[0].message.content
+
+
+def test_enable_thinking_rejects_other_strings(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _greedy(client, max_tokens=1, extra_body={"enable_thinking": "maybe"})
+    assert "enable_thinking" in str(info.value)
+
+
+# ---- models, tokenize, probes -------------------------------------------------
+
+
+def test_models(client: openai.OpenAI, server: Any) -> None:
+    ids = [model.id for model in client.models.list()]
+    assert MODEL in ids
+    raw = httpx.get(server.base_url + "/v1/models", timeout=30).json()
+    assert raw["object"] == "list"
+    cards = {card["id"]: card for card in raw["data"]}
+    assert cards[MODEL]["loaded"] is True
+    assert cards[MODEL]["object"] == "model"
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL
+    assert model.owned_by == "kronk"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("nope")
+    assert "nope" in str(info.value)
+
+
+def test_tokenize(client: openai.OpenAI, server: Any) -> None:
+    text = "Count the tokens of this sentence, please."
+
+    def tokens(**extra: Any) -> int:
+        response = httpx.post(
+            server.base_url + "/v1/tokenize",
+            json={"model": MODEL, "input": text, **extra},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["object"] == "tokenize"
+        assert body["model"] == MODEL
+        count = body["tokens"]
+        assert isinstance(count, int)
+        return count
+
+    templated = tokens(apply_template=True)
+    raw = tokens()
+    assert raw > 0
+    assert templated > raw
+    assert tokens(apply_template=True, add_generation_prompt=False) < templated
+    chat = _greedy(client, text, max_tokens=1)
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == templated
+
+
+def test_tokenize_rejects_unknown_fields(server: Any) -> None:
+    response = httpx.post(
+        server.base_url + "/v1/tokenize",
+        json={"model": MODEL, "input": "x", "bogus": 1},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "bogus"
+
+
+def test_liveness_and_readiness(server: Any) -> None:
+    live = httpx.get(server.base_url + "/v1/liveness", timeout=30)
+    assert live.status_code == 200
+    body = live.json()
+    assert body["status"] == "up"
+    assert isinstance(body["version"], str) and body["version"]
+    assert isinstance(body["host"], str) and body["host"]
+    ready = httpx.get(server.base_url + "/v1/readiness", timeout=30)
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "model": MODEL}
+
+
+# ---- disconnects and concurrency ----------------------------------------------
+
+
+def test_client_disconnect_frees_the_slot(server: Any) -> None:
+    assert _wait_until(lambda: _engine_idle(server), 5), "engine busy before the test"
+    payload = {
+        "model": MODEL,
+        "messages": _messages("Write a long story about a dragon."),
+        "temperature": 0,
+        "max_tokens": 500,
+        "stream": True,
+    }
+    engine = server.kronk.get_loaded().engine
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", server.base_url + "/v1/chat/completions", json=payload) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        data_lines = 0
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                data_lines += 1
+                if data_lines == 3:
+                    break
+        assert data_lines == 3
+        assert engine.stats().active == 1
+    # The response is closed: the engine must stop generating for it within a step or two
+    # (5 s leaves room for a CPU shared with other work).
+    assert _wait_until(lambda: _engine_idle(server), 5.0), (
+        engine.stats(),
+        [slot.busy for slot in engine.slots],
+    )
+
+
+async def test_concurrent_streams_match_sequential(client: openai.OpenAI, server: Any) -> None:
+    """Four streams batched together give each its own sequential greedy answer.
+
+    llama.cpp's CPU kernels are not bit-identical across batch shapes (a prompt
+    prefilled next to another one gets logits that differ by up to ~0.7), so a
+    near-tie may flip. The comparison is therefore token by token: any divergence
+    must be at a near-tie of the sequential run, to the runner-up token.
+    DRY is off so that greedy picks the raw argmax that the logprobs describe.
+    """
+    prompts = ["Tell me about dogs.", "What is 2+2?", "hello there", "Name a color."]
+    params: dict[str, Any] = {
+        "temperature": 0,
+        "max_tokens": 6,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "extra_body": {"dry_multiplier": 0},
+    }
+    sequential = []
+    for prompt in prompts:
+        response = client.chat.completions.create(
+            model=MODEL, messages=_messages(prompt), **params
+        )
+        logprobs = response.choices[0].logprobs
+        assert logprobs is not None and logprobs.content is not None
+        sequential.append((response.choices[0].message.content, logprobs.content))
+
+    async def streamed(aclient: openai.AsyncOpenAI, prompt: str) -> tuple[str, list[str]]:
+        stream = await aclient.chat.completions.create(
+            model=MODEL, messages=_messages(prompt), stream=True, **params
+        )
+        parts: list[str] = []
+        tokens: list[str] = []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                parts.append(choice.delta.content or "")
+                if choice.logprobs is not None and choice.logprobs.content:
+                    tokens.extend(entry.token for entry in choice.logprobs.content)
+        return "".join(parts), tokens
+
+    engine = server.kronk.get_loaded().engine
+    widths: list[int] = []
+
+    def listener(record: Any) -> None:
+        widths.append(len(record.generating))
+
+    engine.add_step_listener(listener)
+    try:
+        async with _async_client(server) as aclient:
+            results = await asyncio.gather(*(streamed(aclient, prompt) for prompt in prompts))
+    finally:
+        engine.remove_step_listener(listener)
+    assert max(widths) >= 2, "the streams were never batched together"
+
+    for prompt, (content, entries), (streamed_content, tokens) in zip(
+        prompts, sequential, results, strict=True
+    ):
+        expected = [entry.token for entry in entries]
+        if tokens == expected:
+            assert streamed_content == content, prompt
+            continue
+        pairs = zip(tokens, expected, strict=False)
+        mismatches = [i for i, (got, want) in enumerate(pairs) if got != want]
+        assert mismatches, (prompt, tokens, expected)
+        index = mismatches[0]
+        best, runner_up = entries[index].top_logprobs[:2]
+        assert best.logprob - runner_up.logprob < 0.5, (prompt, index, tokens, expected)
+        assert tokens[index] == runner_up.token, (prompt, index, tokens, expected)
