@@ -94,7 +94,8 @@ class LlamaTextModel:
                 f"x {config.n_seq_max} slots for {config.id} (out of memory?)"
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        # llama.cpp may round the pool up; a slot gets its share of what exists.
+        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx(self._ctx)) // config.n_seq_max
         self._n_batch = config.n_batch
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, config.n_seq_max)
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(config.n_batch,))
