@@ -36,7 +36,7 @@ def system_prompt(agent: int, words: int) -> str:
 def tool_result(agent: int, turn: int) -> str:
     lines = [
         f"src/pkg_{agent}/module_{turn}_{i}.py: {40 + i * 3} lines, {i} functions, ok"
-        for i in range(12)
+        for i in range(8)
     ]
     return "Tool result (list_files):\n" + "\n".join(lines)
 
@@ -79,7 +79,8 @@ def prefill_only_new_tokens(path: Path, kronk: Kronk, model: str, turns: int, wo
     reference = LlamaTextModel(ModelConfig(model_path=path, template="gemma", context_window=8192))
     sampler = reference.new_sampler([Greedy()])
     try:
-        reference.decode(_chunk(full, 0, shared))
+        for start in range(0, shared, 2048):
+            reference.decode(_chunk(full, start, min(start + 2048, shared)))
         began = time.perf_counter()
         new_tokens = _chunk(full, shared, len(full))
         reference.decode(new_tokens)
@@ -128,6 +129,8 @@ def main() -> None:
     }
     models["imc-host-4"] = config(path, 4, incremental_cache=True, host_cache_bytes=4 << 30)
     kronk = Kronk(KronkConfig(models=models))
+    for name in models:  # load time must not count as time to first token
+        kronk.load(name)
     asyncio.run(turn(kronk, "none-1", [{"role": "user", "content": "warm up"}]))
 
     print("\nW1: one agent, 12 turns — time to first token (s)")
