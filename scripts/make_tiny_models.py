@@ -130,8 +130,12 @@ def make_tiny_llama(path: Path, *, context_length: int = 256) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=default_out_dir(),
-                        help="output directory (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=default_out_dir(),
+        help="output directory (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     path = args.out / TINY_LLAMA
     if not path.is_file():

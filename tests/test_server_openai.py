@@ -443,9 +443,7 @@ async def test_concurrent_streams_match_sequential(client: openai.OpenAI, server
     }
     sequential = []
     for prompt in prompts:
-        response = client.chat.completions.create(
-            model=MODEL, messages=_messages(prompt), **params
-        )
+        response = client.chat.completions.create(model=MODEL, messages=_messages(prompt), **params)
         logprobs = response.choices[0].logprobs
         assert logprobs is not None and logprobs.content is not None
         sequential.append((response.choices[0].message.content, logprobs.content))

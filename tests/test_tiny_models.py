@@ -39,8 +39,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _kronk(base: Path, model: Path, context_window: int) -> Iterator[Kronk]:
     config = KronkConfig(
         base_path=base,
-        models={"tiny": ModelConfig(model_path=model, template="chatml",
-                                    context_window=context_window)},
+        models={
+            "tiny": ModelConfig(model_path=model, template="chatml", context_window=context_window)
+        },
     )
     instance = Kronk(config)
     try:
@@ -51,22 +52,31 @@ def _kronk(base: Path, model: Path, context_window: int) -> Iterator[Kronk]:
 
 async def test_tiny_llama_generates(tiny_llama: Path, tmp_path: Path) -> None:
     with _kronk(tmp_path, tiny_llama, 128) as kronk:
-        result = await kronk.chat([{"role": "user", "content": "hi"}], model="tiny",
-                                  max_tokens=5, temperature=0)
+        result = await kronk.chat(
+            [{"role": "user", "content": "hi"}], model="tiny", max_tokens=5, temperature=0
+        )
         assert result.usage.completion_tokens == 5
         assert kronk.load("tiny").model.info.n_ctx_train == 256
 
 
 @pytest.mark.parametrize(("context_window", "warns"), [(512, True), (128, False)])
 def test_context_beyond_training_length_warns(
-    tiny_llama: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-    context_window: int, warns: bool,
+    tiny_llama: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    context_window: int,
+    warns: bool,
 ) -> None:
     with (
         _kronk(tmp_path, tiny_llama, context_window) as kronk,
         caplog.at_level(logging.WARNING, logger="kronk_llamacpp.model"),
     ):
         kronk.load("tiny")
-    found = [r for r in caplog.records if r.name == "kronk_llamacpp.model"
-             and r.levelno == logging.WARNING and WARNING_TEXT in r.getMessage()]
+    found = [
+        r
+        for r in caplog.records
+        if r.name == "kronk_llamacpp.model"
+        and r.levelno == logging.WARNING
+        and WARNING_TEXT in r.getMessage()
+    ]
     assert bool(found) is warns
