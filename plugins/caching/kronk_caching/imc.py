@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
+from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore
 from kronk_caching.none import clear
 from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
-from kronk_core.slots import CacheCounters, CachePlan, Slot
+from kronk_core.slots import CachePlan, Slot
 from kronk_core.types import GenerationRequest
 
 log = logging.getLogger(__name__)
 
 
-class IncrementalCache:
+class IncrementalCache(Counted):
     name = "imc"
 
     def __init__(self, *, min_tokens: int, trimmable: bool, store: HostStore | None) -> None:
@@ -32,7 +32,6 @@ class IncrementalCache:
         # state), a slot is reusable only when its whole content prefixes the prompt.
         self._trimmable = trimmable
         self.store = store
-        self._counters = CacheCounters()
 
     def _usable(self, slot: Slot, prompt: Sequence[int]) -> int:
         shared = common_prefix(slot.tokens, prompt)
@@ -106,12 +105,3 @@ class IncrementalCache:
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
-
-    def counters(self) -> CacheCounters:
-        return self._counters
-
-    def _count(self, **deltas: int) -> None:
-        current = self._counters
-        self._counters = replace(
-            current, **{name: getattr(current, name) + value for name, value in deltas.items()}
-        )

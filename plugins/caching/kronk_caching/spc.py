@@ -12,18 +12,18 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
 
+from kronk_caching.counting import Counted
 from kronk_caching.none import clear
 from kronk_caching.prefix import token_key
 from kronk_core.backend import TextModel
-from kronk_core.slots import CacheCounters, CachePlan, Slot
+from kronk_core.slots import CachePlan, Slot
 from kronk_core.types import GenerationRequest
 
 log = logging.getLogger(__name__)
 
 
-class SystemPromptCache:
+class SystemPromptCache(Counted):
     name = "spc"
 
     def __init__(self, *, min_tokens: int, trimmable: bool, max_entries: int = 8) -> None:
@@ -32,7 +32,6 @@ class SystemPromptCache:
         self._max_entries = max_entries
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
         self._to_export: dict[int, int] = {}  # slot id → system-prompt length to export at release
-        self._counters = CacheCounters()
 
     def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
         return min(free, key=lambda slot: slot.last_used)
@@ -69,12 +68,3 @@ class SystemPromptCache:
                 self._count(evictions=1)
             log.info("SPC cached a %d-token system prompt (%d entries)", size, len(self._states))
         clear(slot, model)
-
-    def counters(self) -> CacheCounters:
-        return self._counters
-
-    def _count(self, **deltas: int) -> None:
-        current = self._counters
-        self._counters = replace(
-            current, **{name: getattr(current, name) + value for name, value in deltas.items()}
-        )

@@ -111,8 +111,12 @@ def _thinking_flag(value: Any) -> Any:
     return value
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions. Unknown fields are ignored, as OpenAI clients send extras."""
+class ChatCompletionRequest(SamplingConfig):
+    """POST /v1/chat/completions. Unknown fields are ignored, as OpenAI clients send extras.
+
+    The sampling fields (temperature, top_k, DRY, XTC, ...) come from SamplingConfig
+    under the names the manual and OpenAI use.
+    """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -121,27 +125,9 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: int | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repeat_penalty: Annotated[float, Field(ge=0.0)] | None = None
-    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
-    dry_multiplier: Annotated[float, Field(ge=0.0)] | None = None
-    dry_base: Annotated[float, Field(ge=1.0)] | None = None
-    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
-    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
-    xtc_probability: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    xtc_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    xtc_min_keep: Annotated[int, Field(ge=1)] | None = None
-    adaptive_p_target: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    adaptive_p_decay: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     logit_bias: dict[str, float] | None = None
@@ -188,10 +174,8 @@ class ChatCompletionRequest(BaseModel):
         return self
 
     def sampling(self) -> SamplingConfig:
-        fields = SamplingConfig.model_fields
-        return SamplingConfig.model_validate(
-            {name: value for name, value in self if name in fields and value is not None}
-        )
+        names = set(SamplingConfig.model_fields)
+        return SamplingConfig.model_validate(self.model_dump(include=names, exclude_none=True))
 
     def schema_text(self) -> str | None:
         if self.json_schema is not None:
