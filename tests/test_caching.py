@@ -323,3 +323,29 @@ async def test_context_overflow_trim_drops_oldest_messages(gemma_path: str, tmp_
         assert result.usage.prompt_tokens + 32 <= 512
     finally:
         kronk.close()
+
+
+async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models: Kronk) -> None:
+    # The first request leaves SYSTEM as the only system prompt known to "spc".
+    with_system = await ask(models, "spc", [{"role": "system", "content": SYSTEM}, user_turn(3)])
+    without = await ask(models, "spc", [user_turn(3)])
+    assert without.usage.cached_tokens > 100
+    assert without.usage.prompt_tokens == with_system.usage.prompt_tokens
+    assert without.content == with_system.content
+
+
+async def test_untrimmable_kv_only_extends(gemma_path: str, tmp_path: Path) -> None:
+    """Sliding-window KV without swa_full cannot be cut back: reuse only whole slots."""
+    kronk = fresh(gemma_path, tmp_path, swa_full=False, host_cache_bytes=0, n_seq_max=1)
+    try:
+        assert not kronk.load("m").model.info.kv_trimmable
+        first = await ask(kronk, "m", conversation(SYSTEM, 1))
+        messages = conversation(SYSTEM, 1)
+        messages.append({"role": "assistant", "content": first.content})
+        messages.append(user_turn(1))
+        extended = await ask(kronk, "m", messages)
+        assert extended.usage.cached_tokens > first.usage.prompt_tokens
+        edited = conversation(SYSTEM, 2)  # a different answer: reuse would need a cut
+        assert (await ask(kronk, "m", edited)).usage.cached_tokens == 0
+    finally:
+        kronk.close()

@@ -63,3 +63,24 @@ async def test_non_streaming_client_gone_cancels_generation(server: RunningServe
         await asyncio.sleep(0.1)
     assert engine.stats().active == 0
     assert not any(slot.busy for slot in engine.slots)
+
+
+async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        response = await client.get("/v1/kronk/slots")
+    assert response.status_code == 200
+    (entry,) = response.json()["data"]
+    assert entry["model"] == DEFAULT_MODEL_ID and entry["cache"] == "none"
+    assert set(entry["counters"]) == {
+        "hits",
+        "partial_hits",
+        "rebuilds",
+        "evictions",
+        "restores",
+        "tokens_saved",
+    }
+    assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]
+    assert all(
+        set(slot) == {"id", "cached_tokens", "idle_seconds", "busy", "pending"}
+        for slot in entry["slots"]
+    )
