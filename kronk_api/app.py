@@ -12,6 +12,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
 from kronk_api.admin import slots
+from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings
 from kronk_core import Kronk, __version__
 
@@ -93,11 +94,12 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     app = Litestar(
         route_handlers=[liveness, readiness, slots, *_flatten(hook.kronk_routes(kronk=kronk))],
         guards=_flatten(hook.kronk_guards(kronk=kronk)),
-        middleware=_flatten(hook.kronk_middleware(kronk=kronk)),
+        middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,
         on_startup=[startup],
         on_shutdown=[shutdown],
         openapi_config=None,
+        logging_config=None,  # the CLI (or the embedding program) configures logging
     )
     app.state.kronk = kronk
     app.state.settings = settings

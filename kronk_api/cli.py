@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
+from kronk_api.logs import configure_logging
 from kronk_api.settings import ServerSettings, load_settings
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import default_base_path, load_model_config_file
@@ -148,10 +149,7 @@ def _serve(settings: ServerSettings) -> None:
 
     from kronk_api.app import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    configure_logging(settings.log_level)
     try:
         app = create_app(settings)
     except KronkError as exc:
@@ -160,7 +158,14 @@ def _serve(settings: ServerSettings) -> None:
     base.mkdir(parents=True, exist_ok=True)
     _pid_file(base).write_text(str(os.getpid()))
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+        # log_config=None: uvicorn's loggers propagate to the JSON handler.
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            log_config=None,
+        )
     finally:
         _pid_file(base).unlink(missing_ok=True)
 

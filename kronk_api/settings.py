@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -27,7 +27,7 @@ class ServerSettings(BaseModel):
     model_config_file: Path | None = None
     preload: bool = False
     queue_wait_seconds: Annotated[float, Field(ge=0.0)] = 30.0
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("api_host")
     @classmethod

@@ -1,0 +1,63 @@
+"""Structured (JSON) logs, one object per line, with the request id of the request being served."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from contextvars import ContextVar
+from typing import Any
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+request_id: ContextVar[str | None] = ContextVar("kronk_request_id", default=None)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        current = request_id.get()
+        if current is not None:
+            entry["request_id"] = current
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+
+
+def request_ids(app: ASGIApp) -> ASGIApp:
+    """ASGI middleware: take X-Request-ID from the client or make one; echo it back."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        current = given[:128] or uuid.uuid4().hex
+        token = request_id.set(current)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", current.encode("latin-1")))
+                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            request_id.reset(token)
+
+    return middleware
