@@ -107,17 +107,25 @@ def kronk_exception_handlers(kronk: Kronk) -> Mapping[type[Exception], Callable[
 
 @hookspec
 def kronk_startup(kronk: Kronk) -> None:
-    """Called once after the server (or SDK) has started and plugins are registered."""
+    """Called once when the server has started (after an eager model load, if any).
+
+    The SDK alone does not call it: a program embedding `Kronk` owns its lifecycle.
+    """
 
 
 @hookspec
 def kronk_shutdown(kronk: Kronk) -> None:
-    """Called once when the server (or SDK) shuts down, before models are unloaded."""
+    """Called once when the server shuts down, before its models are unloaded."""
 
 
 @hookspec
 def kronk_request_finished(record: RequestRecord) -> None:
-    """Called after every generation finishes (observability). Must not block or raise."""
+    """Called after every generation ends: finished, cancelled or failed (observability).
+
+    Runs on the model's engine thread between decode steps, so it must be quick;
+    exceptions are logged and swallowed. `record` holds counts and timings, never
+    prompt or completion text.
+    """
 
 
 @hookspec

@@ -1,0 +1,138 @@
+"""Every server-side hook, exercised by an in-process third-party plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from litestar import Request, Response, get
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
+from litestar.testing import TestClient
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from kronk_api import ServerSettings, create_app
+from kronk_api.cli import KronkGroup
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core.events import RequestRecord
+from kronk_core.models import DEFAULT_MODEL_SETTINGS
+
+
+class Teapot(Exception):
+    pass
+
+
+@get("/probe/teapot")
+async def teapot() -> None:
+    raise Teapot
+
+
+def no_forbidden_header(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
+    if connection.headers.get("x-forbidden"):
+        raise NotAuthorizedException("forbidden header")
+
+
+def stamp(app: ASGIApp) -> ASGIApp:
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (b"x-probe", b"1")]}
+            await send(message)
+
+        await app(scope, receive, send_stamped)
+
+    return middleware
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.records: list[RequestRecord] = []
+
+    @hookimpl
+    def kronk_routes(self, kronk: Kronk) -> Sequence[Any]:
+        return [teapot]
+
+    @hookimpl
+    def kronk_guards(self, kronk: Kronk) -> Sequence[Any]:
+        return [no_forbidden_header]
+
+    @hookimpl
+    def kronk_middleware(self, kronk: Kronk) -> Sequence[Any]:
+        return [stamp]
+
+    @hookimpl
+    def kronk_exception_handlers(self, kronk: Kronk) -> Mapping[type[Exception], Any]:
+        def handle(_: Request[Any, Any, Any], __: Teapot) -> Response[Any]:
+            return Response({"error": {"message": "short and stout"}}, status_code=418)
+
+        return {Teapot: handle}
+
+    @hookimpl
+    def kronk_startup(self, kronk: Kronk) -> None:
+        self.events.append("startup")
+
+    @hookimpl
+    def kronk_shutdown(self, kronk: Kronk) -> None:
+        self.events.append("shutdown")
+
+    @hookimpl
+    def kronk_request_finished(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+    @hookimpl
+    def kronk_cli(self, group: click.Group) -> None:
+        @group.command("hello")
+        def hello() -> None:
+            click.echo("hello from a plugin")
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Probe, Kronk]]:
+    probe = Probe()
+    config = KronkConfig(
+        base_path=tmp_path_factory.mktemp("hooks"),
+        models={DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS)},
+    )
+    kronk = Kronk(config, plugins={"probe": probe})
+    yield probe, kronk
+    kronk.close()
+
+
+def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
+    probe, kronk = probed
+    app = create_app(ServerSettings(), kronk=kronk)
+    body = {
+        "model": DEFAULT_MODEL_ID,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    with TestClient(app) as client:
+        assert probe.events == ["startup"]
+        teapot = client.get("/probe/teapot")
+        assert teapot.status_code == 418 and teapot.json()["error"]["message"] == "short and stout"
+        assert teapot.headers["x-probe"] == "1"
+        assert client.get("/v1/liveness", headers={"x-forbidden": "1"}).status_code == 401
+        answer = client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200
+    assert probe.events == ["startup", "shutdown"]
+    (record,) = probe.records
+    assert record.model == DEFAULT_MODEL_ID
+    assert record.finish_reason == "length" and record.completion_tokens == 4
+    assert record.prompt_tokens == answer.json()["usage"]["prompt_tokens"]
+    assert record.total_seconds >= record.time_to_first_token > 0
+
+
+def test_cli_hook_adds_a_command(probed: tuple[Probe, Kronk]) -> None:
+    _, kronk = probed
+    group = KronkGroup(name="kronk")
+    kronk.hook.kronk_cli(group=group)
+    result = CliRunner().invoke(group, ["hello"])
+    assert result.exit_code == 0 and result.output == "hello from a plugin\n"
