@@ -36,6 +36,20 @@ SERVER_OPTIONS = {
 }
 
 
+base_path_option = click.option(
+    "--base-path",
+    envvar="KRONK_BASE_PATH",
+    type=click.Path(path_type=Path),
+    help="Base directory for Kronk data [~/.kronk]",
+)
+model_config_option = click.option(
+    "--model-config-file",
+    envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
+    type=click.Path(path_type=Path),
+    help="YAML file with per-model settings",
+)
+
+
 def _base_path(value: Path | None) -> Path:
     return (value or default_base_path()).expanduser()
 
@@ -50,6 +64,12 @@ def _log_file(base: Path) -> Path:
 
 def _fail(error: KronkError) -> NoReturn:
     raise click.ClickException(error.message)
+
+
+def _local_config(base_path: Path | None, model_config_file: Path | None) -> KronkConfig:
+    """SDK config for commands that work without a server (model list, run)."""
+    models = load_model_config_file(model_config_file) if model_config_file else {}
+    return KronkConfig(base_path=_base_path(base_path), models=models)
 
 
 class KronkGroup(click.Group):
@@ -86,19 +106,9 @@ def server() -> None:
 
 @server.command("start")
 @click.option("--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT to bind [127.0.0.1:8080]")
-@click.option(
-    "--base-path",
-    envvar="KRONK_BASE_PATH",
-    type=click.Path(path_type=Path),
-    help="Base directory for Kronk data [~/.kronk]",
-)
+@base_path_option
 @click.option("--model", envvar="KRONK_MODEL", help="Default model id")
-@click.option(
-    "--model-config-file",
-    envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
-    type=click.Path(path_type=Path),
-    help="YAML file with per-model settings",
-)
+@model_config_option
 @click.option(
     "--preload/--no-preload",
     default=None,
@@ -198,7 +208,7 @@ def _environment_for(settings: ServerSettings) -> dict[str, str]:
 
 
 @server.command("stop")
-@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@base_path_option
 @click.option(
     "--timeout",
     default=30.0,
@@ -241,7 +251,7 @@ def _is_kronk_process(pid: int) -> bool:
 
 
 @server.command("logs")
-@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
+@base_path_option
 @click.option(
     "-n",
     "--lines",
@@ -265,17 +275,14 @@ def model() -> None:
 
 
 @model.command("list")
-@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option(
-    "--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE", type=click.Path(path_type=Path)
-)
+@base_path_option
+@model_config_option
 def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
     """List configured, installed and default models."""
     try:
-        models = load_model_config_file(model_config_file) if model_config_file else {}
+        config = _local_config(base_path, model_config_file)
     except KronkError as exc:
         _fail(exc)
-    config = KronkConfig(base_path=_base_path(base_path), models=models)
     files = installed_model_files(config)
     for model_id in known_model_ids(config):
         configured = config.model(model_id)
@@ -287,10 +294,8 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
 
 @main.command("run")
 @click.argument("model_id", required=False)
-@click.option("--base-path", envvar="KRONK_BASE_PATH", type=click.Path(path_type=Path))
-@click.option(
-    "--model-config-file", envvar="KRONK_CATALOG_MODEL_CONFIG_FILE", type=click.Path(path_type=Path)
-)
+@base_path_option
+@model_config_option
 @click.option("--max-tokens", default=512, show_default=True, envvar="KRONK_MAX_TOKENS")
 @click.option("--temperature", type=float, default=None, envvar="KRONK_TEMPERATURE")
 def run(
@@ -304,8 +309,7 @@ def run(
     # llama.cpp's load chatter would interleave with the conversation.
     logging.getLogger("kronk.llama").setLevel(logging.ERROR)
     try:
-        models = load_model_config_file(model_config_file) if model_config_file else {}
-        config = KronkConfig(base_path=_base_path(base_path), models=models)
+        config = _local_config(base_path, model_config_file)
         kronk = Kronk(config)
         with _spinner(f"loading {model_id or config.default_model}"):
             kronk.load(model_id)

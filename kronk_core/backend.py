@@ -29,7 +29,6 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     chat_template: str | None
-    template_name: str | None
     kv_bytes_per_token: int = 0
     # False for sliding-window attention without a full-size cache and for
     # recurrent/hybrid models: their KV cannot be cut back at any position.

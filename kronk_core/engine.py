@@ -115,10 +115,6 @@ class GenerationStream:
         self._events = events
         self._done = False
 
-    @property
-    def request_id(self) -> int:
-        return self._job.id
-
     def __aiter__(self) -> AsyncIterator[EngineEvent]:
         return self._iterate()
 

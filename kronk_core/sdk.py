@@ -61,7 +61,6 @@ class LoadedModel:
     model: TextModel
     engine: Engine
     template: TemplateProcessor
-    loaded_at: float = field(default_factory=time.monotonic)
     # SPC: system prompts seen, so a request without one can reuse the only one.
     system_prompts: OrderedDict[str, None] = field(default_factory=OrderedDict)
 

@@ -130,7 +130,6 @@ class LlamaTextModel:
             bos_token=self.token_text(llama_cpp.llama_vocab_bos(self._vocab)),
             eos_token=self.token_text(llama_cpp.llama_vocab_eos(self._vocab)),
             chat_template=template.decode("utf-8") if template else None,
-            template_name=config.template,
             kv_bytes_per_token=int(kv_bytes),
             kv_trimmable=not (
                 llama_cpp.llama_model_is_recurrent(model)
