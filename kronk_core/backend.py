@@ -76,8 +76,12 @@ class TextModel(Protocol):
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Text to token ids. Reads only the vocabulary, so any thread may call it."""
 
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes this token adds to the output text (special tokens render as empty)."""
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes this token adds to the output text.
+
+        Control tokens render as empty unless `special`, when their text is
+        kept for an output parser that reads markup such as <|channel|>.
+        """
 
     def token_text(self, token: int) -> str:
         """The token as shown in logprobs (special tokens rendered, invalid UTF-8 replaced)."""

@@ -376,7 +376,8 @@ class Engine:
             # The native chain samples from a copy, so these are the raw
             # log-probs the token was chosen from, as before acceptance.
             logprobs = (self.model.logprobs(job.batch_index, token, job.request.top_logprobs),)
-        text = job.stops.push(job.utf8.push(self.model.token_bytes(token)))
+        piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
+        text = job.stops.push(job.utf8.push(piece))
         if text or logprobs:
             job.deliver(TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
@@ -415,7 +416,8 @@ class Engine:
             completion_tokens=job.completion_tokens,
             cached_tokens=job.cached_tokens,
         )
-        job.deliver(Finished(reason, usage, error))
+        matched = job.stops.matched if job.stops is not None else None
+        job.deliver(Finished(reason, usage, error, stop_sequence=matched))
         if self._on_finished is not None:
             self._on_finished(self._record(job, reason))
         if job.sampler is not None:

@@ -28,10 +28,16 @@ class ContextOverflowError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
-class ModelNotFoundError(KronkError):
-    """No configured or installed model has that id."""
+class NotFoundError(KronkError):
+    """The thing a request names (a stored response, ...) does not exist."""
 
     status = 404
+    code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    """No configured or installed model has that id."""
+
     code = "model_not_found"
 
 

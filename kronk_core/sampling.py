@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from kronk_core.config import SamplingConfig
-from kronk_core.types import SamplingParams
+from kronk_core.types import SamplingParams, StructuredOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,13 @@ class JsonSchemaGrammar:
     """Constrain output to JSON matching this schema (JSON text); the backend compiles it."""
 
     schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredGrammar:
+    """Constrain output to a StructuredOutput (JSON pieces between literal markup)."""
+
+    output: StructuredOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,7 @@ class AdaptiveP:
 SamplerStage = (
     Grammar
     | JsonSchemaGrammar
+    | StructuredGrammar
     | Penalties
     | Dry
     | TopK

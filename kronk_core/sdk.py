@@ -44,7 +44,6 @@ from kronk_core.types import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
-    TextChunk,
     TokenLogprob,
     ToolCall,
     Usage,
@@ -70,7 +69,9 @@ class LoadedModel:
 
     def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> list[int]:
         """Template then tokenize; the template supplies BOS and other special tokens itself."""
-        prompt = self.template.render(messages, options)
+        return self.tokenize_prompt(self.template.render(messages, options))
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=False, parse_special=True)
 
     def close(self) -> None:
@@ -130,10 +131,12 @@ class ChatStream:
         parser: OutputParser,
         prompt_tokens: int,
         dropped_tokens: int = 0,
+        parallel_tool_calls: bool = True,
     ) -> None:
         self._stream = stream
         self._dropped_tokens = dropped_tokens
         self._parser = parser
+        self._parallel_tool_calls = parallel_tool_calls
         self.prompt_tokens = prompt_tokens
         self.model_id = loaded.id
         self.created = time.time()
@@ -142,22 +145,49 @@ class ChatStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ChatDelta]:
+        calls = 0
+        reasoning_tokens = 0
+        # Tokens whose text the parser still holds count as whatever it becomes.
+        undecided_tokens = 0
         async for event in self._stream:
-            if isinstance(event, TextChunk):
-                parts = self._parser.feed(event.text) if event.text else []
-                if event.logprobs:
-                    head = parts[0] if parts else ChatDelta()
-                    parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
-                for part in parts:
-                    yield part
-                continue
-            assert isinstance(event, Finished)
-            if event.reason is FinishReason.error:
-                raise event.error or KronkError("generation failed")
-            for part in self._parser.finish():
+            if isinstance(event, Finished):
+                break
+            parts = self._parser.feed(event.text) if event.text else []
+            undecided_tokens += event.token_count
+            if parts:
+                if any(part.reasoning for part in parts) and not any(
+                    part.content or part.tool_calls for part in parts
+                ):
+                    reasoning_tokens += undecided_tokens
+                undecided_tokens = 0
+            if event.logprobs:
+                head = parts[0] if parts else ChatDelta()
+                parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
+            for part in parts:
+                part, calls = self._limit_calls(part, calls)
                 yield part
-            event.usage.dropped_tokens = self._dropped_tokens
-            yield ChatDelta(finish_reason=event.reason, usage=event.usage)
+        else:
+            raise KronkError("generation ended without a finish event")
+        if event.reason is FinishReason.error:
+            raise event.error or KronkError("generation failed")
+        for part in self._parser.finish(truncated=event.reason is FinishReason.length):
+            part, calls = self._limit_calls(part, calls)
+            yield part
+        event.usage.dropped_tokens = self._dropped_tokens
+        event.usage.reasoning_tokens = reasoning_tokens
+        reason = event.reason
+        if calls and reason is FinishReason.stop:
+            reason = FinishReason.tool_calls
+        yield ChatDelta(finish_reason=reason, usage=event.usage, stop_sequence=event.stop_sequence)
+
+    def _limit_calls(self, part: ChatDelta, calls: int) -> tuple[ChatDelta, int]:
+        """parallel_tool_calls false: only the first call goes out."""
+        if not part.tool_calls:
+            return part, calls
+        keep = part.tool_calls
+        if not self._parallel_tool_calls:
+            keep = keep[: max(0, 1 - calls)]
+        return replace(part, tool_calls=keep), calls + len(keep)
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -310,13 +340,13 @@ class Kronk:
         self, request: ChatRequest, *, add_generation_prompt: bool = True
     ) -> RenderOptions:
         thinking = request.enable_thinking
-        if request.grammar or request.json_schema:
+        if request.grammar or request.json_schema or _forces_call(request):
             thinking = False  # a grammar applies from the first generated token
         return RenderOptions(
             add_generation_prompt=add_generation_prompt,
             enable_thinking=True if thinking is None else thinking,
             reasoning_effort=request.reasoning_effort,
-            tools=request.tools,
+            tools=() if request.tool_choice.mode == "none" else request.tools,
             template_kwargs=dict(request.template_kwargs),
         )
 
@@ -329,12 +359,14 @@ class Kronk:
         """
         if not request.messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
+        _check_tool_choice(request)
         loaded = await self.aload(request.model)
         options = self.render_options(request)
         messages: Sequence[ChatMessage] = request.messages
         if loaded.config.system_prompt_cache:
             messages = loaded.with_cached_system(messages)
-        prompt = loaded.render(messages, options)
+        prompt_text = loaded.template.render(messages, options)
+        prompt = loaded.tokenize_prompt(prompt_text)
         dropped = 0
         if loaded.config.context_overflow is ContextOverflow.trim:
             messages, trimmed = self._trim_to_fit(loaded, messages, options, request, len(prompt))
@@ -345,7 +377,15 @@ class Kronk:
             system_tokens = loaded.system_tokens(messages, options, prompt)
         sampling = resolve_sampling(request.sampling, loaded.config.sampling)
         if request.grammar or request.json_schema:
-            sampling = _with_grammar(sampling, request.grammar, request.json_schema)
+            sampling = replace(sampling, grammar=request.grammar, json_schema=request.json_schema)
+        elif _forces_call(request):
+            constraint = loaded.template.tool_constraint(
+                request.tools, request.tool_choice, request.parallel_tool_calls
+            )
+            if isinstance(constraint, str):
+                sampling = replace(sampling, grammar=constraint)
+            else:
+                sampling = replace(sampling, structured=constraint)
         max_tokens = self._max_tokens(loaded, request, len(prompt))
         generation = GenerationRequest(
             prompt_tokens=tuple(prompt),
@@ -355,11 +395,15 @@ class Kronk:
             logprobs=request.logprobs or request.top_logprobs > 0,
             top_logprobs=request.top_logprobs,
             system_tokens=system_tokens,
+            special_tokens_as_text=loaded.template.special_tokens_as_text,
         )
+        parser = loaded.template.parser(options, prompt_text)
         stream = await loaded.engine.submit(
             generation, wait=self.config.queue_wait_seconds if wait is None else wait
         )
-        return ChatStream(loaded, stream, loaded.template.parser(options), len(prompt), dropped)
+        return ChatStream(
+            loaded, stream, parser, len(prompt), dropped, request.parallel_tool_calls
+        )
 
     def _trim_to_fit(
         self,
@@ -479,10 +523,28 @@ class Kronk:
             log.exception("a kronk_request_finished hook failed")
 
 
-def _with_grammar(
-    params: SamplingParams, grammar: str | None, json_schema: str | None
-) -> SamplingParams:
-    return replace(params, grammar=grammar, json_schema=json_schema)
+def _forces_call(request: ChatRequest) -> bool:
+    return request.tool_choice.mode in ("required", "function")
+
+
+def _check_tool_choice(request: ChatRequest) -> None:
+    choice = request.tool_choice
+    if not _forces_call(request):
+        return
+    if not request.tools:
+        raise InvalidRequestError(
+            f"tool_choice {choice.mode!r} needs at least one tool in tools", param="tool_choice"
+        )
+    if choice.mode == "function" and choice.name not in {tool.name for tool in request.tools}:
+        raise InvalidRequestError(
+            f"tool_choice names {choice.name!r}, which is not among the tools",
+            param="tool_choice",
+        )
+    if request.grammar or request.json_schema:
+        raise InvalidRequestError(
+            "a forced tool call cannot be combined with a grammar or a JSON schema output",
+            param="tool_choice",
+        )
 
 
 async def collect(stream: ChatStream) -> ChatResult:
@@ -493,6 +555,7 @@ async def collect(stream: ChatStream) -> ChatResult:
     logprobs: list[TokenLogprob] = []
     finish = FinishReason.stop
     usage = Usage()
+    stop_sequence = None
     async for delta in stream:
         content.append(delta.content)
         reasoning.append(delta.reasoning)
@@ -502,6 +565,7 @@ async def collect(stream: ChatStream) -> ChatResult:
             finish = delta.finish_reason
         if delta.usage is not None:
             usage = delta.usage
+            stop_sequence = delta.stop_sequence
     return ChatResult(
         content="".join(content),
         reasoning="".join(reasoning),
@@ -509,6 +573,7 @@ async def collect(stream: ChatStream) -> ChatResult:
         usage=usage,
         tool_calls=tool_calls,
         logprobs=logprobs,
+        stop_sequence=stop_sequence,
     )
 
 

@@ -39,6 +39,38 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Whether the model may (auto), must (required) or must not (none) call a tool.
+
+    `function` forces a call of the one tool named `name`.
+    """
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSegment:
+    """Literal `prefix`, then a JSON value matching `schema` (JSON text), then literal `suffix`."""
+
+    schema: str
+    prefix: str = ""
+    suffix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """Output made of one of `choices`; with `repeat`, one or more of them in a row.
+
+    Template processors describe forced tool calls this way; the backend
+    compiles it into its grammar.
+    """
+
+    choices: tuple[JsonSegment, ...]
+    repeat: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Fully resolved sampling values for one request (no "unset" left)."""
 
@@ -62,6 +94,7 @@ class SamplingParams:
     adaptive_p_decay: float = 0.0
     grammar: str | None = None
     json_schema: str | None = None
+    structured: StructuredOutput | None = None
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +153,8 @@ class GenerationRequest:
     top_logprobs: int = 0
     # How many leading prompt tokens are the system prompt (0: none or not computed).
     system_tokens: int = 0
+    # Render control tokens (Harmony's <|channel|>, [TOOL_CALLS]) as text for the output parser.
+    special_tokens_as_text: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +173,8 @@ class Finished:
     reason: FinishReason
     usage: Usage
     error: KronkError | None = None
+    # The stop string that ended generation (None: end of generation token, length, ...).
+    stop_sequence: str | None = None
 
 
 EngineEvent = TextChunk | Finished
@@ -145,7 +182,11 @@ EngineEvent = TextChunk | Finished
 
 @dataclass(frozen=True, slots=True)
 class ChatDelta:
-    """One streamed piece of a chat answer, as the SDK hands it out."""
+    """One streamed piece of a chat answer, as the SDK hands it out.
+
+    Tool calls arrive whole (parsed, arguments as JSON text) once the model
+    has closed them, so a stream never carries a call that later breaks.
+    """
 
     content: str = ""
     reasoning: str = ""
@@ -153,6 +194,7 @@ class ChatDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(slots=True)
@@ -165,6 +207,7 @@ class ChatResult:
     usage: Usage
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,3 +231,5 @@ class ChatRequest:
     reasoning_effort: str | None = None
     template_kwargs: tuple[tuple[str, str | int | float | bool | None], ...] = ()
     tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True

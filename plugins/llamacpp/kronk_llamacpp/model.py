@@ -104,6 +104,7 @@ class LlamaTextModel:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(config.n_batch,))[:] = 1
         self._seq_ids = self._batch.seq_id
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         template = llama_cpp.llama_model_chat_template(model, None)
         n_layer = llama_cpp.llama_model_n_layer(model)
@@ -163,10 +164,11 @@ class LlamaTextModel:
             )
         return buffer.raw[:size]
 
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        cache = self._special_pieces if special else self._pieces
+        piece = cache.get(token)
         if piece is None:
-            piece = self._pieces[token] = self._piece(token, False)
+            piece = cache[token] = self._piece(token, special)
         return piece
 
     def token_text(self, token: int) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import json
 from collections.abc import Sequence
 
 import llama_cpp
-from llama_cpp.llama_grammar import json_schema_to_gbnf
+from llama_cpp.llama_grammar import SchemaConverter
 
 from kronk_core.errors import InvalidRequestError
 from kronk_core.sampling import (
@@ -20,11 +21,13 @@ from kronk_core.sampling import (
     MinP,
     Penalties,
     SamplerStage,
+    StructuredGrammar,
     Temperature,
     TopK,
     TopP,
     Xtc,
 )
+from kronk_core.types import JsonSegment, StructuredOutput
 
 
 class NativeSampler:
@@ -44,12 +47,31 @@ class NativeSampler:
 
 
 def compile_json_schema(schema: str) -> str:
+    return compile_structured(StructuredOutput((JsonSegment(schema),)), "json_schema")
+
+
+def compile_structured(output: StructuredOutput, param: str = "tools") -> str:
+    """GBNF for `root ::= (c0 | c1 | ...)` (`+` with repeat), each `"prefix" json "suffix"`."""
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    choices = []
     try:
-        return str(json_schema_to_gbnf(schema))
+        for index, segment in enumerate(output.choices):
+            schema = converter.resolve_refs(json.loads(segment.schema), "stdin")
+            body = converter.visit(schema, f"choice{index}-json")
+            parts = [_literal(segment.prefix), body, _literal(segment.suffix)]
+            choices.append(" ".join(part for part in parts if part))
     except Exception as exc:  # the converter raises bare Exceptions / ValueErrors
         raise InvalidRequestError(
-            f"json_schema cannot be turned into a grammar: {exc}", param="json_schema"
+            f"{param}: the JSON schema cannot be turned into a grammar: {exc}", param=param
         ) from None
+    alternatives = " | ".join(f"({choice})" for choice in choices)
+    root = f"({alternatives})+" if output.repeat else alternatives
+    return f"root ::= {root}\n{converter.format_grammar()}"
+
+
+def _literal(text: str) -> str:
+    # GBNF string literals take JSON's escapes (\n, \", \uXXXX).
+    return json.dumps(text) if text else ""
 
 
 def _native_stage(
@@ -60,6 +82,8 @@ def _native_stage(
             return _grammar(vocab, gbnf, root, "grammar")
         case JsonSchemaGrammar(schema=schema):
             return _grammar(vocab, compile_json_schema(schema), "root", "json_schema")
+        case StructuredGrammar(output=output):
+            return _grammar(vocab, compile_structured(output), "root", "tools")
         case Penalties(last_n=last_n, repeat=repeat, frequency=frequency, presence=presence):
             return llama_cpp.llama_sampler_init_penalties(
                 n_vocab, n_ctx if last_n < 0 else last_n, repeat, frequency, presence

@@ -1,4 +1,4 @@
-"""OpenAI routes: chat completions, models, tokenize."""
+"""OpenAI routes: chat completions, models, tokenize (and the Responses API's, mounted here)."""
 
 from __future__ import annotations
 
@@ -11,42 +11,34 @@ from typing import Any
 from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
-from pydantic import ValidationError
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
-from kronk_openai.errors import error_response, invalid_body, parse_json, sse_error
-from kronk_openai.responses import (
+from kronk_openai.errors import error_response, sse_error
+from kronk_openai.http import (
+    CLIENT_CLOSED_REQUEST,
+    SSE_HEADERS,
+    chain,
+    kronk_of,
+    parse_body,
+)
+from kronk_openai.objects import (
     FINISH_REASONS,
-    delta_dict,
+    delta_dicts,
     logprobs_dict,
+    tool_call_dict,
     usage_dict,
 )
+from kronk_openai.responses_routes import RESPONSES_ROUTES
 from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
 
-# nginx's code for "client closed the request"; nobody receives it, the log shows it.
-CLIENT_CLOSED_REQUEST = 499
 
-
-def _kronk(request: Request[Any, Any, Any]) -> Kronk:
-    kronk: Kronk = request.app.state.kronk
-    return kronk
-
-
-async def _parse(request: Request[Any, Any, Any], model: type[Any]) -> Any:
-    data = parse_json(await request.body())
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
-
-
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, opt={"kronk_endpoint": "chat-completions"})
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
-    kronk = _kronk(request)
+    body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
+    kronk = kronk_of(request)
     stream = await kronk.start_chat(body.to_core())
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
@@ -60,7 +52,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         return Stream(
             _sse(stream, deltas, first, completion_id, include_usage),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers=SSE_HEADERS,
         )
     try:
         result = await unless_disconnected(request, collect(stream))
@@ -69,6 +61,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["content"] = result.content or None
+        message["tool_calls"] = [tool_call_dict(call) for call in result.tool_calls]
     choice: dict[str, Any] = {
         "index": 0,
         "message": message,
@@ -108,8 +103,9 @@ async def _sse(
         return f"data: {json.dumps(payload)}\n\n".encode()
 
     yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    calls = 0
     try:
-        async for delta in _chain(first, deltas):
+        async for delta in chain(first, deltas):
             if delta.finish_reason is not None:
                 yield chunk(
                     {"index": 0, "delta": {}, "finish_reason": FINISH_REASONS[delta.finish_reason]}
@@ -117,20 +113,16 @@ async def _sse(
                 if include_usage and delta.usage is not None:
                     yield chunk(None, usage_dict(delta.usage))
                 continue
-            choice: dict[str, Any] = {"index": 0, "delta": delta_dict(delta), "finish_reason": None}
-            if delta.logprobs:
-                choice["logprobs"] = logprobs_dict(delta.logprobs)
-            yield chunk(choice)
+            for position, piece in enumerate(delta_dicts(delta, calls)):
+                choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": None}
+                if delta.logprobs and position == 0:
+                    choice["logprobs"] = logprobs_dict(delta.logprobs)
+                yield chunk(choice)
+            calls += len(delta.tool_calls)
     except KronkError as exc:
         yield sse_error(exc)
         return
     yield b"data: [DONE]\n\n"
-
-
-async def _chain(first: ChatDelta, rest: AsyncIterator[ChatDelta]) -> AsyncIterator[ChatDelta]:
-    yield first
-    async for delta in rest:
-        yield delta
 
 
 def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
@@ -146,22 +138,22 @@ def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    kronk = _kronk(request)
+    kronk = kronk_of(request)
     return {"object": "list", "data": [_model_card(kronk, mid) for mid in kronk.model_ids()]}
 
 
 @get("/v1/models/{model_id:str}")
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
-    kronk = _kronk(request)
+    kronk = kronk_of(request)
     if model_id not in kronk.model_ids():
         raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
     return _model_card(kronk, model_id)
 
 
-@post("/v1/tokenize", status_code=200)
+@post("/v1/tokenize", status_code=200, opt={"kronk_endpoint": "tokenize"})
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body: TokenizeRequest = await _parse(request, TokenizeRequest)
-    kronk = _kronk(request)
+    body: TokenizeRequest = await parse_body(request, TokenizeRequest)
+    kronk = kronk_of(request)
     if body.apply_template:
         chat = kronk.chat_request([{"role": "user", "content": body.input}], model=body.model)
         count = await kronk.count_prompt_tokens(
@@ -179,6 +171,6 @@ def _handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[
 def router() -> Router:
     return Router(
         path="/",
-        route_handlers=[chat_completions, list_models, get_model, tokenize],
+        route_handlers=[chat_completions, list_models, get_model, tokenize, *RESPONSES_ROUTES],
         exception_handlers={KronkError: _handle_kronk_error},
     )

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
-from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolSpec
+from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
 
 JsonScalar = str | int | float | bool | None
 
@@ -27,6 +27,24 @@ class FunctionCall(BaseModel):
     name: str
     # Non-compliant clients send an object instead of a JSON string.
     arguments: str | dict[str, Any] = "{}"
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str | dict[str, Any]) -> str:
+        return arguments_text(value)
+
+
+def arguments_text(value: str | dict[str, Any]) -> str:
+    """Tool-call arguments as JSON text of an object; a string must hold one."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    try:
+        parsed = json.loads(value or "{}")
+    except json.JSONDecodeError:
+        raise ValueError("tool call arguments must be a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("tool call arguments must be a JSON object")
+    return value or "{}"
 
 
 class ToolCallIn(BaseModel):
@@ -53,13 +71,7 @@ class Message(BaseModel):
                 )
             content = "".join(part.text for part in content if isinstance(part, TextPart))
         calls = tuple(
-            ToolCall(
-                id=call.id,
-                name=call.function.name,
-                arguments=call.function.arguments
-                if isinstance(call.function.arguments, str)
-                else json.dumps(call.function.arguments),
-            )
+            ToolCall(id=call.id, name=call.function.name, arguments=str(call.function.arguments))
             for call in self.tool_calls or ()
         )
         return ChatMessage(
@@ -103,6 +115,30 @@ class ToolIn(BaseModel):
     type: Literal["function"]
     function: FunctionSpec
 
+    def to_core(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.function.name,
+            description=self.function.description,
+            parameters_json=json.dumps(self.function.parameters or {"type": "object"}),
+        )
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+def tool_choice(value: str | NamedToolChoice | None) -> ToolChoice:
+    if isinstance(value, NamedToolChoice):
+        return ToolChoice("function", value.function.name)
+    if value in ("none", "required"):
+        return ToolChoice(value)
+    return ToolChoice()
+
 
 def _thinking_flag(value: Any) -> Any:
     """The manual documents enable_thinking as the string "true"/"false"; accept both forms."""
@@ -138,7 +174,8 @@ class ChatCompletionRequest(SamplingConfig):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, JsonScalar] | None = None
     tools: list[ToolIn] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -189,18 +226,6 @@ class ChatCompletionRequest(SamplingConfig):
 
     def to_core(self) -> ChatRequest:
         stop = tuple(self.stop or ())
-        tools = (
-            ()
-            if self.tool_choice == "none"
-            else tuple(
-                ToolSpec(
-                    name=tool.function.name,
-                    description=tool.function.description,
-                    parameters_json=json.dumps(tool.function.parameters),
-                )
-                for tool in self.tools or ()
-            )
-        )
         return ChatRequest(
             messages=tuple(message.to_core() for message in self.messages),
             model=self.model,
@@ -214,7 +239,9 @@ class ChatCompletionRequest(SamplingConfig):
             enable_thinking=self.enable_thinking,
             reasoning_effort=self.reasoning_effort,
             template_kwargs=tuple((self.chat_template_kwargs or {}).items()),
-            tools=tools,
+            tools=tuple(tool.to_core() for tool in self.tools or ()),
+            tool_choice=tool_choice(self.tool_choice),
+            parallel_tool_calls=self.parallel_tool_calls,
         )
 
 

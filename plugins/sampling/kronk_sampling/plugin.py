@@ -19,6 +19,7 @@ from kronk_core.sampling import (
     MinP,
     Penalties,
     SamplerStage,
+    StructuredGrammar,
     Temperature,
     TopK,
     TopP,
@@ -34,6 +35,8 @@ def default_stages(params: SamplingParams) -> list[SamplerStage]:
         stages.append(Grammar(params.grammar))
     elif params.json_schema:
         stages.append(JsonSchemaGrammar(params.json_schema))
+    elif params.structured is not None:
+        stages.append(StructuredGrammar(params.structured))
     if (
         params.repeat_penalty != 1.0
         or params.frequency_penalty != 0.0

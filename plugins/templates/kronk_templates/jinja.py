@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from importlib.resources import files
@@ -13,7 +14,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kronk_core.errors import ConfigError, TemplateError
 from kronk_core.templates import OutputParser, RenderOptions
-from kronk_core.types import ChatDelta, ChatMessage
+from kronk_core.types import ChatMessage, StructuredOutput, ToolChoice, ToolSpec
+from kronk_templates.formats.base import ToolFormat
 
 BUNDLED = ("gemma", "chatml", "llama3")
 _RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
@@ -29,6 +31,22 @@ def _raise(message: str) -> None:
     raise TemplateError(f"chat template: {message}")
 
 
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except json.JSONDecodeError:
+        raise TemplateError("tool call arguments must be JSON text") from None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def reasoning_open(prompt: str) -> bool:
+    """The generation prompt opened a <think> block that the model is to continue."""
+    return prompt.rfind("<think>") > prompt.rfind("</think>")
+
+
 def _message_dict(message: ChatMessage) -> dict[str, Any]:
     data: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.name is not None:
@@ -42,26 +60,29 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.loads(call.arguments or "{}")},
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
     return data
 
 
-class PlainParser:
-    """Generated text is all content (models without reasoning or tool markup)."""
-
-    def feed(self, text: str) -> list[ChatDelta]:
-        return [ChatDelta(content=text)] if text else []
-
-    def finish(self) -> list[ChatDelta]:
-        return []
-
-
 class JinjaTemplateProcessor:
-    def __init__(self, name: str, source: str, bos_token: str, eos_token: str) -> None:
+    """Renders with a jinja chat template; parses output with the model's tool-call format."""
+
+    def __init__(
+        self,
+        name: str,
+        source: str,
+        bos_token: str,
+        eos_token: str,
+        tool_format: ToolFormat,
+        think: bool,
+    ) -> None:
         self.name = name
+        self.special_tokens_as_text = tool_format.special_tokens_as_text
+        self._format = tool_format
+        self._think = think
         # Plain Undefined, as Hugging Face renders them: templates test `{% if tools %}`.
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(
@@ -107,5 +128,15 @@ class JinjaTemplateProcessor:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
             raise TemplateError(f"chat template {self.name!r} failed: {exc}") from None
 
-    def parser(self, options: RenderOptions) -> OutputParser:
-        return PlainParser()
+    def parser(self, options: RenderOptions, prompt: str) -> OutputParser:
+        return self._format.parser(
+            tools=options.tools,
+            think=self._think,
+            reasoning_open=self._think and reasoning_open(prompt),
+            new_id=new_call_id,
+        )
+
+    def tool_constraint(
+        self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool
+    ) -> StructuredOutput | str:
+        return self._format.constraint(tools, choice, parallel)

@@ -9,6 +9,7 @@ from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import ConfigError
 from kronk_core.templates import TemplateProcessor
+from kronk_templates.formats import FORMATS, detect_format, uses_think
 from kronk_templates.jinja import BUNDLED, JinjaTemplateProcessor, bundled_source
 
 
@@ -40,4 +41,17 @@ def kronk_template_processor(
     model_info: ModelInfo, model_config: ModelConfig
 ) -> TemplateProcessor | None:
     name, source = choose_template(model_info, model_config)
-    return JinjaTemplateProcessor(name, source, model_info.bos_token, model_info.eos_token)
+    format_name = model_config.tool_format or detect_format(source, model_info.architecture)
+    tool_format = FORMATS.get(format_name)
+    if tool_format is None:
+        raise ConfigError(
+            "tool_format", f"unknown tool format {format_name!r}; known: {', '.join(FORMATS)}"
+        )
+    return JinjaTemplateProcessor(
+        name,
+        source,
+        model_info.bos_token,
+        model_info.eos_token,
+        tool_format,
+        think=uses_think(source),
+    )

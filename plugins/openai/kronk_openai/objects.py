@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kronk_core.types import ChatDelta, FinishReason, TokenLogprob, Usage
+from kronk_core.types import ChatDelta, FinishReason, TokenLogprob, ToolCall, Usage
 
 FINISH_REASONS = {
     FinishReason.stop: "stop",
@@ -46,10 +46,27 @@ def logprobs_dict(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def delta_dict(delta: ChatDelta) -> dict[str, Any]:
+def tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def delta_dicts(delta: ChatDelta, first_call_index: int) -> list[dict[str, Any]]:
+    """The chunk deltas for one core delta: text first, then per tool call a head
+    (index, id, name) and its arguments, as OpenAI streams them."""
     out: dict[str, Any] = {}
     if delta.content:
         out["content"] = delta.content
     if delta.reasoning:
         out["reasoning_content"] = delta.reasoning
-    return out
+    chunks = [out] if out or not delta.tool_calls else []
+    for offset, call in enumerate(delta.tool_calls):
+        head = tool_call_dict(call) | {"index": first_call_index + offset}
+        head["function"] = {"name": call.name, "arguments": ""}
+        chunks.append({"tool_calls": [head]})
+        arguments = {"index": first_call_index + offset, "function": {"arguments": call.arguments}}
+        chunks.append({"tool_calls": [arguments]})
+    return chunks

@@ -1,0 +1,236 @@
+"""Chat deltas → a Responses API response: its output items and its stream of named events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, Usage
+
+Event = tuple[str, dict[str, Any]]
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+@dataclass
+class _OpenItem:
+    """The reasoning or message item being streamed; its text grows with each delta."""
+
+    kind: str  # "reasoning" | "message"
+    item_id: str
+    output_index: int
+    parts: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class ResponseBuilder:
+    """Feed it the deltas of one generation; it returns the events to stream and
+    builds the final response object (non-streaming callers ignore the events)."""
+
+    def __init__(self, skeleton: dict[str, Any]) -> None:
+        self.response: dict[str, Any] = {
+            **skeleton,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "output": [],
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        self._sequence = 0
+        self._open: _OpenItem | None = None
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCall] = []
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        output: list[dict[str, Any]] = self.response["output"]
+        return output
+
+    def _event(self, name: str, **payload: Any) -> Event:
+        self._sequence += 1
+        return name, {"type": name, "sequence_number": self._sequence, **payload}
+
+    def start(self) -> list[Event]:
+        return [
+            self._event("response.created", response=self._snapshot()),
+            self._event("response.in_progress", response=self._snapshot()),
+        ]
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {**self.response, "output": list(self.output)}
+
+    def feed(self, delta: ChatDelta) -> list[Event]:
+        events: list[Event] = []
+        if delta.reasoning:
+            events += self._text("reasoning", delta.reasoning)
+        if delta.content:
+            events += self._text("message", delta.content)
+        for call in delta.tool_calls:
+            events += self._close()
+            events += self._function_call(call)
+        return events
+
+    def finish(self, delta: ChatDelta) -> list[Event]:
+        """The last delta (finish_reason and usage) closes the response."""
+        incomplete = delta.finish_reason is FinishReason.length
+        events = self._close(incomplete=incomplete)
+        assert delta.usage is not None
+        self.response["usage"] = usage_dict(delta.usage)
+        if incomplete:
+            self.response["status"] = "incomplete"
+            self.response["incomplete_details"] = {"reason": "max_output_tokens"}
+            return [*events, self._event("response.incomplete", response=self._snapshot())]
+        self.response["status"] = "completed"
+        return [*events, self._event("response.completed", response=self._snapshot())]
+
+    def assistant_message(self) -> ChatMessage:
+        """The output as the assistant turn of a stored conversation."""
+        return ChatMessage(
+            role="assistant",
+            content="".join(self._content) or None,
+            tool_calls=tuple(self._calls),
+            reasoning_content="".join(self._reasoning) or None,
+        )
+
+    # ---- items ---------------------------------------------------------------
+
+    def _text(self, kind: str, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._open is None or self._open.kind != kind:
+            events += self._close()
+            events += self._open_item(kind)
+        assert self._open is not None
+        self._open.parts.append(text)
+        (self._reasoning if kind == "reasoning" else self._content).append(text)
+        where = {**self._where(), "content_index": 0, "delta": text}
+        if kind == "reasoning":
+            events.append(self._event("response.reasoning_text.delta", **where))
+        else:
+            events.append(self._event("response.output_text.delta", **where, logprobs=[]))
+        return events
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open.item_id, "output_index": self._open.output_index}
+
+    def _open_item(self, kind: str) -> list[Event]:
+        prefix = "rs" if kind == "reasoning" else "msg"
+        self._open = _OpenItem(kind, _item_id(prefix), len(self.output))
+        item = self._item(self._open, "in_progress", empty=True)
+        self.output.append(item)
+        events = [
+            self._event("response.output_item.added", output_index=len(self.output) - 1, item=item)
+        ]
+        if kind == "message":
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    **self._where(),
+                    content_index=0,
+                    part=self._part(self._open, empty=True),
+                )
+            )
+        return events
+
+    def _part(self, item: _OpenItem, *, empty: bool = False) -> dict[str, Any]:
+        text = "" if empty else item.text
+        if item.kind == "reasoning":
+            return {"type": "reasoning_text", "text": text}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _item(self, item: _OpenItem, status: str, *, empty: bool = False) -> dict[str, Any]:
+        content = [] if empty else [self._part(item)]
+        if item.kind == "reasoning":
+            return {
+                "type": "reasoning",
+                "id": item.item_id,
+                "summary": [],
+                "content": content,
+                "status": status,
+            }
+        return {
+            "type": "message",
+            "id": item.item_id,
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def _close(self, *, incomplete: bool = False) -> list[Event]:
+        item = self._open
+        if item is None:
+            return []
+        self._open = None
+        where = {"item_id": item.item_id, "output_index": item.output_index}
+        done = self._item(item, "incomplete" if incomplete else "completed")
+        self.output[item.output_index] = done
+        if item.kind == "reasoning":
+            events = [
+                self._event(
+                    "response.reasoning_text.done", **where, content_index=0, text=item.text
+                )
+            ]
+        else:
+            events = [
+                self._event(
+                    "response.output_text.done",
+                    **where,
+                    content_index=0,
+                    text=item.text,
+                    logprobs=[],
+                ),
+                self._event(
+                    "response.content_part.done", **where, content_index=0, part=self._part(item)
+                ),
+            ]
+        return [
+            *events,
+            self._event("response.output_item.done", output_index=item.output_index, item=done),
+        ]
+
+    def _function_call(self, call: ToolCall) -> list[Event]:
+        self._calls.append(call)
+        index = len(self.output)
+        item = {
+            "type": "function_call",
+            "id": _item_id("fc"),
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        self.output.append(item)
+        where = {"item_id": item["id"], "output_index": index}
+        done = {**item, "arguments": call.arguments, "status": "completed"}
+        self.output[index] = done
+        return [
+            self._event("response.output_item.added", output_index=index, item=item),
+            self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
+            self._event(
+                "response.function_call_arguments.done",
+                **where,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+            self._event("response.output_item.done", output_index=index, item=done),
+        ]

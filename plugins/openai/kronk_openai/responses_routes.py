@@ -1,0 +1,160 @@
+"""POST /v1/responses (OpenAI's Responses API), GET and DELETE of stored responses."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath
+from litestar.response import Stream
+
+from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_core.errors import KronkError
+from kronk_core.sdk import ChatStream
+from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
+from kronk_openai.errors import sse_error
+from kronk_openai.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, chain, kronk_of, parse_body
+from kronk_openai.response_store import ResponseStore, StoredResponse
+from kronk_openai.responses_builder import Event, ResponseBuilder
+from kronk_openai.responses_schemas import ResponsesRequest, TextFormat
+
+RESPONSES = {"kronk_endpoint": "responses"}
+
+
+def _store(request: Request[Any, Any, Any]) -> ResponseStore:
+    state = request.app.state
+    store: ResponseStore | None = state.get("openai_responses")
+    if store is None:
+        store = state["openai_responses"] = ResponseStore()
+    return store
+
+
+def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[str, Any]:
+    """The request's settings, echoed in the response object as OpenAI does."""
+    text_format = body.text.format if body.text else TextFormat()
+    return {
+        "id": response_id,
+        "model": model_id,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tool_choice": body.tool_choice.model_dump()
+        if body.tool_choice is not None and not isinstance(body.tool_choice, str)
+        else body.tool_choice or "auto",
+        "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+        "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True)},
+        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None},
+        "store": body.store,
+        "metadata": body.metadata or {},
+    }
+
+
+@post("/v1/responses", status_code=200, opt=RESPONSES)
+async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    body = await parse_body(request, ResponsesRequest)
+    kronk = kronk_of(request)
+    store = _store(request)
+    history: tuple[ChatMessage, ...] = ()
+    if body.previous_response_id is not None:
+        history = store.get(body.previous_response_id).conversation
+    conversation = (*history, *body.input_messages())
+    instructions = (
+        (ChatMessage(role="system", content=body.instructions),) if body.instructions else ()
+    )
+    effort = body.reasoning.effort if body.reasoning else None
+    chat = ChatRequest(
+        messages=(*instructions, *conversation),
+        model=body.model,
+        sampling=body.sampling(),
+        max_tokens=body.max_output_tokens,
+        json_schema=body.schema_text(),
+        enable_thinking=None if effort is None else effort != "none",
+        reasoning_effort=effort,
+        tools=tuple(tool.to_core() for tool in body.tools or ()),
+        tool_choice=body.choice(),
+        parallel_tool_calls=body.parallel_tool_calls,
+    )
+    stream = await kronk.start_chat(chat)
+    builder = ResponseBuilder(_skeleton(body, f"resp_{uuid.uuid4().hex}", stream.model_id))
+
+    def keep() -> None:
+        if body.store:
+            stored = StoredResponse(builder.response, (*conversation, builder.assistant_message()))
+            store.put(builder.response["id"], stored)
+
+    deltas = aiter(stream)
+    try:
+        # Wait for the first delta so errors at start still get a status code.
+        first = await unless_disconnected(request, anext(deltas))
+    except ClientDisconnected:
+        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+    if body.stream:
+        return Stream(
+            _sse(stream, builder, chain(first, deltas), keep),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    try:
+        await unless_disconnected(request, _run(builder, chain(first, deltas)))
+    except ClientDisconnected:
+        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+    keep()
+    return Response(builder.response)
+
+
+async def _run(builder: ResponseBuilder, deltas: AsyncIterator[ChatDelta]) -> list[Event]:
+    events = builder.start()
+    async for delta in deltas:
+        events += builder.finish(delta) if delta.finish_reason is not None else builder.feed(delta)
+    return events
+
+
+async def _sse(
+    stream: ChatStream,
+    builder: ResponseBuilder,
+    deltas: AsyncIterator[ChatDelta],
+    keep: Any,
+) -> AsyncIterator[bytes]:
+    try:
+        for name, payload in builder.start():
+            yield _frame(name, payload)
+        async for delta in deltas:
+            if delta.finish_reason is not None:
+                events = builder.finish(delta)
+                keep()
+            else:
+                events = builder.feed(delta)
+            for name, payload in events:
+                yield _frame(name, payload)
+    except KronkError as exc:
+        yield sse_error(exc)
+    finally:
+        stream.cancel()
+
+
+def _frame(name: str, payload: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+@get("/v1/responses/{response_id:str}", opt=RESPONSES)
+async def get_response(
+    request: Request[Any, Any, Any], response_id: FromPath[str]
+) -> dict[str, Any]:
+    return _store(request).get(response_id, param="response_id").body
+
+
+@delete("/v1/responses/{response_id:str}", status_code=200, opt=RESPONSES)
+async def delete_response(
+    request: Request[Any, Any, Any], response_id: FromPath[str]
+) -> dict[str, Any]:
+    _store(request).delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+RESPONSES_ROUTES = [create_response, get_response, delete_response]

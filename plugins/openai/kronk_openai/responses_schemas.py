@@ -1,0 +1,220 @@
+"""Pydantic models of POST /v1/responses and their mapping to core types."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kronk_core.config import SamplingConfig
+from kronk_core.errors import InvalidRequestError
+from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
+from kronk_openai.schemas import arguments_text
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+def _text(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for part in content:
+        if part.type not in _TEXT_PARTS:
+            raise InvalidRequestError(
+                f"content part type {part.type!r} is not supported: this server has no "
+                "multimodal model, only text parts are accepted",
+                param="input",
+            )
+    return "".join(part.text or "" for part in content)
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+
+
+class ReasoningItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["reasoning"]
+    content: list[ContentPart] | None = None
+    summary: list[ContentPart] = Field(default_factory=list)
+
+
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+    Field(discriminator="type"),
+]
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def to_core(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description or "",
+            parameters_json=json.dumps(self.parameters or {"type": "object"}),
+        )
+
+
+class NamedFunctionChoice(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ReasoningOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses. Unknown fields are ignored, as OpenAI clients send extras."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _input_given(self) -> ResponsesRequest:
+        if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
+            raise ValueError("input must not be empty")
+        return self
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p)
+
+    def choice(self) -> ToolChoice:
+        if isinstance(self.tool_choice, NamedFunctionChoice):
+            return ToolChoice("function", self.tool_choice.name)
+        if self.tool_choice in ("none", "required"):
+            return ToolChoice(self.tool_choice)
+        return ToolChoice()
+
+    def schema_text(self) -> str | None:
+        text_format = self.text.format if self.text else TextFormat()
+        if text_format.type == "json_object":
+            return json.dumps({"type": "object"})
+        if text_format.type == "json_schema":
+            return json.dumps(text_format.schema_ or {"type": "object"})
+        return None
+
+    def input_messages(self) -> list[ChatMessage]:
+        """The input items as chat messages (instructions are not among them)."""
+        if isinstance(self.input, str):
+            return [ChatMessage(role="user", content=self.input)]
+        messages: list[ChatMessage] = []
+        reasoning: str | None = None
+        for item in self.input:
+            if isinstance(item, ReasoningItem):
+                reasoning = _text(item.content or item.summary)
+            elif isinstance(item, MessageItem):
+                messages.append(
+                    ChatMessage(
+                        role=item.role,
+                        content=_text(item.content),
+                        reasoning_content=reasoning if item.role == "assistant" else None,
+                    )
+                )
+                reasoning = None
+            elif isinstance(item, FunctionCallItem):
+                call = ToolCall(item.call_id, item.name, _arguments(item.arguments))
+                messages.append(_with_call(messages, call, reasoning))
+                reasoning = None
+            else:
+                messages.append(
+                    ChatMessage(role="tool", content=_text(item.output), tool_call_id=item.call_id)
+                )
+        return messages
+
+
+def _arguments(value: str | dict[str, Any]) -> str:
+    try:
+        return arguments_text(value)
+    except ValueError as exc:
+        raise InvalidRequestError(f"function_call: {exc}", param="input") from None
+
+
+def _with_call(messages: list[ChatMessage], call: ToolCall, reasoning: str | None) -> ChatMessage:
+    """Consecutive function_call items are one assistant turn with several calls."""
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and last.tool_calls:
+        messages.pop()
+        return ChatMessage(
+            role="assistant",
+            content=last.content,
+            tool_calls=(*last.tool_calls, call),
+            reasoning_content=last.reasoning_content,
+        )
+    if last is not None and last.role == "assistant" and reasoning is None:
+        messages.pop()
+        return ChatMessage(
+            role="assistant",
+            content=last.content,
+            tool_calls=(call,),
+            reasoning_content=last.reasoning_content,
+        )
+    return ChatMessage(role="assistant", tool_calls=(call,), reasoning_content=reasoning)
