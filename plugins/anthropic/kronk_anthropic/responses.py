@@ -1,0 +1,136 @@
+"""Core results → Anthropic message objects and content-block events (plain dicts for JSON)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kronk_core.types import ChatDelta, FinishReason, ToolCall, Usage
+
+Event = tuple[str, dict[str, Any]]
+
+_STOP_REASONS = {
+    FinishReason.length: "max_tokens",
+    FinishReason.tool_calls: "tool_use",
+}
+
+
+def stop_reason(delta: ChatDelta) -> str:
+    if delta.stop_sequence is not None:
+        return "stop_sequence"
+    assert delta.finish_reason is not None
+    return _STOP_REASONS.get(delta.finish_reason, "end_turn")
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """Anthropic counts cache reads apart: input + cache_creation + cache_read = whole prompt."""
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens},
+    }
+
+
+def tool_use_id(call: ToolCall) -> str:
+    """Anthropic-style id for a call; ids that come back in tool_result pass through unchanged."""
+    return call.id if call.id.startswith("toolu_") else "toolu_" + call.id.removeprefix("call_")
+
+
+def signature(thinking: str) -> str:
+    """The thinking block's `signature`: clients require one. A digest of the text, not a proof;
+    Kronk ignores signatures it is sent back."""
+    return hashlib.sha256(thinking.encode()).hexdigest()
+
+
+def message_dict(
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    last: ChatDelta | None,
+    usage: dict[str, Any],
+) -> dict[str, Any]:
+    """A Message object; `last` is the final delta, None for the message_start skeleton."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": None if last is None else stop_reason(last),
+        "stop_sequence": None if last is None else last.stop_sequence,
+        "usage": usage,
+    }
+
+
+@dataclass
+class ContentBlocks:
+    """Groups deltas into content blocks, in the order the model produced them.
+
+    `feed` returns the content_block_* events a stream sends; `content` is the
+    finished blocks, so a streamed and a non-streamed answer agree block for block.
+    """
+
+    content: list[dict[str, Any]] = field(default_factory=list)
+    _open: Literal["text", "thinking"] | None = None
+
+    def feed(self, delta: ChatDelta) -> list[Event]:
+        events: list[Event] = []
+        if delta.reasoning:
+            events += self._append("thinking", delta.reasoning)
+        if delta.content:
+            events += self._append("text", delta.content)
+        for call in delta.tool_calls:
+            events += self.close()
+            arguments = json.loads(call.arguments or "{}")
+            block = {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}}
+            self.content.append({**block, "input": arguments})
+            index = len(self.content) - 1
+            events += [
+                _event("content_block_start", index=index, content_block=block),
+                _event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "input_json_delta", "partial_json": json.dumps(arguments)},
+                ),
+                _event("content_block_stop", index=index),
+            ]
+        return events
+
+    def close(self) -> list[Event]:
+        """End the open text or thinking block, if any."""
+        if self._open is None:
+            return []
+        index = len(self.content) - 1
+        events: list[Event] = []
+        block = self.content[index]
+        if self._open == "thinking":
+            block["signature"] = signature(block["thinking"])
+            delta = {"type": "signature_delta", "signature": block["signature"]}
+            events.append(_event("content_block_delta", index=index, delta=delta))
+        self._open = None
+        return [*events, _event("content_block_stop", index=index)]
+
+    def _append(self, kind: Literal["text", "thinking"], text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._open != kind:
+            events += self.close()
+            start: dict[str, Any] = {"type": kind, kind: ""}
+            if kind == "thinking":
+                start["signature"] = ""
+            self.content.append(dict(start))
+            self._open = kind
+            events.append(
+                _event("content_block_start", index=len(self.content) - 1, content_block=start)
+            )
+        index = len(self.content) - 1
+        self.content[index][kind] += text
+        delta = {"type": f"{kind}_delta", kind: text}
+        return [*events, _event("content_block_delta", index=index, delta=delta)]
+
+
+def _event(name: str, **payload: Any) -> Event:
+    return name, {"type": name, **payload}

@@ -1,0 +1,102 @@
+"""Anthropic routes: messages (streaming or not) and count_tokens."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeVar
+
+from litestar import Request, Response, Router, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+from pydantic import BaseModel, ValidationError
+
+from kronk_anthropic.errors import (
+    handle_http_error,
+    handle_kronk_error,
+    handle_unexpected,
+    invalid_body,
+    parse_json,
+)
+from kronk_anthropic.responses import ContentBlocks, message_dict, usage_dict
+from kronk_anthropic.schemas import CountTokensRequest, MessagesRequest
+from kronk_anthropic.stream import PING_SECONDS, keepalive, sse
+from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_core.errors import KronkError
+from kronk_core.sdk import ChatStream, Kronk
+from kronk_core.types import ChatDelta
+
+T = TypeVar("T", bound=BaseModel)
+
+# nginx's code for "client closed the request"; nobody receives it, the log shows it.
+CLIENT_CLOSED_REQUEST = 499
+# Grants of the auth guard are per endpoint; both routes belong to "messages".
+_OPT = {"kronk_endpoint": "messages"}
+
+
+def _kronk(request: Request[Any, Any, Any]) -> Kronk:
+    kronk: Kronk = request.app.state.kronk
+    return kronk
+
+
+async def _parse(request: Request[Any, Any, Any], model: type[T]) -> T:
+    data = parse_json(await request.body())
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+@post("/v1/messages", status_code=200, opt=_OPT)
+async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    body = await _parse(request, MessagesRequest)
+    stream = await _kronk(request).start_chat(body.to_core())
+    message_id = f"msg_{uuid.uuid4().hex}"
+    if body.stream:
+        items = keepalive(aiter(stream), PING_SECONDS)
+        # Wait for the first delta, so errors at start (a bad grammar) still get a status;
+        # a prompt that takes longer to prefill starts the stream and its pings.
+        try:
+            first = await unless_disconnected(request, anext(items))
+        except ClientDisconnected:
+            return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+        return Stream(
+            sse(message_id, stream.model_id, stream.prompt_tokens, first, items),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        return Response(await unless_disconnected(request, _answer(stream, message_id)))
+    except ClientDisconnected:
+        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _answer(stream: ChatStream, message_id: str) -> dict[str, Any]:
+    blocks = ContentBlocks()
+    last: ChatDelta | None = None
+    async for delta in stream:
+        blocks.feed(delta)
+        if delta.finish_reason is not None:
+            last = delta
+    blocks.close()
+    assert last is not None and last.usage is not None
+    return message_dict(message_id, stream.model_id, blocks.content, last, usage_dict(last.usage))
+
+
+@post("/v1/messages/count_tokens", status_code=200, opt=_OPT)
+async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await _parse(request, CountTokensRequest)
+    count = await _kronk(request).count_prompt_tokens(body.to_core(), add_generation_prompt=True)
+    return {"input_tokens": count}
+
+
+def router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[create_message, count_tokens],
+        # Router-level, so guards' errors on these routes come out in Anthropic's shape too.
+        exception_handlers={
+            KronkError: handle_kronk_error,
+            HTTPException: handle_http_error,
+            Exception: handle_unexpected,
+        },
+    )

@@ -1,0 +1,272 @@
+"""Pydantic models of the Anthropic requests Kronk accepts, and their mapping to core types."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kronk_core.config import SamplingConfig
+from kronk_core.errors import InvalidRequestError
+from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
+
+# Separates the text blocks of one message: they are distinct paragraphs to the client.
+BLOCK_SEPARATOR = "\n\n"
+
+
+class _Block(BaseModel):
+    # cache_control, citations and other annotations are accepted and ignored.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Block):
+    """Another server's encrypted reasoning: nothing a local model can read, so it is dropped."""
+
+    type: Literal["redacted_thinking"]
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            text = self.content
+        else:
+            text = BLOCK_SEPARATOR.join(_texts(self.content, "tool_result content"))
+        # Templates have no error flag; the model learns of the failure from the text.
+        return f"Error: {text}" if self.is_error else text
+
+
+ContentBlock = Annotated[
+    TextBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+    Field(discriminator="type"),
+]
+
+_ALLOWED = {
+    "user": (TextBlock, ImageBlock, ToolResultBlock),
+    "assistant": (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock),
+}
+
+
+def _texts(blocks: list[Any], where: str) -> list[str]:
+    if any(isinstance(block, ImageBlock) for block in blocks):
+        raise InvalidRequestError(
+            f"{where}: image blocks are not supported: the model has no vision input",
+            param="messages",
+        )
+    return [block.text for block in blocks]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["user", "assistant"]
+    content: list[ContentBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _string_is_one_block(cls, value: Any) -> Any:
+        return [{"type": "text", "text": value}] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _blocks_fit_role(self) -> Message:
+        for block in self.content:
+            if not isinstance(block, _ALLOWED[self.role]):
+                raise ValueError(f"{block.type} blocks are not allowed in a {self.role} message")
+        return self
+
+    def to_core(self) -> list[ChatMessage]:
+        if self.role == "assistant":
+            return [self._assistant()]
+        # Tool results become tool messages and text a user message, in the order given.
+        out: list[ChatMessage] = []
+        texts: list[TextBlock | ImageBlock] = []
+        for block in self.content:
+            if isinstance(block, ToolResultBlock):
+                out.extend(_user(texts))
+                texts = []
+                out.append(
+                    ChatMessage(role="tool", content=block.text(), tool_call_id=block.tool_use_id)
+                )
+            else:
+                assert isinstance(block, TextBlock | ImageBlock)
+                texts.append(block)
+        return out + _user(texts)
+
+    def _assistant(self) -> ChatMessage:
+        text = [block.text for block in self.content if isinstance(block, TextBlock)]
+        thinking = [block.thinking for block in self.content if isinstance(block, ThinkingBlock)]
+        calls = tuple(
+            ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input))
+            for block in self.content
+            if isinstance(block, ToolUseBlock)
+        )
+        return ChatMessage(
+            role="assistant",
+            content=BLOCK_SEPARATOR.join(text) if text else None,
+            tool_calls=calls,
+            reasoning_content=BLOCK_SEPARATOR.join(thinking) if thinking else None,
+        )
+
+
+def _user(blocks: list[TextBlock | ImageBlock]) -> list[ChatMessage]:
+    if not blocks:
+        return []
+    return [ChatMessage(role="user", content=BLOCK_SEPARATOR.join(_texts(blocks, "content")))]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    input_schema: dict[str, Any]
+    type: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _custom_only(cls, value: str | None) -> str | None:
+        if value not in (None, "custom"):
+            raise ValueError(
+                f"server tool {value!r} is not supported; only custom tools "
+                "(name, description, input_schema) are"
+            )
+        return value
+
+
+_CHOICE_MODES: dict[str, Literal["auto", "required", "none"]] = {
+    "auto": "auto",
+    "any": "required",
+    "none": "none",
+}
+
+
+class ToolChoiceParam(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoiceParam:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice of type tool needs a name")
+        return self
+
+    def to_core(self) -> ToolChoice:
+        if self.type == "tool":
+            return ToolChoice(mode="function", name=self.name)
+        return ToolChoice(mode=_CHOICE_MODES[self.type])
+
+
+class ThinkingParam(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # "adaptive" lets the model decide; a local model given the option thinks when it will.
+    type: Literal["enabled", "adaptive", "disabled"]
+    # Accepted for compatibility; a local model's reasoning has no token budget.
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class _Conversation(BaseModel):
+    """What /v1/messages and /v1/messages/count_tokens share: the prompt."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[str, Field(min_length=1)]
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
+
+    @model_validator(mode="after")
+    def _ends_with_user(self) -> _Conversation:
+        if self.messages[-1].role == "assistant":
+            raise ValueError(
+                "the last message must be a user message: continuing an assistant "
+                "message (prefill) is not supported"
+            )
+        return self
+
+    def core_messages(self) -> tuple[ChatMessage, ...]:
+        out: list[ChatMessage] = []
+        system = self.system
+        if isinstance(system, list):
+            system = BLOCK_SEPARATOR.join(block.text for block in system)
+        if system:
+            out.append(ChatMessage(role="system", content=system))
+        for message in self.messages:
+            out.extend(message.to_core())
+        return tuple(out)
+
+    def to_core(self) -> ChatRequest:
+        choice = self.tool_choice
+        return ChatRequest(
+            messages=self.core_messages(),
+            model=self.model,
+            tools=tuple(
+                ToolSpec(
+                    name=tool.name,
+                    description=tool.description,
+                    parameters_json=json.dumps(tool.input_schema),
+                )
+                for tool in self.tools or ()
+            ),
+            tool_choice=choice.to_core() if choice is not None else ToolChoice(),
+            parallel_tool_calls=choice is None or not choice.disable_parallel_tool_use,
+            enable_thinking=self.thinking is not None and self.thinking.type != "disabled",
+        )
+
+
+class CountTokensRequest(_Conversation):
+    """POST /v1/messages/count_tokens."""
+
+
+class MessagesRequest(_Conversation):
+    """POST /v1/messages. Unknown fields (metadata, service_tier, ...) are ignored."""
+
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+
+    def to_core(self) -> ChatRequest:
+        return replace(
+            super().to_core(),
+            sampling=SamplingConfig(
+                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+            ),
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop_sequences or ()),
+        )
