@@ -1,0 +1,313 @@
+"""The Anthropic dialect without a model: request mapping, event sequences, pings, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from pydantic import ValidationError
+
+from kronk_anthropic.errors import error_response, error_type, sse_error
+from kronk_anthropic.responses import ContentBlocks, signature
+from kronk_anthropic.schemas import MessagesRequest
+from kronk_anthropic.stream import keepalive, sse
+from kronk_core.errors import (
+    ContextOverflowError,
+    EngineClosedError,
+    InvalidRequestError,
+    KronkError,
+    QueueFullError,
+)
+from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolChoice, Usage
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
+USAGE = Usage(prompt_tokens=30, completion_tokens=9, cached_tokens=20, reasoning_tokens=4)
+CALL = ToolCall(id="call_abc", name="get_weather", arguments='{"city": "Oslo"}')
+DELTAS = [
+    ChatDelta(reasoning="Need the "),
+    ChatDelta(reasoning="weather."),
+    ChatDelta(content="Checking."),
+    ChatDelta(tool_calls=(CALL,)),
+    ChatDelta(finish_reason=FinishReason.tool_calls, usage=USAGE),
+]
+
+
+def _request(**body: Any) -> MessagesRequest:
+    body.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    return MessagesRequest.model_validate({"model": "m", "max_tokens": 5, **body})
+
+
+# ---- request mapping --------------------------------------------------------
+
+
+def test_conversation_maps_to_core_messages() -> None:
+    request = _request(
+        system=[{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}],
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Weather?", "cache_control": {}}],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "Call it.", "signature": "s"},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"c": 1}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_2",
+                        "content": [{"type": "text", "text": "timeout"}],
+                        "is_error": True,
+                    },
+                    {"type": "text", "text": "Thanks."},
+                ],
+            },
+        ],
+    )
+    assert request.to_core().messages == (
+        ChatMessage(role="system", content="Be\n\nbrief."),
+        ChatMessage(role="user", content="Weather?"),
+        ChatMessage(
+            role="assistant",
+            content="Let me look.",
+            tool_calls=(ToolCall(id="toolu_1", name="get_weather", arguments='{"c": 1}'),),
+            reasoning_content="Call it.",
+        ),
+        ChatMessage(role="tool", content="Sunny", tool_call_id="toolu_1"),
+        ChatMessage(role="tool", content="Error: timeout", tool_call_id="toolu_2"),
+        ChatMessage(role="user", content="Thanks."),
+    )
+
+
+def test_parameters_map_to_core_request() -> None:
+    core = _request(
+        stop_sequences=["END"],
+        temperature=0,
+        top_k=5,
+        metadata={"user_id": "u"},
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        thinking={"type": "enabled", "budget_tokens": 2048},
+    ).to_core()
+    assert core.stop == ("END",)
+    assert core.max_tokens == 5
+    assert core.sampling is not None
+    assert core.sampling.model_dump(exclude_none=True) == {"temperature": 0, "top_k": 5}
+    assert core.tools[0].name == "get_weather"
+    assert json.loads(core.tools[0].parameters_json) == {"type": "object"}
+    assert core.tool_choice == ToolChoice(mode="required")
+    assert core.parallel_tool_calls is False
+    assert core.enable_thinking is True
+    plain = _request().to_core()
+    assert plain.enable_thinking is False and plain.parallel_tool_calls is True
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"type": "auto"}, ToolChoice()),
+        ({"type": "none"}, ToolChoice(mode="none")),
+        ({"type": "tool", "name": "get_weather"}, ToolChoice(mode="function", name="get_weather")),
+    ],
+)
+def test_tool_choice(choice: dict[str, str], expected: ToolChoice) -> None:
+    assert _request(tools=[WEATHER], tool_choice=choice).to_core().tool_choice == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"temperature": 1.5}, "temperature"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tool"),
+        ({"tool_choice": {"type": "tool"}}, "needs a name"),
+        ({"messages": [{"role": "assistant", "content": "Hi"}]}, "prefill"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
+            "thinking blocks are not allowed in a user message",
+        ),
+    ],
+)
+def test_invalid_requests(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _request(**body)
+
+
+def test_max_tokens_required() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(ValidationError, match="max_tokens"):
+        MessagesRequest.model_validate(body)
+
+
+def test_images_are_refused() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
+    for content in ([image], [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]):
+        request = _request(messages=[{"role": "user", "content": content}])
+        with pytest.raises(InvalidRequestError, match="no vision input"):
+            request.to_core()
+
+
+# ---- content blocks and events ----------------------------------------------
+
+
+async def _items(items: Sequence[ChatDelta | None]) -> AsyncIterator[ChatDelta | None]:
+    for item in items:
+        yield item
+
+
+def _decode(chunks: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    for chunk in chunks:
+        name, data = chunk.decode().removesuffix("\n\n").split("\n")
+        events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return events
+
+
+async def _stream(items: Sequence[ChatDelta | None]) -> list[tuple[str, dict[str, Any]]]:
+    rest = _items(items[1:])
+    return _decode([chunk async for chunk in sse("msg_1", "m", 30, items[0], rest)])
+
+
+async def test_event_sequence_builds_the_non_streamed_message() -> None:
+    events = await _stream([DELTAS[0], None, *DELTAS[1:]])
+    assert [
+        (name, data.get("index"), data.get("delta", {}).get("type")) for name, data in events
+    ] == [
+        ("message_start", None, None),
+        ("ping", None, None),
+        ("content_block_start", 0, None),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("ping", None, None),
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, None),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, None),
+        ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None),
+        ("message_delta", None, None),
+        ("message_stop", None, None),
+    ]
+    assert events[-2][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 20,
+        "output_tokens": 9,
+        "output_tokens_details": {"thinking_tokens": 4},
+    }
+    assert events[0][1]["message"]["usage"]["input_tokens"] == 30
+
+    # The SDK's own accumulator rebuilds the same content the non-streamed answer has.
+    snapshot = None
+    buffers: dict[int, bytes] = {}
+    for _, data in events:
+        if data["type"] != "ping":
+            snapshot = accumulate_event(event=data, current_snapshot=snapshot, json_bufs=buffers)  # type: ignore[arg-type]
+    blocks = ContentBlocks()
+    for delta in DELTAS:
+        blocks.feed(delta)
+    blocks.close()
+    assert snapshot is not None
+    assert [block.model_dump(exclude_none=True) for block in snapshot.content] == blocks.content
+    assert blocks.content == [
+        {
+            "type": "thinking",
+            "thinking": "Need the weather.",
+            "signature": signature("Need the weather."),
+        },
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Oslo"}},
+    ]
+    assert snapshot.stop_reason == "tool_use"
+    assert snapshot.usage.cache_read_input_tokens == 20
+
+
+async def test_stop_sequence_reason() -> None:
+    last = ChatDelta(finish_reason=FinishReason.stop, usage=USAGE, stop_sequence="END")
+    events = await _stream([ChatDelta(content="a"), last])
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+
+
+async def test_error_mid_stream() -> None:
+    async def failing() -> AsyncIterator[ChatDelta | None]:
+        yield ChatDelta(content="partial")
+        raise EngineClosedError("model unloaded")
+
+    chunks = [chunk async for chunk in sse("msg_1", "m", 30, None, failing())]
+    name, data = _decode(chunks)[-1]
+    assert name == "error"
+    assert data["error"]["type"] == "overloaded_error"
+    assert data["error"]["message"] == "unavailable: model unloaded"
+
+
+async def test_keepalive_pings_during_silence_and_cancels_on_exit() -> None:
+    finished = asyncio.Event()
+
+    async def slow() -> AsyncIterator[ChatDelta]:
+        try:
+            await asyncio.sleep(0.25)
+            yield ChatDelta(content="a")
+            await asyncio.sleep(10)
+            yield ChatDelta(content="never")
+        finally:
+            finished.set()
+
+    items = keepalive(slow(), interval=0.1)
+    seen = [await anext(items), await anext(items), await anext(items)]
+    assert seen == [None, None, ChatDelta(content="a")]
+    assert await anext(items) is None
+    await items.aclose()
+    await asyncio.wait_for(finished.wait(), 1)
+
+
+# ---- errors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (409, "invalid_request_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (503, "overloaded_error"),
+        (529, "overloaded_error"),
+    ],
+)
+def test_error_types(status: int, kind: str) -> None:
+    assert error_type(status) == kind
+
+
+def test_error_responses() -> None:
+    full = error_response(QueueFullError("queue full", retry_after=3))
+    assert full.status_code == 429
+    assert full.headers["Retry-After"] == "3"
+    assert full.content == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "queue full"},
+    }
+    overflow = error_response(ContextOverflowError("needs 9000 tokens"))
+    assert overflow.content["error"]["message"] == "prompt is too long: needs 9000 tokens"
+    assert sse_error(KronkError("boom")) == (
+        b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
+        b'"message": "internal: boom"}}\n\n'
+    )
