@@ -25,7 +25,11 @@ WEATHER: ToolParam = {
         "required": ["city"],
     },
 }
-FORCE_WEATHER = {"type": "tool", "name": "get_weather"}
+# One call: allowed to go on, the base model repeats calls until max_tokens.
+FORCE_WEATHER = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+FORCE_ANY = {"type": "any", "disable_parallel_tool_use": True}
+# anthropic 2.x no longer has sampling parameters in its signatures; the API still takes them.
+GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def _ask(client: anthropic.Anthropic, prompt: str = PROMPT, **params: Any) -> Me
     params.setdefault("max_tokens", MAX_TOKENS)
     params.setdefault("model", MODEL)
     return client.messages.create(
-        messages=[{"role": "user", "content": prompt}], temperature=0, **params
+        messages=[{"role": "user", "content": prompt}], extra_body=GREEDY, **params
     )
 
 
@@ -75,7 +79,7 @@ def test_stream_matches_non_streaming(client: anthropic.Anthropic, greedy: Messa
         model=MODEL,
         messages=[{"role": "user", "content": PROMPT}],
         max_tokens=MAX_TOKENS,
-        temperature=0,
+        extra_body=GREEDY,
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -217,7 +221,7 @@ def _tool_turn(
     client: anthropic.Anthropic, messages: list[MessageParam], model: str, **params: Any
 ) -> Message:
     return client.messages.create(
-        model=model, messages=messages, max_tokens=48, temperature=0, tools=[WEATHER], **params
+        model=model, messages=messages, max_tokens=48, extra_body=GREEDY, tools=[WEATHER], **params
     )
 
 
@@ -249,12 +253,12 @@ def test_streamed_tool_use(client: anthropic.Anthropic) -> None:
         model=MODEL,
         messages=messages,
         max_tokens=48,
-        temperature=0,
+        extra_body=GREEDY,
         tools=[WEATHER],
-        tool_choice={"type": "any"},
+        tool_choice=FORCE_ANY,
     ) as stream:
         final = stream.get_final_message()
-    plain = _tool_turn(client, messages, MODEL, tool_choice={"type": "any"})
+    plain = _tool_turn(client, messages, MODEL, tool_choice=FORCE_ANY)
     assert final.stop_reason == "tool_use"
     assert [(b.type, getattr(b, "input", None)) for b in final.content] == [
         (b.type, getattr(b, "input", None)) for b in plain.content
