@@ -45,7 +45,9 @@ def call_from_object(value: object, *, require_arguments: bool) -> ParsedCall | 
     return ParsedCall(name, arguments, call_id if isinstance(call_id, str) else None)
 
 
-def calls_from_values(values: list[object] | None, *, require_arguments: bool) -> list[ParsedCall] | None:
+def calls_from_values(
+    values: list[object] | None, *, require_arguments: bool
+) -> list[ParsedCall] | None:
     """Every value a call object or a list of them; None if any is not (all or nothing)."""
     if not values:
         return None

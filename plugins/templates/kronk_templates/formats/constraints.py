@@ -7,19 +7,22 @@ from collections.abc import Callable, Sequence
 
 from kronk_core.errors import InvalidRequestError
 from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
-
 from kronk_templates.formats.calls import compact_json
 
 
 def allowed_tools(tools: Sequence[ToolSpec], choice: ToolChoice) -> list[ToolSpec]:
     """The tools a forced call may use: all of them, or the one `choice` names."""
     if not tools:
-        raise InvalidRequestError("tool_choice forces a tool call but no tools were given", param="tool_choice")
+        raise InvalidRequestError(
+            "tool_choice forces a tool call but no tools were given", param="tool_choice"
+        )
     if choice.mode != "function":
         return list(tools)
     named = [tool for tool in tools if tool.name == choice.name]
     if not named:
-        raise InvalidRequestError(f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
+        raise InvalidRequestError(
+            f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice"
+        )
     return named[:1]
 
 
@@ -47,4 +50,6 @@ def json_constraint(
     *,
     repeat: bool,
 ) -> StructuredOutput:
-    return StructuredOutput(tuple(segment(tool) for tool in allowed_tools(tools, choice)), repeat=repeat)
+    return StructuredOutput(
+        tuple(segment(tool) for tool in allowed_tools(tools, choice)), repeat=repeat
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kronk_core.types import JsonSegment, ToolSpec
-
 from kronk_templates.formats.base import ParsedCall
 from kronk_templates.formats.calls import calls_from_values
 from kronk_templates.formats.constraints import call_schema

@@ -1,11 +1,15 @@
-"""Hermes-style calls (Qwen 2.5/3 and many others): `<tool_call>\\n{"name":…, "arguments":{…}}\\n</tool_call>`."""
+"""Hermes-style calls (Qwen 2.5/3 and many others).
+
+<tool_call>
+{"name": …, "arguments": {…}}
+</tool_call>
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from kronk_core.types import JsonSegment, ToolSpec
-
 from kronk_templates.formats.base import ParsedCall
 from kronk_templates.formats.calls import calls_from_values
 from kronk_templates.formats.constraints import call_schema
@@ -24,7 +28,7 @@ class HermesFormat(MarkupFormat):
     name = "hermes"
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
-        return (Opener("<tool_call>", lambda: JsonBlock(_read, close="</tool_call>")),)
+        return (Opener("<tool_call>", lambda: JsonBlock(_read, closes=("</tool_call>",))),)
 
     def segment(self, tool: ToolSpec) -> JsonSegment:
         return JsonSegment(call_schema(tool), prefix="<tool_call>\n", suffix="\n</tool_call>\n")

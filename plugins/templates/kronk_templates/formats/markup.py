@@ -12,8 +12,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kronk_core.templates import OutputParser
-from kronk_core.types import ChatDelta, JsonSegment, StructuredOutput, ToolCall, ToolChoice, ToolSpec
-
+from kronk_core.types import (
+    ChatDelta,
+    JsonSegment,
+    StructuredOutput,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 from kronk_templates.formats.base import Deltas, NewId, ParsedCall
 from kronk_templates.formats.constraints import json_constraint
 from kronk_templates.formats.jsonscan import JsonScanner
@@ -55,17 +61,17 @@ class ClosedBlock:
 
 
 class JsonBlock:
-    """A JSON object or array, then (when `close` is set) whitespace and that closing tag.
+    """A JSON object or array, then (when `closes` are given) whitespace and one of those tags.
 
     `lead` is the part of the JSON its opener already took (a leading `{`).
     Other text after the JSON ends the block, malformed: unlike a plain search
     for the tag, a closing tag inside a JSON string does not end the call.
     """
 
-    def __init__(self, read: ReadCalls, lead: str = "", close: str = "") -> None:
+    def __init__(self, read: ReadCalls, lead: str = "", closes: tuple[str, ...] = ()) -> None:
         self._read = read
         self._lead = lead
-        self._close = close
+        self._closes = closes
         self._json = ""
         self._tail: str | None = None  # text after the JSON, once it ended
         self._bad = False
@@ -77,22 +83,23 @@ class JsonBlock:
         if self._tail is None:
             end = self._scanner.feed(text)
             self._json += text if end is None else text[:end]
-            if end is None or not self._close:
+            if end is None or not self._closes:
                 return end
             self._tail = ""
             at = end
         before = len(self._tail)
         self._tail += text[at:]
         rest = self._tail.lstrip()
-        if rest.startswith(self._close):
-            return at + len(self._tail) - len(rest) + len(self._close) - before
-        if self._close.startswith(rest):
+        for close in self._closes:
+            if rest.startswith(close):
+                return at + len(self._tail) - len(rest) + len(close) - before
+        if any(close.startswith(rest) for close in self._closes):
             return None
         self._bad = True
         return at
 
     def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        if self._bad or (closed and self._close and self._tail is None):
+        if self._bad:
             return None
         return self._read(self._lead + self._json)
 
@@ -199,7 +206,9 @@ class MarkupParser:
                 at = lead if self._at_start and buf.startswith(opener.text, lead) else -1
             else:
                 at = buf.find(opener.text)
-            if at >= 0 and (found is None or (at, -len(opener.text)) < (found[0], -len(found[1].text))):
+            if at >= 0 and (
+                found is None or (at, -len(opener.text)) < (found[0], -len(found[1].text))
+            ):
                 found = (at, opener)
         return found
 
@@ -224,7 +233,9 @@ class MarkupParser:
             self._at_start = False
             return
         for call in calls:
-            out.call(ToolCall(id=call.id or self._new_id(), name=call.name, arguments=call.arguments))
+            out.call(
+                ToolCall(id=call.id or self._new_id(), name=call.name, arguments=call.arguments)
+            )
         self._at_start = self._called = True
 
     def _is_gap(self, text: str) -> bool:

@@ -6,7 +6,6 @@ from enum import Enum, auto
 
 from kronk_core.templates import OutputParser
 from kronk_core.types import ChatDelta
-
 from kronk_templates.formats.base import Deltas
 from kronk_templates.formats.text import held_prefix
 

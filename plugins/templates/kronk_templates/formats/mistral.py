@@ -1,0 +1,140 @@
+"""Mistral calls, in both generations of the markup.
+
+    [TOOL_CALLS][{"name": …, "arguments": {…}, "id": …}, …]     (Mistral 7B v0.3, Nemo)
+    [TOOL_CALLS]NAME[ARGS]{…}  or  NAME[CALL_ID]ID[ARGS]{…}     (Small 3.x, Magistral, Devstral)
+
+Mistral templates require tool-call ids of 9 letters or digits: the model's own
+when it wrote one, else the first 9 hex digits of SHA-256 of `new_id()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+
+from kronk_core.templates import OutputParser
+from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
+from kronk_templates.formats.base import NewId, ParsedCall
+from kronk_templates.formats.calls import arguments_text, calls_from_values, compact_json
+from kronk_templates.formats.constraints import allowed_tools, call_schema, parameters_schema
+from kronk_templates.formats.jsonscan import JsonScanner, json_values
+from kronk_templates.formats.markup import MarkupFormat, Opener
+
+_ID = re.compile(r"[A-Za-z0-9]{9}")
+_NAMED = re.compile(r"\s*([^\s\[\]]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)", re.S)
+
+
+def mistral_ids(new_id: NewId) -> NewId:
+    return lambda: hashlib.sha256(new_id().encode()).hexdigest()[:9]
+
+
+def _own_id(call: ParsedCall) -> ParsedCall:
+    """Keep the model's id only when the templates will accept it back."""
+    if call.id is not None and _ID.fullmatch(call.id):
+        return call
+    return ParsedCall(call.name, call.arguments)
+
+
+def read_calls(text: str) -> list[ParsedCall] | None:
+    if text.lstrip().startswith("["):
+        calls = calls_from_values(json_values(text), require_arguments=False)
+        return None if calls is None else [_own_id(call) for call in calls]
+    named = _NAMED.fullmatch(text)
+    if named is None:
+        return None
+    try:
+        arguments = arguments_text(json.loads(named.group(3)))
+    except json.JSONDecodeError:
+        return None
+    if arguments is None:
+        return None
+    return [_own_id(ParsedCall(named.group(1), arguments, named.group(2)))]
+
+
+class MistralBlock:
+    """After [TOOL_CALLS]: a JSON array, or a name and [ARGS] then a JSON object."""
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._scanner: JsonScanner | None = None
+
+    def feed(self, text: str) -> int | None:
+        before = len(self._text)
+        self._text += text
+        if self._scanner is None:
+            head = self._text.lstrip()
+            if not head:
+                return None
+            if head.startswith("["):
+                start = len(self._text) - len(head)
+            else:
+                args = self._text.find("[ARGS]")
+                if args < 0:
+                    return None
+                start = args + len("[ARGS]")
+            self._scanner = JsonScanner()
+            end = self._scanner.feed(self._text[start:])
+            end = None if end is None else start + end
+        else:
+            end = self._scanner.feed(text)
+            end = None if end is None else before + end
+        if end is None:
+            return None
+        self._text = self._text[:end]
+        return end - before
+
+    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
+        return read_calls(self._text)
+
+
+class MistralFormat(MarkupFormat):
+    """`array_calls`: the model writes (and is forced into) the JSON-array form."""
+
+    special_tokens_as_text = True
+    think_tags = ("[THINK]", "[/THINK]")
+
+    def __init__(self, name: str, *, array_calls: bool) -> None:
+        self.name = name
+        self._array_calls = array_calls
+
+    def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
+        return (Opener("[TOOL_CALLS]", MistralBlock),)
+
+    def parser(
+        self,
+        *,
+        tools: Sequence[ToolSpec],
+        parse_tools: bool,
+        think: bool,
+        reasoning_open: bool,
+        new_id: NewId,
+    ) -> OutputParser:
+        return super().parser(
+            tools=tools,
+            parse_tools=parse_tools,
+            think=think,
+            reasoning_open=reasoning_open,
+            new_id=mistral_ids(new_id),
+        )
+
+    def segment(self, tool: ToolSpec) -> JsonSegment:
+        return JsonSegment(
+            compact_json(parameters_schema(tool)), prefix=f"[TOOL_CALLS]{tool.name}[ARGS]"
+        )
+
+    def constraint(
+        self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool
+    ) -> StructuredOutput | str:
+        if not self._array_calls:
+            return super().constraint(tools, choice, parallel)
+        calls = [json.loads(call_schema(tool)) for tool in allowed_tools(tools, choice)]
+        schema: dict[str, object] = {
+            "type": "array",
+            "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+            "minItems": 1,
+        }
+        if not parallel:
+            schema["maxItems"] = 1
+        return StructuredOutput((JsonSegment(compact_json(schema), prefix="[TOOL_CALLS]"),))
