@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
+from litestar.connection import ASGIConnection
+from litestar.testing import TestClient
 from pydantic import ValidationError
 
 from kronk_anthropic.errors import error_response, error_type, sse_error
 from kronk_anthropic.responses import ContentBlocks, signature
 from kronk_anthropic.schemas import MessagesRequest
 from kronk_anthropic.stream import keepalive, sse
+from kronk_api import ServerSettings, create_app
+from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import (
     ContextOverflowError,
     EngineClosedError,
@@ -311,3 +316,39 @@ def test_error_responses() -> None:
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
         b'"message": "internal: boom"}}\n\n'
     )
+
+
+# ---- guards ---------------------------------------------------------------------
+
+
+class Unauthenticated(KronkError):
+    status = 401
+    code = "unauthenticated"
+
+
+def _messages_need_a_key(connection: ASGIConnection[Any, Any, Any, Any], handler: Any) -> None:
+    if handler.opt.get("kronk_endpoint") == "messages" and "x-api-key" not in connection.headers:
+        raise Unauthenticated("no API key")
+
+
+class GuardPlugin:
+    @hookimpl
+    def kronk_guards(self, kronk: Kronk) -> Sequence[Any]:
+        return [_messages_need_a_key]
+
+
+def test_guard_errors_come_out_in_anthropic_shape(tmp_path: Path) -> None:
+    kronk = Kronk(KronkConfig(base_path=tmp_path), plugins={"guard": GuardPlugin()})
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    with TestClient(create_app(ServerSettings(), kronk=kronk)) as client:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            response = client.post(path, json=body, headers={"x-request-id": "r1"})
+            assert response.status_code == 401
+            assert response.json() == {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "no API key"},
+                "request_id": "r1",
+            }
+        wrong_method = client.get("/v1/messages", headers={"x-api-key": "k"})
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error"]["type"] == "invalid_request_error"
