@@ -60,20 +60,10 @@ class Deltas:
         self.items: list[ChatDelta] = []
 
     def content(self, text: str) -> None:
-        if text:
-            last = self._last_text()
-            if last is not None and not last.reasoning:
-                self.items[-1] = ChatDelta(content=last.content + text)
-            else:
-                self.items.append(ChatDelta(content=text))
+        self._add(ChatDelta(content=text))
 
     def reasoning(self, text: str) -> None:
-        if text:
-            last = self._last_text()
-            if last is not None and not last.content:
-                self.items[-1] = ChatDelta(reasoning=last.reasoning + text)
-            else:
-                self.items.append(ChatDelta(reasoning=text))
+        self._add(ChatDelta(reasoning=text))
 
     def call(self, call: ToolCall) -> None:
         self.items.append(ChatDelta(tool_calls=(call,)))
@@ -83,9 +73,32 @@ class Deltas:
             if delta.tool_calls:
                 self.items.append(delta)
             else:
-                self.reasoning(delta.reasoning)
-                self.content(delta.content)
+                self._add(delta)
 
-    def _last_text(self) -> ChatDelta | None:
+    def _add(self, text: ChatDelta) -> None:
+        if not (text.content or text.reasoning):
+            return
         last = self.items[-1] if self.items else None
-        return None if last is None or last.tool_calls else last
+        if last is None or last.tool_calls or bool(last.content) != bool(text.content):
+            self.items.append(text)
+        else:
+            merged = ChatDelta(last.content + text.content, last.reasoning + text.reasoning)
+            self.items[-1] = merged
+
+
+class StepParser:
+    """A parser that works through its buffer in steps, each handling what the text allows."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+
+    def feed(self, text: str) -> list[ChatDelta]:
+        out = Deltas()
+        self._buf += text
+        while self._buf and self._step(out):
+            pass
+        return out.items
+
+    def _step(self, out: Deltas) -> bool:
+        """Handle the start of `_buf`; false when it must wait for more text."""
+        raise NotImplementedError

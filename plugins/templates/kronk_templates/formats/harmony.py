@@ -25,7 +25,7 @@ from kronk_core.types import (
     ToolChoice,
     ToolSpec,
 )
-from kronk_templates.formats.base import Deltas, NewId, ParsedCall
+from kronk_templates.formats.base import Deltas, NewId, ParsedCall, StepParser
 from kronk_templates.formats.calls import arguments_text, compact_json
 from kronk_templates.formats.constraints import json_constraint, parameters_schema
 from kronk_templates.formats.markup import JsonBlock
@@ -42,23 +42,16 @@ _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _FUNCTIONS = "functions."
 
 
-class HarmonyParser:
+class HarmonyParser(StepParser):
     def __init__(self, *, parse_tools: bool, new_id: NewId) -> None:
+        super().__init__()
         self._parse_tools = parse_tools
         self._new_id = new_id
-        self._buf = ""
         self._in_body = False  # else reading a header
         self._plain = False  # the output is not Harmony at all: everything is content
         self._channel = ""
         self._call: JsonBlock | None = None  # the open message is a tool call
         self._raw = ""  # the call's markup as generated, for when it is not a call
-
-    def feed(self, text: str) -> list[ChatDelta]:
-        out = Deltas()
-        self._buf += text
-        while self._buf and self._step(out):
-            pass
-        return out.items
 
     def finish(self, *, truncated: bool) -> list[ChatDelta]:
         # An unfinished header carries no text and is dropped.
@@ -71,7 +64,6 @@ class HarmonyParser:
         return out.items
 
     def _step(self, out: Deltas) -> bool:
-        """Handle what `_buf` allows; false when it must wait for more text."""
         if self._plain:
             out.content(self._buf)
             self._buf = ""
@@ -79,16 +71,7 @@ class HarmonyParser:
         if not self._in_body:
             return self._read_header()
         if self._call is not None:
-            # The arguments are JSON, so a stop tag inside one of their strings does not end them.
-            end = self._call.feed(self._buf)
-            if end is None:
-                self._raw += self._buf
-                self._buf = ""
-                return False
-            self._raw += self._buf[:end]
-            self._buf = self._buf[end:]
-            self._end_call(out, closed=True, accept=True)
-            return True
+            return self._read_call(out)
         found = find_first(self._buf, _ENDS)
         if found is None:
             keep = len(self._buf) - held_prefix(self._buf, _ENDS)
@@ -100,6 +83,19 @@ class HarmonyParser:
         # <|start|> opens the next message's header: leave it there.
         self._buf = self._buf[at if end == _START else at + len(end) :]
         self._in_body = False
+        return True
+
+    def _read_call(self, out: Deltas) -> bool:
+        # The arguments are JSON, so a stop tag inside one of their strings does not end them.
+        assert self._call is not None
+        end = self._call.feed(self._buf)
+        if end is None:
+            self._raw += self._buf
+            self._buf = ""
+            return False
+        self._raw += self._buf[:end]
+        self._buf = self._buf[end:]
+        self._end_call(out, closed=True, accept=True)
         return True
 
     def _read_header(self) -> bool:

@@ -24,6 +24,7 @@ from kronk_templates.formats.base import Deltas, NewId, ParsedCall
 from kronk_templates.formats.constraints import json_constraint
 from kronk_templates.formats.jsonscan import JsonScanner
 from kronk_templates.formats.reasoning import THINK_TAGS, with_reasoning
+from kronk_templates.formats.text import find_first, held_prefix
 
 ReadCalls = Callable[[str], list[ParsedCall] | None]
 WHITESPACE = " \t\r\n"
@@ -136,6 +137,8 @@ class MarkupParser:
 
     def __init__(self, openers: Sequence[Opener], new_id: NewId, gap: str = WHITESPACE) -> None:
         self._openers = openers
+        self._anywhere = {opener.text: opener for opener in openers if not opener.leading}
+        self._leading = sorted((o for o in openers if o.leading), key=lambda o: -len(o.text))
         self._new_id = new_id
         self._gap = gap
         self._buf = ""  # content not yet decided
@@ -194,35 +197,18 @@ class MarkupParser:
             if lead == len(buf) or any(o.text.startswith(buf[lead:]) for o in self._openers):
                 return None
             self._at_start = False
-        keep = len(buf) - self._held(buf)
+        keep = len(buf) - held_prefix(buf, self._anywhere)
         out.content(buf[:keep])
         self._buf = buf[keep:]
         return None
 
     def _find_opener(self, buf: str, lead: int) -> tuple[int, Opener] | None:
-        found: tuple[int, Opener] | None = None
-        for opener in self._openers:
-            if opener.leading:
-                at = lead if self._at_start and buf.startswith(opener.text, lead) else -1
-            else:
-                at = buf.find(opener.text)
-            if at >= 0 and (
-                found is None or (at, -len(opener.text)) < (found[0], -len(found[1].text))
-            ):
-                found = (at, opener)
-        return found
-
-    def _held(self, buf: str) -> int:
-        """How much of the end of `buf` may still grow into an opener found anywhere."""
-        best = 0
-        for opener in self._openers:
-            if opener.leading:
-                continue
-            for size in range(min(len(opener.text) - 1, len(buf)), best, -1):
-                if buf.endswith(opener.text[:size]):
-                    best = size
-                    break
-        return best
+        if self._at_start:
+            for opener in self._leading:
+                if buf.startswith(opener.text, lead):
+                    return lead, opener
+        found = find_first(buf, self._anywhere)
+        return None if found is None else (found[0], self._anywhere[found[1]])
 
     def _close(self, out: Deltas, *, closed: bool) -> None:
         assert self._block is not None
@@ -255,6 +241,10 @@ class MarkupFormat:
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         raise NotImplementedError
 
+    def ids(self, new_id: NewId) -> NewId:
+        """How this family's call ids are made from the caller's."""
+        return new_id
+
     def segment(self, tool: ToolSpec) -> JsonSegment:
         """One forced call of `tool`, which `openers` read back."""
         raise NotImplementedError
@@ -269,7 +259,7 @@ class MarkupFormat:
         new_id: NewId,
     ) -> OutputParser:
         openers = self.openers(tools) if parse_tools else ()
-        inner = MarkupParser(openers, new_id, self.gap)
+        inner = MarkupParser(openers, self.ids(new_id), self.gap)
         return with_reasoning(inner, self.think_tags, think=think, reasoning_open=reasoning_open)
 
     def constraint(

@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Sequence
 
-from kronk_core.templates import OutputParser
 from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
 from kronk_templates.formats.base import NewId, ParsedCall
 from kronk_templates.formats.calls import arguments_text, calls_from_values, compact_json
@@ -24,10 +23,6 @@ from kronk_templates.formats.markup import MarkupFormat, Opener
 
 _ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAMED = re.compile(r"\s*([^\s\[\]]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)", re.S)
-
-
-def mistral_ids(new_id: NewId) -> NewId:
-    return lambda: hashlib.sha256(new_id().encode()).hexdigest()[:9]
 
 
 def _own_id(call: ParsedCall) -> ParsedCall:
@@ -102,22 +97,8 @@ class MistralFormat(MarkupFormat):
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         return (Opener("[TOOL_CALLS]", MistralBlock),)
 
-    def parser(
-        self,
-        *,
-        tools: Sequence[ToolSpec],
-        parse_tools: bool,
-        think: bool,
-        reasoning_open: bool,
-        new_id: NewId,
-    ) -> OutputParser:
-        return super().parser(
-            tools=tools,
-            parse_tools=parse_tools,
-            think=think,
-            reasoning_open=reasoning_open,
-            new_id=mistral_ids(new_id),
-        )
+    def ids(self, new_id: NewId) -> NewId:
+        return lambda: hashlib.sha256(new_id().encode()).hexdigest()[:9]
 
     def segment(self, tool: ToolSpec) -> JsonSegment:
         return JsonSegment(

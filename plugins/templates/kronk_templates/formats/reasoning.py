@@ -6,7 +6,7 @@ from enum import Enum, auto
 
 from kronk_core.templates import OutputParser
 from kronk_core.types import ChatDelta
-from kronk_templates.formats.base import Deltas
+from kronk_templates.formats.base import Deltas, StepParser
 from kronk_templates.formats.text import held_prefix
 
 THINK_TAGS = ("<think>", "</think>")
@@ -19,7 +19,7 @@ class _State(Enum):
     ANSWER = auto()
 
 
-class ReasoningParser:
+class ReasoningParser(StepParser):
     """Reasoning deltas for the block, the rest handed to `inner` (the family's parser).
 
     Only a block at the very start counts, as Qwen3 and DeepSeek-R1 write it;
@@ -27,18 +27,11 @@ class ReasoningParser:
     """
 
     def __init__(self, inner: OutputParser, tags: tuple[str, str], *, opened: bool) -> None:
+        super().__init__()
         self._inner = inner
         self._open, self._close = tags
         self._state = _State.INSIDE if opened else _State.START
-        self._buf = ""
         self._reasoned = False  # some reasoning went out (later whitespace is kept)
-
-    def feed(self, text: str) -> list[ChatDelta]:
-        out = Deltas()
-        self._buf += text
-        while self._buf and self._step(out):
-            pass
-        return out.items
 
     def finish(self, *, truncated: bool) -> list[ChatDelta]:
         out = Deltas()
@@ -51,7 +44,6 @@ class ReasoningParser:
         return out.items
 
     def _step(self, out: Deltas) -> bool:
-        """Handle what `_buf` allows; false when it must wait for more text."""
         buf = self._buf
         if self._state is _State.START:
             stripped = buf.lstrip()
