@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
-from anthropic.types import Message, MessageParam, ToolParam
+from anthropic.types import (
+    ImageBlockParam,
+    Message,
+    MessageParam,
+    ToolChoiceAnyParam,
+    ToolChoiceParam,
+    ToolChoiceToolParam,
+    ToolParam,
+)
 
 from kronk_core import DEFAULT_MODEL_ID
 
@@ -26,8 +35,12 @@ WEATHER: ToolParam = {
     },
 }
 # One call: allowed to go on, the base model repeats calls until max_tokens.
-FORCE_WEATHER = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
-FORCE_ANY = {"type": "any", "disable_parallel_tool_use": True}
+FORCE_WEATHER: ToolChoiceToolParam = {
+    "type": "tool",
+    "name": "get_weather",
+    "disable_parallel_tool_use": True,
+}
+FORCE_ANY: ToolChoiceAnyParam = {"type": "any", "disable_parallel_tool_use": True}
 # anthropic 2.x no longer has sampling parameters in its signatures; the API still takes them.
 GREEDY = {"temperature": 0}
 
@@ -40,11 +53,20 @@ def client(server: Any) -> Iterator[anthropic.Anthropic]:
         yield instance
 
 
-def _ask(client: anthropic.Anthropic, prompt: str = PROMPT, **params: Any) -> Message:
-    params.setdefault("max_tokens", MAX_TOKENS)
-    params.setdefault("model", MODEL)
+def _ask(
+    client: anthropic.Anthropic,
+    prompt: str = PROMPT,
+    *,
+    model: str = MODEL,
+    max_tokens: int = MAX_TOKENS,
+    stop_sequences: list[str] | None = None,
+) -> Message:
     return client.messages.create(
-        messages=[{"role": "user", "content": prompt}], extra_body=GREEDY, **params
+        model=model,
+        max_tokens=max_tokens,
+        messages=[{"role": "user", "content": prompt}],
+        stop_sequences=stop_sequences or anthropic.omit,
+        extra_body=GREEDY,
     )
 
 
@@ -141,6 +163,24 @@ def test_raw_event_order(server: Any) -> None:
     assert message_delta["usage"]["output_tokens"] == 4
 
 
+def test_disconnect_mid_stream_cancels_generation(server: Any) -> None:
+    engine = server.kronk.get_loaded().engine
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 500,
+        "stream": True,
+    }
+    with httpx.stream("POST", server.base_url + "/v1/messages", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if "content_block_delta" in line)
+        assert engine.stats().active == 1
+    deadline = time.monotonic() + 5  # a step or two, on a CPU shared with other work
+    while engine.stats().active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats().active == 0
+
+
 def test_max_tokens(client: anthropic.Anthropic) -> None:
     message = _ask(client, "hello", max_tokens=3)
     assert message.stop_reason == "max_tokens"
@@ -178,7 +218,9 @@ def test_system_prompt_counts(client: anthropic.Anthropic) -> None:
 def test_missing_max_tokens(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(
-            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=anthropic.omit
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=anthropic.omit,  # type: ignore[call-overload]
         )
     body = caught.value.body
     assert isinstance(body, dict)
@@ -195,13 +237,13 @@ def test_unknown_model(client: anthropic.Anthropic) -> None:
 
 
 def test_image_rejected(client: anthropic.Anthropic) -> None:
-    image = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    image: ImageBlockParam = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
+    message: MessageParam = {"role": "user", "content": [image]}
     with pytest.raises(anthropic.BadRequestError, match="image"):
-        client.messages.create(
-            model=MODEL,
-            max_tokens=MAX_TOKENS,
-            messages=[{"role": "user", "content": [{"type": "image", "source": image}]}],  # type: ignore[list-item, typeddict-item]
-        )
+        client.messages.create(model=MODEL, max_tokens=MAX_TOKENS, messages=[message])
 
 
 def test_unknown_block_rejected(server: Any) -> None:
@@ -218,10 +260,20 @@ def test_unknown_block_rejected(server: Any) -> None:
 
 
 def _tool_turn(
-    client: anthropic.Anthropic, messages: list[MessageParam], model: str, **params: Any
+    client: anthropic.Anthropic,
+    messages: list[MessageParam],
+    model: str,
+    tool_choice: ToolChoiceParam,
+    system: str | anthropic.Omit = anthropic.omit,
 ) -> Message:
     return client.messages.create(
-        model=model, messages=messages, max_tokens=48, extra_body=GREEDY, tools=[WEATHER], **params
+        model=model,
+        messages=messages,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        system=system,
     )
 
 
@@ -236,7 +288,7 @@ def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
     assert isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
 
     messages += [
-        {"role": "assistant", "content": called.content},  # type: ignore[typeddict-item]
+        {"role": "assistant", "content": called.content},
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}],
@@ -275,7 +327,7 @@ def test_imc_hits_across_tool_conversation(client: anthropic.Anthropic, imc_mode
         use = next(block for block in called.content if block.type == "tool_use")
         cached.append(called.usage.cache_read_input_tokens or 0)
         messages += [
-            {"role": "assistant", "content": called.content},  # type: ignore[typeddict-item]
+            {"role": "assistant", "content": called.content},
             {
                 "role": "user",
                 "content": [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from kronk_anthropic.errors import sse_error
 from kronk_anthropic.responses import ContentBlocks, Event, message_dict, stop_reason, usage_dict
@@ -18,7 +18,7 @@ PING_SECONDS = 10.0
 
 async def keepalive(
     deltas: AsyncIterator[ChatDelta], interval: float
-) -> AsyncIterator[ChatDelta | None]:
+) -> AsyncGenerator[ChatDelta | None, None]:
     """The deltas, with a None whenever `interval` seconds pass without one.
 
     Leaving early cancels the pending read, and with it the generation.
