@@ -18,6 +18,8 @@ from anthropic.types import (
     ToolChoiceParam,
     ToolChoiceToolParam,
     ToolParam,
+    ToolResultBlockParam,
+    ToolUseBlock,
 )
 
 from kronk_core import DEFAULT_MODEL_ID
@@ -277,23 +279,27 @@ def _tool_turn(
     )
 
 
-def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
-    messages: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    called = _tool_turn(client, messages, MODEL, tool_choice=FORCE_WEATHER)
-    assert called.stop_reason == "tool_use"
-    uses = [block for block in called.content if block.type == "tool_use"]
-    assert len(uses) == 1
-    use = uses[0]
-    assert use.id.startswith("toolu_") and use.name == "get_weather"
-    assert isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
-
+def _answer_call(messages: list[MessageParam], called: Message, result: str) -> ToolUseBlock:
+    """Append the assistant turn and a tool_result for its (first) call; return the call."""
+    use = next(block for block in called.content if block.type == "tool_use")
     messages += [
         {"role": "assistant", "content": called.content},
         {
             "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}],
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": result}],
         },
     ]
+    return use
+
+
+def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
+    messages: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = _tool_turn(client, messages, MODEL, tool_choice=FORCE_WEATHER)
+    assert called.stop_reason == "tool_use"
+    assert [block.type for block in called.content] == ["tool_use"]
+    use = _answer_call(messages, called, "Sunny, 21 C")
+    assert use.id.startswith("toolu_") and use.name == "get_weather"
+    assert isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
     answer = _tool_turn(client, messages, MODEL, tool_choice={"type": "none"})
     assert answer.stop_reason in ("end_turn", "max_tokens")
     assert [block.type for block in answer.content] == ["text"]
@@ -318,22 +324,19 @@ def test_streamed_tool_use(client: anthropic.Anthropic) -> None:
 
 
 def test_imc_hits_across_tool_conversation(client: anthropic.Anthropic, imc_model: str) -> None:
+    """Each user turn answers the previous call and asks again; turns 2 and 3 reuse the KV."""
     system = "You are a weather assistant. Call get_weather for every city the user names."
     messages: list[MessageParam] = []
     cached: list[int] = []
+    result: list[ToolResultBlockParam] = []
     for turn, city in enumerate(["Paris", "Rome", "Lima"]):
-        messages.append({"role": "user", "content": f"And the weather in {city}?"})
+        messages.append(
+            {"role": "user", "content": [*result, {"type": "text", "text": f"Weather in {city}?"}]}
+        )
         called = _tool_turn(client, messages, imc_model, system=system, tool_choice=FORCE_WEATHER)
-        use = next(block for block in called.content if block.type == "tool_use")
         cached.append(called.usage.cache_read_input_tokens or 0)
-        messages += [
-            {"role": "assistant", "content": called.content},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": use.id, "content": f"{turn + 18} C"}
-                ],
-            },
-        ]
+        use = next(block for block in called.content if block.type == "tool_use")
+        messages.append({"role": "assistant", "content": called.content})
+        result = [{"type": "tool_result", "tool_use_id": use.id, "content": f"{turn + 18} C"}]
     assert cached[0] == 0
     assert all(count > 0 for count in cached[1:]), cached
