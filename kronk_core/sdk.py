@@ -379,8 +379,10 @@ class Kronk:
         if request.grammar or request.json_schema:
             sampling = replace(sampling, grammar=request.grammar, json_schema=request.json_schema)
         elif _forces_call(request):
+            # A named function is one call; "required" may make several when allowed.
+            several = request.parallel_tool_calls and request.tool_choice.mode == "required"
             constraint = loaded.template.tool_constraint(
-                request.tools, request.tool_choice, request.parallel_tool_calls
+                request.tools, request.tool_choice, several
             )
             if isinstance(constraint, str):
                 sampling = replace(sampling, grammar=constraint)

@@ -22,18 +22,38 @@ def gemma_path() -> str:
     return str(default_model_path())
 
 
+# The default model again, with the Incremental Message Cache on (loaded on first use).
+IMC_MODEL_ID = "gemma-3-270m-imc"
+
+
 @pytest.fixture(scope="session")
-def kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
+def kronk(tmp_path_factory: pytest.TempPathFactory, gemma_path: str) -> Iterator[Kronk]:
     """The default Gemma 3 270M with 4 slots, loaded once for the session."""
+    imc = {
+        **DEFAULT_MODEL_SETTINGS,
+        "model_path": gemma_path,
+        "context_window": 4096,
+        "n_seq_max": 2,
+        "incremental_cache": True,
+    }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
         queue_wait_seconds=2.0,
-        models={DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS)},
+        models={
+            DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS),
+            IMC_MODEL_ID: ModelConfig.model_validate(imc),
+        },
     )
     instance = Kronk(config)
     instance.load()
     yield instance
     instance.close()
+
+
+@pytest.fixture(scope="session")
+def imc_model() -> str:
+    """Id of the default model with the Incremental Message Cache on (in the `kronk` fixture)."""
+    return IMC_MODEL_ID
 
 
 @dataclass

@@ -66,9 +66,9 @@ class ResponseBuilder:
         output: list[dict[str, Any]] = self.response["output"]
         return output
 
-    def _event(self, name: str, **payload: Any) -> Event:
+    def _event(self, kind: str, /, **payload: Any) -> Event:
         self._sequence += 1
-        return name, {"type": name, "sequence_number": self._sequence, **payload}
+        return kind, {"type": kind, "sequence_number": self._sequence, **payload}
 
     def start(self) -> list[Event]:
         return [

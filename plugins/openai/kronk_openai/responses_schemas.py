@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
@@ -68,9 +68,19 @@ class ReasoningItem(BaseModel):
     summary: list[ContentPart] = Field(default_factory=list)
 
 
+def _item_type(value: Any) -> str | None:
+    # Messages may leave out "type": a role is enough (EasyInputMessage).
+    if isinstance(value, dict):
+        return value.get("type") or ("message" if "role" in value else None)
+    return getattr(value, "type", None)
+
+
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
-    Field(discriminator="type"),
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
 ]
 
 

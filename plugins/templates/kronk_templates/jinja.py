@@ -15,7 +15,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kronk_core.errors import ConfigError, TemplateError
 from kronk_core.templates import OutputParser, RenderOptions
 from kronk_core.types import ChatMessage, StructuredOutput, ToolChoice, ToolSpec
-from kronk_templates.formats.base import ToolFormat
+from kronk_templates.formats import ToolFormat, reasoning_opened
 
 BUNDLED = ("gemma", "chatml", "llama3")
 _RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
@@ -40,11 +40,6 @@ def _arguments(text: str) -> Any:
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def reasoning_open(prompt: str) -> bool:
-    """The generation prompt opened a <think> block that the model is to continue."""
-    return prompt.rfind("<think>") > prompt.rfind("</think>")
 
 
 def _message_dict(message: ChatMessage) -> dict[str, Any]:
@@ -131,8 +126,9 @@ class JinjaTemplateProcessor:
     def parser(self, options: RenderOptions, prompt: str) -> OutputParser:
         return self._format.parser(
             tools=options.tools,
+            parse_tools=bool(options.tools),
             think=self._think,
-            reasoning_open=self._think and reasoning_open(prompt),
+            reasoning_open=self._think and reasoning_opened(prompt),
             new_id=new_call_id,
         )
 
