@@ -46,6 +46,8 @@ from kronk_core.types import (
     SamplingParams,
     TokenLogprob,
     ToolCall,
+    ToolChoice,
+    ToolSpec,
     Usage,
 )
 
@@ -478,9 +480,15 @@ class Kronk:
         enable_thinking: bool | None = None,
         reasoning_effort: str | None = None,
         chat_template_kwargs: Mapping[str, str | int | float | bool | None] | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice | str = "auto",
+        parallel_tool_calls: bool = True,
         **sampling: Any,
     ) -> ChatRequest:
-        """Build a ChatRequest from keyword arguments; sampling keys as in the manual."""
+        """Build a ChatRequest from keyword arguments; sampling keys as in the manual.
+
+        `tool_choice` is "auto", "none", "required" or the name of one of `tools`.
+        """
         try:
             overrides = SamplingConfig.model_validate(sampling)
         except ValidationError as exc:
@@ -504,6 +512,9 @@ class Kronk:
             enable_thinking=enable_thinking,
             reasoning_effort=reasoning_effort,
             template_kwargs=tuple((chat_template_kwargs or {}).items()),
+            tools=tuple(tools),
+            tool_choice=_tool_choice(tool_choice),
+            parallel_tool_calls=parallel_tool_calls,
         )
 
     async def count_prompt_tokens(
@@ -523,6 +534,14 @@ class Kronk:
             self.hook.kronk_request_finished(record=record)
         except Exception:
             log.exception("a kronk_request_finished hook failed")
+
+
+def _tool_choice(value: ToolChoice | str) -> ToolChoice:
+    if isinstance(value, ToolChoice):
+        return value
+    if value in ("auto", "none", "required"):
+        return ToolChoice(value)  # type: ignore[arg-type]
+    return ToolChoice("function", value)
 
 
 def _forces_call(request: ChatRequest) -> bool:

@@ -14,7 +14,7 @@ from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.sampling import Greedy, SamplerStage
 from kronk_core.types import SamplingParams
 
-BUILT_IN = {"caching", "llamacpp", "sampling", "templates"}
+BUILT_IN = {"caching", "llamacpp", "sampling", "templates", "openai", "anthropic"}
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,9 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
-from pydantic import ValidationError
 
 from kronk_api.logs import request_id
-from kronk_core.errors import ContextOverflowError, InvalidRequestError, KronkError
+from kronk_core.errors import ContextOverflowError, KronkError
 
 log = logging.getLogger(__name__)
 
@@ -68,23 +67,6 @@ def sse_error(error: KronkError) -> bytes:
     return (
         f"event: error\ndata: {json.dumps(error_body(error.status, _message(error)))}\n\n".encode()
     )
-
-
-def invalid_body(exc: ValidationError) -> InvalidRequestError:
-    """The first pydantic error, as a message that names the field."""
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if not location:
-        return InvalidRequestError(message)
-    return InvalidRequestError(f"{location}: {message}", param=location)
-
-
-def parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
 
 
 def handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:

@@ -3,53 +3,30 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
 from litestar import Request, Response, Router, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
-from pydantic import BaseModel, ValidationError
 
-from kronk_anthropic.errors import (
-    handle_http_error,
-    handle_kronk_error,
-    handle_unexpected,
-    invalid_body,
-    parse_json,
-)
+from kronk_anthropic.errors import handle_http_error, handle_kronk_error, handle_unexpected
 from kronk_anthropic.responses import ContentBlocks, message_dict, usage_dict
 from kronk_anthropic.schemas import CountTokensRequest, MessagesRequest
 from kronk_anthropic.stream import PING_SECONDS, keepalive, sse
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, kronk_of, parse_body
 from kronk_core.errors import KronkError
-from kronk_core.sdk import ChatStream, Kronk
+from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta
 
-T = TypeVar("T", bound=BaseModel)
-
-# nginx's code for "client closed the request"; nobody receives it, the log shows it.
-CLIENT_CLOSED_REQUEST = 499
 # Grants of the auth guard are per endpoint; both routes belong to "messages".
 _OPT = {"kronk_endpoint": "messages"}
 
 
-def _kronk(request: Request[Any, Any, Any]) -> Kronk:
-    kronk: Kronk = request.app.state.kronk
-    return kronk
-
-
-async def _parse(request: Request[Any, Any, Any], model: type[T]) -> T:
-    data = parse_json(await request.body())
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
-
-
 @post("/v1/messages", status_code=200, opt=_OPT)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body = await _parse(request, MessagesRequest)
-    stream = await _kronk(request).start_chat(body.to_core())
+    body = await parse_body(request, MessagesRequest)
+    stream = await kronk_of(request).start_chat(body.to_core())
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         items = keepalive(aiter(stream), PING_SECONDS)
@@ -62,7 +39,7 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Str
         return Stream(
             sse(message_id, stream.model_id, stream.prompt_tokens, first, items),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers=SSE_HEADERS,
         )
     try:
         return Response(await unless_disconnected(request, _answer(stream, message_id)))
@@ -84,8 +61,8 @@ async def _answer(stream: ChatStream, message_id: str) -> dict[str, Any]:
 
 @post("/v1/messages/count_tokens", status_code=200, opt=_OPT)
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body = await _parse(request, CountTokensRequest)
-    count = await _kronk(request).count_prompt_tokens(body.to_core(), add_generation_prompt=True)
+    body = await parse_body(request, CountTokensRequest)
+    count = await kronk_of(request).count_prompt_tokens(body.to_core(), add_generation_prompt=True)
     return {"input_tokens": count}
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from kronk_anthropic.errors import sse_error
 from kronk_anthropic.responses import ContentBlocks, Event, message_dict, stop_reason, usage_dict
+from kronk_api.http import chain
 from kronk_core.errors import KronkError
 from kronk_core.types import ChatDelta, Usage
 
@@ -67,7 +68,7 @@ async def sse(
     yield encode(_PING)
     blocks = ContentBlocks()
     try:
-        async for delta in _chain(first, rest):
+        async for delta in chain(first, rest):
             if delta is None:
                 yield encode(_PING)
                 continue
@@ -94,11 +95,3 @@ async def sse(
             yield encode(("message_stop", {"type": "message_stop"}))
     except KronkError as exc:
         yield sse_error(exc)
-
-
-async def _chain(
-    first: ChatDelta | None, rest: AsyncIterator[ChatDelta | None]
-) -> AsyncIterator[ChatDelta | None]:
-    yield first
-    async for item in rest:
-        yield item

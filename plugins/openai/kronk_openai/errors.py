@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from litestar import Response
-from pydantic import ValidationError
 
-from kronk_core.errors import InvalidRequestError, KronkError, QueueFullError
+from kronk_core.errors import KronkError, QueueFullError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -48,22 +47,3 @@ def sse_error(error: KronkError) -> bytes:
     """An error event for a stream that has already started."""
     body = error_body(error.status, error.message, error.code, error.param)
     return f"data: {json.dumps(body)}\n\n".encode()
-
-
-def invalid_body(exc: ValidationError) -> InvalidRequestError:
-    """The first pydantic error, as a message that names the field."""
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        return InvalidRequestError(f"missing required field: {location}", param=location)
-    if not location:
-        return InvalidRequestError(message)
-    return InvalidRequestError(f"{location}: {message}", param=location)
-
-
-def parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None

@@ -12,11 +12,11 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, chain, kronk_of, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
 from kronk_openai.errors import sse_error
-from kronk_openai.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, chain, kronk_of, parse_body
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
 from kronk_openai.responses_schemas import ResponsesRequest, TextFormat

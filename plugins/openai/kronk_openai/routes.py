@@ -13,17 +13,17 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
-from kronk_core.errors import KronkError, ModelNotFoundError
-from kronk_core.sdk import ChatStream, Kronk, collect
-from kronk_core.types import ChatDelta
-from kronk_openai.errors import error_response, sse_error
-from kronk_openai.http import (
+from kronk_api.http import (
     CLIENT_CLOSED_REQUEST,
     SSE_HEADERS,
     chain,
     kronk_of,
     parse_body,
 )
+from kronk_core.errors import KronkError, ModelNotFoundError
+from kronk_core.sdk import ChatStream, Kronk, collect
+from kronk_core.types import ChatDelta
+from kronk_openai.errors import error_response, sse_error
 from kronk_openai.objects import (
     FINISH_REASONS,
     delta_dicts,

@@ -1,0 +1,59 @@
+"""Request helpers every HTTP dialect shares; each maps the errors to its own shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from litestar import Request
+from pydantic import BaseModel, ValidationError
+
+from kronk_core.errors import InvalidRequestError
+from kronk_core.sdk import Kronk
+
+# nginx's code for "client closed the request"; nobody receives it, the log shows it.
+CLIENT_CLOSED_REQUEST = 499
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+Body = TypeVar("Body", bound=BaseModel)
+Item = TypeVar("Item")
+
+
+def kronk_of(request: Request[Any, Any, Any]) -> Kronk:
+    kronk: Kronk = request.app.state.kronk
+    return kronk
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+
+
+def invalid_body(exc: ValidationError) -> InvalidRequestError:
+    """The first pydantic error, as a message that names the field."""
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return InvalidRequestError(f"missing required field: {location}", param=location)
+    if not location:
+        return InvalidRequestError(message)
+    return InvalidRequestError(f"{location}: {message}", param=location)
+
+
+async def parse_body(request: Request[Any, Any, Any], model: type[Body]) -> Body:
+    data = parse_json(await request.body())
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+async def chain(first: Item, rest: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    """`first` (already read from `rest`), then the rest."""
+    yield first
+    async for item in rest:
+        yield item
