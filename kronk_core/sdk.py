@@ -339,6 +339,10 @@ class Kronk:
         """Unload a model now; a text model's running requests end with an error event."""
         return self.pool.unload(model_id or self.config.default_model)
 
+    async def aunload(self, model_id: str | None = None) -> bool:
+        """unload() off the event loop (closing a model waits for its threads)."""
+        return await asyncio.to_thread(self.unload, model_id)
+
     def close(self) -> None:
         self.pool.close()
 

@@ -203,13 +203,15 @@ class LlamaEmbeddingModel:
         return unit
 
     def score(self, inputs: Sequence[Sequence[int]]) -> list[float]:
-        scores: list[float] = self._run(inputs)[:, 0].tolist()
+        # One pair per decode: a document's score must not depend on the others sent with it
+        # (batching changes float rounding), and rerank requests are small.
+        scores: list[float] = self._run(inputs, alone=True)[:, 0].tolist()
         return scores
 
-    def _run(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+    def _run(self, inputs: Sequence[Sequence[int]], *, alone: bool = False) -> np.ndarray:
         """Every input's pooled output, the groups spread over as many contexts as help."""
         out = np.empty((len(inputs), self._width), dtype=np.float32)
-        groups = self._groups(inputs)
+        groups = iter([[index] for index in range(len(inputs))]) if alone else self._groups(inputs)
         lock = threading.Lock()
         failures: list[BaseException] = []
 

@@ -134,7 +134,7 @@ async def _chain(first: ChatDelta, rest: AsyncIterator[ChatDelta]) -> AsyncItera
 
 
 def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
-    loaded = kronk.get_loaded(model_id)
+    loaded = kronk.pool.get(model_id)
     return {
         "id": model_id,
         "object": "model",
