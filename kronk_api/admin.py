@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Request, get
+from litestar import Request, get, post
+from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
 
 from kronk_core import Kronk
 
@@ -26,3 +28,40 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
             for loaded in kronk.loaded_models()
         ],
     }
+
+
+@get("/v1/kronk/models")
+async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The model pool: each loaded model with its memory, slots, activity and TTL left."""
+    kronk: Kronk = request.app.state.kronk
+    pool = kronk.pool
+    return {
+        "object": "list",
+        "models_in_cache": pool.capacity,
+        "cache_ttl_seconds": pool.ttl,
+        "data": [
+            {
+                "id": entry.model_id,
+                "capabilities": sorted(entry.model.info.capabilities),
+                "memory_bytes": entry.model.info.memory_bytes,
+                "slots": entry.model.info.n_seq_max,
+                "active_requests": entry.model.active_requests,
+                "idle_seconds": round(entry.idle_seconds, 3),
+                "loaded_seconds": round(entry.loaded_seconds, 3),
+                "ttl_left_seconds": None if entry.ttl_left is None else round(entry.ttl_left, 3),
+            }
+            for entry in pool.entries()
+        ],
+    }
+
+
+@post("/v1/kronk/models/{model_id:str}/unload", status_code=200)
+async def unload_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
+    """Unload a model now; requests still running on it end with an error."""
+    kronk: Kronk = request.app.state.kronk
+    if model_id not in kronk.model_ids():
+        raise NotFoundException(f"model {model_id!r} not found")
+    return {"id": model_id, "unloaded": await kronk.aunload(model_id)}
+
+
+ADMIN_ROUTES = [slots, loaded_models, unload_model]

@@ -6,12 +6,13 @@ import asyncio
 import logging
 import socket
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
-from kronk_api.admin import slots
+from kronk_api.admin import ADMIN_ROUTES
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings
 from kronk_core import Kronk, __version__
@@ -84,7 +85,8 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
 
     async def startup() -> None:
         if settings.preload:
-            await asyncio.to_thread(kronk.load, settings.model)
+            # keep: the model readiness reports on does not expire with cache_ttl.
+            await asyncio.to_thread(partial(kronk.load, settings.model, keep=True))
         hook.kronk_startup(kronk=kronk)
 
     async def shutdown() -> None:
@@ -92,7 +94,12 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         await asyncio.to_thread(kronk.close)
 
     app = Litestar(
-        route_handlers=[liveness, readiness, slots, *_flatten(hook.kronk_routes(kronk=kronk))],
+        route_handlers=[
+            liveness,
+            readiness,
+            *ADMIN_ROUTES,
+            *_flatten(hook.kronk_routes(kronk=kronk)),
+        ],
         guards=_flatten(hook.kronk_guards(kronk=kronk)),
         middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import signal
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,10 +35,15 @@ SERVER_OPTIONS = {
     "model_config_file": "KRONK_CATALOG_MODEL_CONFIG_FILE",
     "preload": "KRONK_PRELOAD",
     "queue_wait_seconds": "KRONK_QUEUE_WAIT_SECONDS",
+    "models_in_cache": "KRONK_MODELS_IN_CACHE",
+    "cache_ttl": "KRONK_CACHE_TTL",
     "log_level": "KRONK_LOG_LEVEL",
 }
 
 
+api_host_option = click.option(
+    "--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT of the server [127.0.0.1:8080]"
+)
 base_path_option = click.option(
     "--base-path",
     envvar="KRONK_BASE_PATH",
@@ -105,7 +113,7 @@ def server() -> None:
 
 
 @server.command("start")
-@click.option("--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT to bind [127.0.0.1:8080]")
+@api_host_option
 @base_path_option
 @click.option("--model", envvar="KRONK_MODEL", help="Default model id")
 @model_config_option
@@ -120,6 +128,18 @@ def server() -> None:
     type=float,
     envvar="KRONK_QUEUE_WAIT_SECONDS",
     help="How long a request waits for queue space before 429 [30]",
+)
+@click.option(
+    "--models-in-cache",
+    type=int,
+    # The manual names both; KRONK_MODELS_IN_CACHE comes first.
+    envvar=["KRONK_MODELS_IN_CACHE", "KRONK_CACHE_MODELS_IN_CACHE"],
+    help="Most models kept loaded at once [3]",
+)
+@click.option(
+    "--cache-ttl",
+    envvar="KRONK_CACHE_TTL",
+    help="How long an idle model stays loaded, e.g. 90s, 20m, 1h; 0 = until evicted [20m]",
 )
 @click.option(
     "--log-level",
@@ -290,6 +310,45 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
             configured.model_path if configured and configured.model_path else files.get(model_id)
         )
         click.echo(f"{model_id}\t{where or 'embedded default'}")
+
+
+@model.command("ps")
+@api_host_option
+def model_ps(api_host: str | None) -> None:
+    """List the models a running server has loaded: memory, slots, activity, TTL left."""
+    url = f"http://{api_host or '127.0.0.1:8080'}/v1/kronk/models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            pool = json.load(response)
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"cannot reach the server at {url}: {exc}") from None
+    rows = [("ID", "CAPABILITIES", "MEMORY", "SLOTS", "ACTIVE", "TTL LEFT")]
+    for entry in pool["data"]:
+        ttl = entry["ttl_left_seconds"]
+        rows.append(
+            (
+                entry["id"],
+                ",".join(entry["capabilities"]),
+                _size(entry["memory_bytes"]),
+                str(entry["slots"]),
+                str(entry["active_requests"]),
+                "never" if ttl is None else _duration(ttl),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    click.echo(f"{len(pool['data'])} of {pool['models_in_cache']} places in use")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
 
 
 @main.command("run")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kronk_core.config import (
     DEFAULT_MODEL_ID,
+    Duration,
     KronkConfig,
     config_error_from,
     default_base_path,
@@ -27,6 +28,8 @@ class ServerSettings(BaseModel):
     model_config_file: Path | None = None
     preload: bool = False
     queue_wait_seconds: Annotated[float, Field(ge=0.0)] = 30.0
+    models_in_cache: Annotated[int, Field(ge=1)] = 3
+    cache_ttl: Duration = 20 * 60.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("api_host")
@@ -52,6 +55,8 @@ class ServerSettings(BaseModel):
             default_model=self.model,
             models=models,
             queue_wait_seconds=self.queue_wait_seconds,
+            models_in_cache=self.models_in_cache,
+            cache_ttl=self.cache_ttl,
         )
 
 

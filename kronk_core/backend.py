@@ -1,4 +1,4 @@
-"""What a backend plugin provides: a loaded text model the engine can drive.
+"""What a backend plugin provides: a loaded text model the engine can drive, or an embedding model.
 
 The engine is backend-neutral; everything llama.cpp-specific lives in the
 llamacpp plugin, which implements these protocols.
@@ -8,11 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from kronk_core.config import ModelConfig
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob
+
+
+class Capability(StrEnum):
+    """What a loaded model can serve."""
+
+    chat = "chat"
+    embeddings = "embeddings"
+    rerank = "rerank"
+
+
+class Pooling(StrEnum):
+    """How an embedding model pools per-token states into one vector (`{arch}.pooling_type`)."""
+
+    none = "none"
+    mean = "mean"
+    cls = "cls"
+    last = "last"
+    rank = "rank"  # a reranker: a classification head scores the pair
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +53,11 @@ class ModelInfo:
     # recurrent/hybrid models: their KV cannot be cut back at any position.
     kv_trimmable: bool = True
     metadata: dict[str, str] = field(default_factory=dict)
+    capabilities: frozenset[Capability] = frozenset({Capability.chat})
+    pooling: Pooling = Pooling.none
+    n_embd: int = 0
+    # Weights plus context memory (KV cache, compute buffers) as the backend estimates it.
+    memory_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -112,9 +136,41 @@ class TextModel(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class EmbeddingModel(Protocol):
+    """A loaded embedding or reranking model: weights shared by a pool of contexts.
+
+    Any thread may call every method; the backend spreads concurrent work over
+    its contexts (`info.n_seq_max` of them) and blocks while all are busy.
+    """
+
+    info: ModelInfo
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def affixes(self) -> tuple[list[int], list[int]]:
+        """The special tokens tokenize(add_special=True) puts before and after the text."""
+
+    def pair_tokens(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair formatted the way this reranker was trained to read it."""
+
+    def embed(self, inputs: Sequence[Sequence[int]], dimensions: int) -> list[list[float]]:
+        """One unit-length vector per input, cut to its first `dimensions` before normalising.
+
+        Every input fits the context (`info.n_ctx_per_seq`); the caller checks.
+        """
+
+    def score(self, inputs: Sequence[Sequence[int]]) -> list[float]:
+        """Rerankers: the raw relevance logit of each formatted pair."""
+
+    def close(self) -> None:
+        """Free the contexts and weights once running calls have finished."""
+
+
 class Backend(Protocol):
     """Loads models of the kinds it claims (the llamacpp plugin claims `.gguf`)."""
 
     name: str
 
-    def load_text_model(self, config: ModelConfig) -> TextModel: ...
+    def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+        """Load the model; its metadata decides whether it is a text or an embedding model."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Self
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -134,6 +136,9 @@ class ModelConfig(BaseModel):
     host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
     host_cache_dir: Path | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
+    # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an
+    # embedding and requests may ask for fewer `dimensions`.
+    matryoshka: bool = False
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
     @field_validator("cache_type_k", "cache_type_v", mode="before")
@@ -179,6 +184,28 @@ class PluginSelection(BaseModel):
     disabled: list[str] = Field(default_factory=list)
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """Seconds from a duration as the manual writes them (`20m`, `1h30m`, `90s`) or a number."""
+    if not isinstance(value, str):
+        return value  # numbers (seconds) and wrong types go on to pydantic's float check
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise ValueError(f"expected a duration such as 90s, 20m or 1h30m, got {value!r}")
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0.0)]
+
+
 def default_base_path() -> Path:
     return Path(os.environ.get("KRONK_BASE_PATH", Path.home() / ".kronk")).expanduser()
 
@@ -193,6 +220,10 @@ class KronkConfig(BaseModel):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     plugins: PluginSelection = Field(default_factory=PluginSelection)
     queue_wait_seconds: Annotated[float, Field(ge=0.0)] = 30.0
+    # The model pool: at most this many models loaded; an idle model unloads after cache_ttl
+    # seconds (0: only when the pool needs its place).
+    models_in_cache: Annotated[int, Field(ge=1)] = 3
+    cache_ttl: Duration = 20 * 60.0
 
     @model_validator(mode="after")
     def _fill_ids(self) -> Self:

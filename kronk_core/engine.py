@@ -228,6 +228,11 @@ class Engine:
         )
 
     @property
+    def busy(self) -> bool:
+        """True while requests are queued or running (the model pool never unloads it then)."""
+        return bool(self._active) or not self._queue.empty()
+
+    @property
     def alive(self) -> bool:
         """True while the worker thread runs and accepts requests."""
         return self._thread.is_alive() and not self._stopping

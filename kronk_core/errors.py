@@ -81,3 +81,16 @@ class EngineClosedError(KronkError):
 
     status = 503
     code = "unavailable"
+
+
+class CapabilityError(InvalidRequestError):
+    """The model cannot do what the request asks (chat on an embedding model, and so on)."""
+
+    code = "model_not_supported"
+
+
+class PoolBusyError(QueueFullError):
+    """Every place in the model pool holds a model with active requests, past the caller's wait."""
+
+    status = 503
+    code = "model_pool_busy"

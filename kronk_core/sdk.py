@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kronk_core.backend import TextModel
+from kronk_core.backend import ModelInfo, TextModel
 from kronk_core.config import (
     DEFAULT_MODEL_ID,
     ContextOverflow,
@@ -22,8 +21,16 @@ from kronk_core.config import (
     ModelConfig,
     SamplingConfig,
 )
+from kronk_core.embeddings import (
+    EmbeddingInput,
+    EmbeddingResult,
+    LoadedEmbeddingModel,
+    RerankResult,
+    describe_capabilities,
+)
 from kronk_core.engine import Engine, GenerationStream
 from kronk_core.errors import (
+    CapabilityError,
     ContextOverflowError,
     InvalidRequestError,
     KronkError,
@@ -32,6 +39,7 @@ from kronk_core.errors import (
 from kronk_core.events import RequestRecord
 from kronk_core.models import known_model_ids, resolve_model_config
 from kronk_core.plugins import create_plugin_manager, registered_plugins
+from kronk_core.pool import Lease, ModelPool
 from kronk_core.sampling import SamplerStage, resolve_sampling
 from kronk_core.templates import OutputParser, RenderOptions, TemplateProcessor
 from kronk_core.types import (
@@ -68,6 +76,19 @@ class LoadedModel:
     @property
     def id(self) -> str:
         return self.config.id
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model.info
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.busy
+
+    @property
+    def active_requests(self) -> int:
+        stats = self.engine.stats()
+        return stats.active + stats.queued
 
     def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> list[int]:
         """Template then tokenize; the template supplies BOS and other special tokens itself."""
@@ -234,9 +255,9 @@ class Kronk:
         self.config = config or KronkConfig()
         self.plugins = create_plugin_manager(self.config.plugins, extra=dict(plugins or {}))
         self.hook = self.plugins.hook
-        self._loaded: dict[str, LoadedModel] = {}
-        self._load_locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+        self.pool: ModelPool[PooledModel] = ModelPool(
+            self._load, capacity=self.config.models_in_cache, ttl=self.config.cache_ttl
+        )
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
     # ---- models ------------------------------------------------------------
@@ -246,36 +267,65 @@ class Kronk:
         return known_model_ids(self.config)
 
     def loaded_models(self) -> list[LoadedModel]:
-        return list(self._loaded.values())
+        """The loaded text models (embedding models are in `pool` too)."""
+        return [model for model in self.pool.models() if isinstance(model, LoadedModel)]
 
     def get_loaded(self, model_id: str | None = None) -> LoadedModel | None:
-        return self._loaded.get(model_id or self.config.default_model)
+        """The loaded text model, if it is loaded (it is not leased: for reports and tests)."""
+        loaded = self.pool.get(model_id or self.config.default_model)
+        return loaded if isinstance(loaded, LoadedModel) else None
 
-    def load(self, model_id: str | None = None) -> LoadedModel:
-        """Load a model (once, even when called concurrently) and start its engine."""
+    def load(self, model_id: str | None = None, *, keep: bool = False) -> PooledModel:
+        """Load a model into the pool (once, even when called concurrently).
+
+        `keep` exempts it from cache_ttl expiry (the least-recently-used rule still applies).
+        """
+        lease = self.pool.lease(
+            model_id or self.config.default_model, wait=self.config.queue_wait_seconds, keep=keep
+        )
+        lease.release()
+        return lease.model
+
+    async def aload(self, model_id: str | None = None) -> PooledModel:
+        lease = await self.lease(model_id)
+        lease.release()
+        return lease.model
+
+    async def lease(self, model_id: str | None = None) -> Lease[PooledModel]:
+        """Hold a model in the pool (loading it if needed) until the lease is released."""
         model_id = model_id or self.config.default_model
-        with self._guard:
-            lock = self._load_locks.setdefault(model_id, threading.Lock())
-        with lock:
-            loaded = self._loaded.get(model_id)
-            if loaded is None:
-                loaded = self._load(model_id)
-                self._loaded[model_id] = loaded
-            return loaded
+        lease = self.pool.try_lease(model_id)
+        if lease is not None:
+            return lease
+        waiting = asyncio.ensure_future(
+            asyncio.to_thread(self.pool.lease, model_id, wait=self.config.queue_wait_seconds)
+        )
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The load goes on in its thread; whatever it leases must not stay held.
+            waiting.add_done_callback(_release_if_leased)
+            raise
 
-    async def aload(self, model_id: str | None = None) -> LoadedModel:
-        loaded = self.get_loaded(model_id)
-        if loaded is not None:
-            return loaded
-        return await asyncio.to_thread(self.load, model_id)
-
-    def _load(self, model_id: str) -> LoadedModel:
+    def _load(self, model_id: str) -> PooledModel:
         config = resolve_model_config(self.config, model_id)
         backend = self.hook.kronk_backend(model_config=config)
         if backend is None:
             raise ModelLoadError(f"no backend plugin can load {config.model_path}")
         started = time.monotonic()
-        text_model = backend.load_text_model(config)
+        model = backend.load_model(config)
+        if not isinstance(model, TextModel):
+            log.info(
+                "loaded %s in %.2fs: backend=%s %s contexts=%d ctx=%d",
+                model_id,
+                time.monotonic() - started,
+                backend.name,
+                describe_capabilities(model_id, model.info),
+                model.info.n_seq_max,
+                model.info.n_ctx_per_seq,
+            )
+            return LoadedEmbeddingModel(config, model)
+        text_model = model
         try:
             cache = self.hook.kronk_cache_strategy(
                 name=config.cache_strategy, model_config=config, model_info=text_model.info
@@ -318,17 +368,15 @@ class Kronk:
         return LoadedModel(config=config, model=text_model, engine=engine, template=template)
 
     def unload(self, model_id: str | None = None) -> bool:
-        """Stop a model's engine and free it; running requests end with an error event."""
-        loaded = self._loaded.pop(model_id or self.config.default_model, None)
-        if loaded is None:
-            return False
-        loaded.close()
-        log.info("unloaded %s", loaded.id)
-        return True
+        """Unload a model now; a text model's running requests end with an error event."""
+        return self.pool.unload(model_id or self.config.default_model)
+
+    async def aunload(self, model_id: str | None = None) -> bool:
+        """unload() off the event loop (closing a model waits for its threads)."""
+        return await asyncio.to_thread(self.unload, model_id)
 
     def close(self) -> None:
-        for model_id in list(self._loaded):
-            self.unload(model_id)
+        self.pool.close()
 
     def __enter__(self) -> Kronk:
         return self
@@ -362,7 +410,14 @@ class Kronk:
         if not request.messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         _check_tool_choice(request)
-        loaded = await self.aload(request.model)
+        # The lease keeps the model loaded until the request is queued; from then
+        # on the engine's work keeps the pool from unloading it.
+        with _text_model(await self.lease(request.model)) as loaded:
+            return await self._start_chat(loaded, request, wait)
+
+    async def _start_chat(
+        self, loaded: LoadedModel, request: ChatRequest, wait: float | None
+    ) -> ChatStream:
         options = self.render_options(request)
         messages: Sequence[ChatMessage] = request.messages
         if loaded.config.system_prompt_cache:
@@ -520,14 +575,51 @@ class Kronk:
     async def count_prompt_tokens(
         self, request: ChatRequest, *, add_generation_prompt: bool
     ) -> int:
-        loaded = await self.aload(request.model)
-        options = self.render_options(request, add_generation_prompt=add_generation_prompt)
-        return len(loaded.render(request.messages, options))
+        with _text_model(await self.lease(request.model)) as loaded:
+            options = self.render_options(request, add_generation_prompt=add_generation_prompt)
+            return len(loaded.render(request.messages, options))
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
-        loaded = await self.aload(model)
-        return loaded.model.tokenize(text, add_special=False, parse_special=True)
+        with await self.lease(model) as loaded:
+            return loaded.model.tokenize(text, add_special=False, parse_special=True)
+
+    # ---- embeddings and reranking -------------------------------------------
+
+    async def embed(
+        self,
+        input: EmbeddingInput | Sequence[EmbeddingInput],
+        *,
+        model: str | None = None,
+        dimensions: int | None = None,
+        truncate: bool = False,
+    ) -> EmbeddingResult:
+        """Unit-length embeddings of a text, token ids, or a list of either, in input order.
+
+        `dimensions` cuts vectors short (Matryoshka models only); `truncate`
+        shortens inputs longer than the context instead of failing.
+        """
+        inputs = _embedding_inputs(input)
+        with _embedding_model(await self.lease(model)) as loaded:
+            return await asyncio.to_thread(
+                loaded.embed, inputs, dimensions=dimensions, truncate=truncate
+            )
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        top_n: int | None = None,
+    ) -> RerankResult:
+        """Score each document's relevance to the query; the best `top_n` (default all) first."""
+        if not documents:
+            raise InvalidRequestError("documents must not be empty", param="documents")
+        if top_n is not None and top_n < 1:
+            raise InvalidRequestError("top_n must be at least 1", param="top_n")
+        with _embedding_model(await self.lease(model)) as loaded:
+            return await asyncio.to_thread(loaded.rerank, query, documents, top_n=top_n)
 
     def _request_finished(self, record: RequestRecord) -> None:
         try:
@@ -568,6 +660,53 @@ def _check_tool_choice(request: ChatRequest) -> None:
         )
 
 
+PooledModel = LoadedModel | LoadedEmbeddingModel
+
+
+def _release_if_leased(future: asyncio.Future[Lease[PooledModel]]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+
+
+def _text_model(lease: Lease[PooledModel]) -> Lease[LoadedModel]:
+    """The lease, if its model can chat; else release it and raise CapabilityError."""
+    if isinstance(lease.model, LoadedModel):
+        return lease  # type: ignore[return-value]
+    lease.release()
+    raise CapabilityError(
+        f"{describe_capabilities(lease.model.id, lease.model.info)}, not chat", param="model"
+    )
+
+
+def _embedding_model(lease: Lease[PooledModel]) -> Lease[LoadedEmbeddingModel]:
+    """The lease, if its model is an embedding model; else release it and raise CapabilityError."""
+    if isinstance(lease.model, LoadedEmbeddingModel):
+        return lease  # type: ignore[return-value]
+    lease.release()
+    raise CapabilityError(
+        f"{describe_capabilities(lease.model.id, lease.model.info)}; it is not an embedding "
+        "or reranking model",
+        param="model",
+    )
+
+
+def _embedding_inputs(value: EmbeddingInput | Sequence[EmbeddingInput]) -> list[EmbeddingInput]:
+    """One text, one token list, or a list of either → the list of inputs."""
+    if isinstance(value, str):
+        return [value]
+    items = list(value)
+    if not items:
+        raise InvalidRequestError("input must not be empty", param="input")
+    if all(isinstance(item, int) for item in items):
+        return [items]  # type: ignore[list-item]
+    if all(isinstance(item, str | Sequence) for item in items):
+        return items  # type: ignore[return-value]
+    raise InvalidRequestError(
+        "input must be a string, a list of strings, or token ids", param="input"
+    )
+
+
+
 async def collect(stream: ChatStream) -> ChatResult:
     """Drain a ChatStream into a ChatResult."""
     content: list[str] = []
@@ -598,4 +737,4 @@ async def collect(stream: ChatStream) -> ChatResult:
     )
 
 
-__all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "collect"]
+__all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -14,7 +16,16 @@ import uvicorn
 from kronk_api import ServerSettings, create_app
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import DEFAULT_MODEL_SETTINGS, default_model_path
+from kronk_core.models import DEFAULT_MODEL_SETTINGS, cache_dir, default_model_path
+
+# The generator scripts are not a package: import them from their folder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from convert_minilm import minilm_gguf
+from make_tiny_models import make_tiny_llama
+from make_tiny_reranker import tiny_reranker_gguf
+
+# Generated test models are cached across sessions, like the default model.
+TEST_MODELS = cache_dir() / "test-models"
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +38,37 @@ IMC_MODEL_ID = "gemma-3-270m-imc"
 
 
 @pytest.fixture(scope="session")
-def kronk(tmp_path_factory: pytest.TempPathFactory, gemma_path: str) -> Iterator[Kronk]:
-    """The default Gemma 3 270M with 4 slots, loaded once for the session."""
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2, converted to GGUF by scripts/convert_minilm.py (first use)."""
+    return minilm_gguf(TEST_MODELS)
+
+
+@pytest.fixture(scope="session")
+def reranker_path() -> Path:
+    """A tiny random-weight cross-encoder from scripts/make_tiny_reranker.py (first use)."""
+    return tiny_reranker_gguf(TEST_MODELS)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path() -> Path:
+    """A tiny random-weight chat model (fast to load and to generate with)."""
+    path = TEST_MODELS / "tiny-llama.gguf"
+    return path if path.is_file() else make_tiny_llama(path)
+
+
+@pytest.fixture(scope="session")
+def kronk(
+    tmp_path_factory: pytest.TempPathFactory,
+    gemma_path: str,
+    minilm_path: Path,
+    reranker_path: Path,
+) -> Iterator[Kronk]:
+    """The default Gemma 3 270M with 4 slots, loaded once for the session.
+
+    The pool also knows IMC_MODEL_ID (the default model with the Incremental
+    Message Cache on), "minilm" (Matryoshka cuts allowed, for the `dimensions`
+    tests), "minilm-plain" (not allowed) and "tiny-reranker", loaded on first use.
+    """
     imc = {
         **DEFAULT_MODEL_SETTINGS,
         "model_path": gemma_path,
@@ -39,9 +79,13 @@ def kronk(tmp_path_factory: pytest.TempPathFactory, gemma_path: str) -> Iterator
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
         queue_wait_seconds=2.0,
+        models_in_cache=5,
         models={
             DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS),
             IMC_MODEL_ID: ModelConfig.model_validate(imc),
+            "minilm": ModelConfig(model_path=minilm_path, n_seq_max=2, matryoshka=True),
+            "minilm-plain": ModelConfig(model_path=minilm_path),
+            "tiny-reranker": ModelConfig(model_path=reranker_path, n_seq_max=2),
         },
     )
     instance = Kronk(config)

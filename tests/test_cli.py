@@ -143,6 +143,9 @@ def test_settings_file_precedence(tmp_path: Path) -> None:
     assert overridden.api_host == "127.0.0.1:9124"
     assert overridden.queue_wait_seconds == 7
     assert load_settings(None, {}).api_host == "127.0.0.1:8080"
+    config.write_text("models_in_cache: 2\ncache_ttl: 5m\n", encoding="utf-8")
+    pool = load_settings(config, {"cache_ttl": "90s"}).kronk_config()
+    assert (pool.models_in_cache, pool.cache_ttl) == (2, 90.0)
     config.write_text("api_host: nowhere\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
         load_settings(config, {})

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import (
@@ -128,3 +129,30 @@ def test_missing_model_path_file_is_a_config_error(tmp_path: Path) -> None:
         assert kronk.get_loaded("X") is None
     finally:
         kronk.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("20m", 1200.0),
+        ("1h30m", 5400.0),
+        ("90s", 90.0),
+        ("250ms", 0.25),
+        ("1.5h", 5400.0),
+        (7, 7.0),
+    ],
+)
+def test_cache_ttl_takes_the_manual_s_durations(value: str | int, seconds: float) -> None:
+    assert KronkConfig(cache_ttl=value).cache_ttl == seconds
+
+
+@pytest.mark.parametrize("value", ["20x", "m20", "soon", "-5"])
+def test_bad_cache_ttl_names_the_key(value: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        KronkConfig(cache_ttl=value)
+    assert info.value.errors()[0]["loc"] == ("cache_ttl",)
+
+
+def test_pool_defaults_follow_the_manual() -> None:
+    config = KronkConfig()
+    assert (config.models_in_cache, config.cache_ttl) == (3, 1200.0)

@@ -14,54 +14,21 @@ from kronk_core.config import ModelConfig, RopeScaling
 from kronk_core.errors import KronkError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
-from kronk_llamacpp.library import ensure_initialised
-from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params, model_params
+from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
 from kronk_llamacpp.sampler import NativeSampler, build_sampler
+from kronk_llamacpp.vocab import tokenize
+from kronk_llamacpp.weights import load_weights, metadata
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_WINDOW = 8192
-_SKIPPED_METADATA = (
-    "tokenizer.ggml.tokens",
-    "tokenizer.ggml.scores",
-    "tokenizer.ggml.token_type",
-    "tokenizer.ggml.merges",
-    "tokenizer.chat_template",
-)
-
-
-class LlamaCppBackend:
-    name = "llamacpp"
-
-    def load_text_model(self, config: ModelConfig) -> LlamaTextModel:
-        return LlamaTextModel(config)
-
-
-def _metadata(model: llama_cpp.llama_model_p) -> dict[str, str]:
-    key = ctypes.create_string_buffer(256)
-    value = ctypes.create_string_buffer(1024)
-    found: dict[str, str] = {}
-    for index in range(llama_cpp.llama_model_meta_count(model)):
-        llama_cpp.llama_model_meta_key_by_index(model, index, key, len(key))
-        name = key.value.decode("utf-8", errors="replace")
-        if name in _SKIPPED_METADATA:
-            continue
-        llama_cpp.llama_model_meta_val_str_by_index(model, index, value, len(value))
-        found[name] = value.value.decode("utf-8", errors="replace")
-    return found
 
 
 class LlamaTextModel:
     """Implements kronk_core.backend.TextModel over llama.cpp's low-level API."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        ensure_initialised()
-        path = config.model_path
-        if path is None or not path.is_file():
-            raise ModelLoadError(f"model_path: file not found: {path}")
-        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params(config))
-        if not self._model:
-            raise ModelLoadError(f"model_path: llama.cpp could not load {path} (not a valid GGUF?)")
+    def __init__(self, config: ModelConfig, weights: llama_cpp.llama_model_p | None = None) -> None:
+        self._model = weights or load_weights(config)
         self._ctx: llama_cpp.llama_context_p | None = None
         self._batch: llama_cpp.llama_batch | None = None
         try:
@@ -74,7 +41,7 @@ class LlamaTextModel:
         model = self._model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        metadata = _metadata(model)
+        found = metadata(model)
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         context_window = config.context_window or min(n_ctx_train, DEFAULT_CONTEXT_WINDOW)
         if context_window > n_ctx_train and config.rope_scaling is RopeScaling.none:
@@ -109,9 +76,9 @@ class LlamaTextModel:
         template = llama_cpp.llama_model_chat_template(model, None)
         n_layer = llama_cpp.llama_model_n_layer(model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(model)
-        arch = metadata.get("general.architecture", "unknown")
-        key_len = int(metadata.get(f"{arch}.attention.key_length", "0") or 0)
-        value_len = int(metadata.get(f"{arch}.attention.value_length", "0") or 0)
+        arch = found.get("general.architecture", "unknown")
+        key_len = int(found.get(f"{arch}.attention.key_length", "0") or 0)
+        value_len = int(found.get(f"{arch}.attention.value_length", "0") or 0)
         kv_bytes = (
             n_layer
             * n_head_kv
@@ -137,22 +104,17 @@ class LlamaTextModel:
                 or llama_cpp.llama_model_is_hybrid(model)
                 or (llama_cpp.llama_model_n_swa(model) > 0 and not config.swa_full)
             ),
-            metadata=metadata,
+            metadata=found,
+            n_embd=llama_cpp.llama_model_n_embd(model),
+            memory_bytes=int(
+                llama_cpp.llama_model_size(model) + kv_bytes * llama_cpp.llama_n_ctx(self._ctx)
+            ),
         )
 
     # ---- tokens ------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buffer, capacity, add_special, parse_special
-            )
-            if count >= 0:
-                return list(buffer[:count])
-            capacity = -count
+        return tokenize(self._vocab, text, add_special=add_special, parse_special=parse_special)
 
     def _piece(self, token: int, special: bool) -> bytes:
         buffer = self._piece_buffer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kronk_core import hookimpl
 from kronk_core.backend import Backend
 from kronk_core.config import ModelConfig
-from kronk_llamacpp.model import LlamaCppBackend
+from kronk_llamacpp.backend import LlamaCppBackend
 
 
 @hookimpl

@@ -126,7 +126,7 @@ async def _sse(
 
 
 def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
-    loaded = kronk.get_loaded(model_id)
+    loaded = kronk.pool.get(model_id)
     return {
         "id": model_id,
         "object": "model",

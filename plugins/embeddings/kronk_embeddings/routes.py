@@ -1,0 +1,78 @@
+"""POST /v1/embeddings, /v1/rerank and /v1/reranking; errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any
+
+from litestar import Request, Response, Router, post
+
+from kronk_api.http import kronk_of, parse_body
+from kronk_core.errors import KronkError
+from kronk_embeddings.schemas import EmbeddingsRequest, RerankRequest
+from kronk_openai.errors import error_response
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    # OpenAI's base64 form: the raw little-endian float32 array.
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def _usage(prompt_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+
+
+@post("/v1/embeddings", status_code=200, opt={"kronk_endpoint": "embeddings"})
+async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, EmbeddingsRequest)
+    kronk = kronk_of(request)
+    result = await kronk.embed(
+        body.input, model=body.model, dimensions=body.dimensions, truncate=body.truncate
+    )
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": _encode(vector, body.encoding_format),
+            }
+            for index, vector in enumerate(result.vectors)
+        ],
+        "model": result.model,
+        "usage": _usage(result.prompt_tokens),
+    }
+
+
+@post(["/v1/rerank", "/v1/reranking"], status_code=200, opt={"kronk_endpoint": "rerank"})
+async def rerank(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, RerankRequest)
+    kronk = kronk_of(request)
+    result = await kronk.rerank(body.query, body.texts(), model=body.model, top_n=body.top_n)
+    results = []
+    for ranked in result.results:
+        item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.relevance_score}
+        if body.return_documents:
+            item["document"] = ranked.document
+        results.append(item)
+    return {
+        "object": "list",
+        "results": results,
+        "model": result.model,
+        "usage": _usage(result.prompt_tokens),
+    }
+
+
+def _handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
+    return error_response(exc)
+
+
+def router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[embeddings, rerank],
+        exception_handlers={KronkError: _handle_kronk_error},
+    )

@@ -1,0 +1,27 @@
+"""The llamacpp Backend: loads a GGUF as a text model or, by its metadata, an embedding model."""
+
+from __future__ import annotations
+
+import llama_cpp
+
+from kronk_core.backend import EmbeddingModel, TextModel
+from kronk_core.config import ModelConfig
+from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
+from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.weights import load_weights, metadata
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+        weights = load_weights(config)
+        try:
+            pooling = pooling_of(metadata(weights))
+        except BaseException:
+            llama_cpp.llama_model_free(weights)
+            raise
+        # Each class owns the weights from here on and frees them if it fails.
+        if pooling is not None:
+            return LlamaEmbeddingModel(config, weights, pooling)
+        return LlamaTextModel(config, weights)
