@@ -32,10 +32,29 @@ def parse_json(body: bytes) -> Any:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
 
 
+def _is_branch_label(part: str | int) -> bool:
+    """Pydantic names union members in error locations (`str`, `literal['a']`, a class).
+
+    Field names in the dialects' schemas are snake_case, never capitalised.
+    """
+    text = str(part)
+    return (
+        text.startswith("function-") or "[" in text or text in _TYPE_LABELS or text[:1].isupper()
+    )
+
+
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
 def invalid_body(exc: ValidationError) -> InvalidRequestError:
-    """The first pydantic error, as a message that names the field."""
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+    """One pydantic error, as a message that names the field.
+
+    For a union, the deepest error comes from the member that matched the
+    value's shape, so it says more than "should be a valid string".
+    """
+    errors = exc.errors()
+    first = max(errors, key=lambda error: len(error["loc"]))
+    location = ".".join(str(part) for part in first["loc"] if not _is_branch_label(part))
     message = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] == "missing":
         return InvalidRequestError(f"missing required field: {location}", param=location)

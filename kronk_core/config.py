@@ -127,7 +127,8 @@ class ModelConfig(BaseModel):
     yarn_beta_slow: float | None = None
     yarn_orig_ctx: Annotated[int, Field(ge=0)] | None = None
     template: str | None = None
-    # Tool-call markup family (hermes, qwen3_coder, llama3, harmony, mistral, gemma);
+    # Tool-call markup family (hermes, qwen3_coder, llama3, harmony, mistral, mistral_nemo,
+    # gemma);
     # None: detected from the chat template and architecture.
     tool_format: str | None = None
     system_prompt_cache: bool = False

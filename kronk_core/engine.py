@@ -383,8 +383,8 @@ class Engine:
             logprobs = (self.model.logprobs(job.batch_index, token, job.request.top_logprobs),)
         piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
         text = job.stops.push(job.utf8.push(piece))
-        if text or logprobs:
-            job.deliver(TextChunk(text, 1, logprobs))
+        # Delivered even when the text is held back, so every token is accounted for.
+        job.deliver(TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
             self._finish(job, FinishReason.stop)
         elif (

@@ -169,20 +169,12 @@ class ChatStream:
 
     async def _iterate(self) -> AsyncIterator[ChatDelta]:
         calls = 0
-        reasoning_tokens = 0
-        # Tokens whose text the parser still holds count as whatever it becomes.
-        undecided_tokens = 0
+        counter = _ReasoningCounter()
         async for event in self._stream:
             if isinstance(event, Finished):
                 break
             parts = self._parser.feed(event.text) if event.text else []
-            undecided_tokens += event.token_count
-            if parts:
-                if any(part.reasoning for part in parts) and not any(
-                    part.content or part.tool_calls for part in parts
-                ):
-                    reasoning_tokens += undecided_tokens
-                undecided_tokens = 0
+            counter.add(event.token_count, parts)
             if event.logprobs:
                 head = parts[0] if parts else ChatDelta()
                 parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
@@ -193,11 +185,14 @@ class ChatStream:
             raise KronkError("generation ended without a finish event")
         if event.reason is FinishReason.error:
             raise event.error or KronkError("generation failed")
-        for part in self._parser.finish(truncated=event.reason is FinishReason.length):
+        parts = self._parser.finish(truncated=event.reason is FinishReason.length)
+        counter.add(0, parts)
+        counter.close()
+        for part in parts:
             part, calls = self._limit_calls(part, calls)
             yield part
         event.usage.dropped_tokens = self._dropped_tokens
-        event.usage.reasoning_tokens = reasoning_tokens
+        event.usage.reasoning_tokens = counter.reasoning_tokens
         reason = event.reason
         if calls and reason is FinishReason.stop:
             reason = FinishReason.tool_calls
@@ -214,6 +209,34 @@ class ChatStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+class _ReasoningCounter:
+    """Counts generated tokens whose text came out as reasoning.
+
+    Tokens whose text the parser still holds back count as whatever it
+    becomes once released; text it never releases (trailing whitespace) as
+    what came before.
+    """
+
+    def __init__(self) -> None:
+        self.reasoning_tokens = 0
+        self._undecided = 0
+        self._in_reasoning = False
+
+    def add(self, tokens: int, parts: Sequence[ChatDelta]) -> None:
+        self._undecided += tokens
+        if not parts:
+            return
+        self._in_reasoning = any(part.reasoning for part in parts) and not any(
+            part.content or part.tool_calls for part in parts
+        )
+        self.close()
+
+    def close(self) -> None:
+        if self._in_reasoning:
+            self.reasoning_tokens += self._undecided
+        self._undecided = 0
 
 
 def _with_logprobs(delta: ChatDelta, logprobs: tuple[TokenLogprob, ...]) -> ChatDelta:
@@ -233,10 +256,22 @@ def _message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
     role = value.get("role")
     if role not in ("system", "developer", "user", "assistant", "tool"):
         raise InvalidRequestError(f"unknown message role {role!r}", param="messages")
-    content = value.get("content")
-    if content is not None and not isinstance(content, str):
-        raise InvalidRequestError("message content must be a string", param="messages")
-    return ChatMessage(role=role, content=content)
+    keys = ("content", "name", "tool_call_id", "reasoning_content")
+    texts = {key: value.get(key) for key in keys}
+    for key, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise InvalidRequestError(f"message {key} must be a string", param="messages")
+    calls = value.get("tool_calls") or ()
+    if not all(isinstance(call, ToolCall) for call in calls):
+        raise InvalidRequestError("message tool_calls must be ToolCall objects", param="messages")
+    return ChatMessage(
+        role=role,
+        content=texts["content"],
+        name=texts["name"],
+        tool_calls=tuple(calls),
+        tool_call_id=texts["tool_call_id"],
+        reasoning_content=texts["reasoning_content"],
+    )
 
 
 class Kronk:

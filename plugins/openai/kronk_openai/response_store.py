@@ -38,6 +38,6 @@ class ResponseStore:
         self._items.move_to_end(response_id)
         return stored
 
-    def delete(self, response_id: str) -> None:
+    def delete(self, response_id: str, param: str) -> None:
         if self._items.pop(response_id, None) is None:
-            raise NotFoundError(f"no stored response with id {response_id!r}", param="id")
+            raise NotFoundError(f"no stored response with id {response_id!r}", param=param)

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kronk_core.errors import KronkError
 from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, Usage
 
 Event = tuple[str, dict[str, Any]]
@@ -102,6 +103,10 @@ class ResponseBuilder:
             return [*events, self._event("response.incomplete", response=self._snapshot())]
         self.response["status"] = "completed"
         return [*events, self._event("response.completed", response=self._snapshot())]
+
+    def error(self, error: KronkError) -> Event:
+        """The `error` event for a failure after the stream started."""
+        return self._event("error", code=error.code, message=error.message, param=error.param)
 
     def assistant_message(self) -> ChatMessage:
         """The output as the assistant turn of a stored conversation."""

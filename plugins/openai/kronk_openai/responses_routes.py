@@ -16,7 +16,6 @@ from kronk_api.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, chain, kronk_of, 
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
-from kronk_openai.errors import sse_error
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
 from kronk_openai.responses_schemas import ResponsesRequest, TextFormat
@@ -133,7 +132,8 @@ async def _sse(
             for name, payload in events:
                 yield _frame(name, payload)
     except KronkError as exc:
-        yield sse_error(exc)
+        name, payload = builder.error(exc)
+        yield _frame(name, payload)
     finally:
         stream.cancel()
 
@@ -153,7 +153,7 @@ async def get_response(
 async def delete_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> dict[str, Any]:
-    _store(request).delete(response_id)
+    _store(request).delete(response_id, param="response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 

@@ -128,7 +128,9 @@ class JinjaTemplateProcessor:
             tools=options.tools,
             parse_tools=bool(options.tools),
             think=self._think,
-            reasoning_open=self._think and reasoning_opened(prompt),
+            # With thinking off (a grammar, or the caller) what follows an opened
+            # block is the answer, even for templates that always open one.
+            reasoning_open=self._think and options.enable_thinking and reasoning_opened(prompt),
             new_id=new_call_id,
         )
 
