@@ -19,7 +19,8 @@ from pathlib import Path
 from kronk_core import Kronk, KronkConfig, ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from convert_minilm import default_out_dir, minilm_gguf
+from convert_minilm import minilm_gguf
+from gguf_output import default_out_dir
 
 SUBJECTS = ["The cat", "A scientist", "My neighbour", "The old train", "Our team", "The river"]
 VERBS = ["watches", "builds", "forgets", "paints", "follows", "measures"]

@@ -16,7 +16,6 @@ Usage: python scripts/convert_minilm.py [--out DIR]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import zipfile
@@ -25,16 +24,11 @@ from typing import Any
 
 import gguf
 import numpy as np
+from gguf_output import cached, gguf_writer, main
 from safetensors.numpy import load_file
-
-from kronk_core.models import cache_dir
 
 MINILM = "all-MiniLM-L6-v2-f16.gguf"
 _SKIPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
-
-
-def default_out_dir() -> Path:
-    return cache_dir() / "test-models"
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
@@ -109,13 +103,13 @@ def _pooling(checkpoint: Path) -> gguf.PoolingType:
 
 def convert(checkpoint: Path, path: Path) -> Path:
     """Writes the checkpoint as an f16 BERT GGUF at `path` (norms and biases stay f32)."""
+    with gguf_writer(path, gguf.MODEL_ARCH.BERT, "all-MiniLM-L6-v2") as writer:
+        _fill(writer, checkpoint)
+    return path
+
+
+def _fill(writer: gguf.GGUFWriter, checkpoint: Path) -> None:
     config = _json(checkpoint / "config.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so an interrupted run never leaves a broken cache.
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    arch = gguf.MODEL_ARCH.BERT
-    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name("all-MiniLM-L6-v2")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -127,7 +121,7 @@ def convert(checkpoint: Path, path: Path) -> Path:
     writer.add_pooling_type(_pooling(checkpoint))
     write_vocab(writer, checkpoint)
 
-    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, config["num_hidden_layers"])
     for name, data in load_file(checkpoint / "model.safetensors").items():
         if name in _SKIPPED:
             continue
@@ -140,33 +134,11 @@ def convert(checkpoint: Path, path: Path) -> Path:
         dtype = np.float32 if keep_f32 else np.float16
         writer.add_tensor(gguf_name, data.astype(dtype))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(path)
-    return path
-
 
 def minilm_gguf(out_dir: Path) -> Path:
     """The converted model under out_dir, converting on first use."""
-    path = out_dir / MINILM
-    if not path.is_file():
-        convert(checkpoint_dir(out_dir), path)
-    return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=default_out_dir(),
-        help="output directory (default: %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    print(minilm_gguf(args.out))
+    return cached(out_dir / MINILM, lambda path: convert(checkpoint_dir(out_dir), path))
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, MINILM, lambda path: convert(checkpoint_dir(path.parent), path))

@@ -9,14 +9,14 @@ Usage: python scripts/make_tiny_models.py [--out DIR]
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+from gguf_output import gguf_writer, main
 
-from kronk_core.models import cache_dir, default_model_path
+from kronk_core.models import default_model_path
 
 TINY_LLAMA = "tiny-llama.gguf"
 
@@ -27,10 +27,6 @@ N_HEAD = 4
 N_HEAD_KV = 2
 N_FF = 128
 SEED = 0
-
-
-def default_out_dir() -> Path:
-    return cache_dir() / "test-models"  # $XDG_CACHE_HOME/kronk or ~/.cache/kronk
 
 
 def gemma_gguf_path() -> Path:
@@ -75,12 +71,13 @@ def copy_tokenizer(source: Path, writer: gguf.GGUFWriter) -> int:
 
 def make_tiny_llama(path: Path, *, context_length: int = 256) -> Path:
     """Writes a 2-layer LLaMA GGUF with random weights and Gemma 3's tokenizer to `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so an interrupted run never leaves a broken cache.
-    partial = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
-    writer.add_name("Kronk tiny llama (random weights, Gemma 3 tokenizer)")
+    name = "Kronk tiny llama (random weights, Gemma 3 tokenizer)"
+    with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
+        _fill(writer, context_length)
+    return Path(path)
+
+
+def _fill(writer: gguf.GGUFWriter, context_length: int) -> None:
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = copy_tokenizer(gemma_gguf_path(), writer)
 
@@ -120,28 +117,6 @@ def make_tiny_llama(path: Path, *, context_length: int = 256) -> Path:
         writer.add_tensor(f"{blk}.ffn_up.weight", matrix(N_FF, N_EMBD))
         writer.add_tensor(f"{blk}.ffn_down.weight", matrix(N_EMBD, N_FF))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(path)
-    return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=default_out_dir(),
-        help="output directory (default: %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    path = args.out / TINY_LLAMA
-    if not path.is_file():
-        make_tiny_llama(path)
-    print(path)
-
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, TINY_LLAMA, make_tiny_llama)

@@ -11,14 +11,13 @@ Usage: python scripts/make_tiny_reranker.py [--out DIR]
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
-from convert_minilm import checkpoint_dir, default_out_dir, write_vocab
+from convert_minilm import checkpoint_dir, write_vocab
+from gguf_output import cached, gguf_writer, main
 
 TINY_RERANKER = "tiny-reranker.gguf"
 
@@ -31,11 +30,13 @@ SEED = 0
 
 
 def make_tiny_reranker(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    arch = gguf.MODEL_ARCH.BERT
-    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name("Kronk tiny reranker (random weights, MiniLM vocabulary)")
+    name = "Kronk tiny reranker (random weights, MiniLM vocabulary)"
+    with gguf_writer(path, gguf.MODEL_ARCH.BERT, name) as writer:
+        _fill(writer, path)
+    return path
+
+
+def _fill(writer: gguf.GGUFWriter, path: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(N_CTX)
     writer.add_embedding_length(N_EMBD)
@@ -83,30 +84,11 @@ def make_tiny_reranker(path: Path) -> Path:
     writer.add_tensor("cls.output.weight", matrix(1, N_EMBD))
     writer.add_tensor("cls.output.bias", zeros(1))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(path)
-    return path
-
 
 def tiny_reranker_gguf(out_dir: Path) -> Path:
     """The reranker under out_dir, generated on first use."""
-    path = out_dir / TINY_RERANKER
-    if not path.is_file():
-        make_tiny_reranker(path)
-    return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, default=default_out_dir(), help="output directory [%(default)s]"
-    )
-    args = parser.parse_args(argv)
-    print(tiny_reranker_gguf(args.out))
+    return cached(out_dir / TINY_RERANKER, make_tiny_reranker)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, TINY_RERANKER, make_tiny_reranker)

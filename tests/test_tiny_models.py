@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from make_tiny_models import make_tiny_llama
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_models.py"
 WARNING_TEXT = "beyond the model's training length"
-
-
-def _load_script() -> ModuleType:
-    # scripts/ is not a package, so load the generator by path.
-    spec = importlib.util.spec_from_file_location("make_tiny_models", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path: Path = _load_script().make_tiny_llama(
-        tmp_path_factory.mktemp("tiny-models") / "tiny-llama.gguf"
-    )
-    return path
+    """Made afresh (not the cached one), so the generator itself is tested."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-models") / "tiny-llama.gguf")
 
 
 @contextmanager
