@@ -14,6 +14,7 @@ from litestar.response import Stream
 from pydantic import ValidationError
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
@@ -43,7 +44,7 @@ async def _parse(request: Request[Any, Any, Any], model: type[Any]) -> Any:
         raise invalid_body(exc) from None
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
     kronk = _kronk(request)
@@ -144,13 +145,13 @@ def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
     }
 
 
-@get("/v1/models")
+@get("/v1/models", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     kronk = _kronk(request)
     return {"object": "list", "data": [_model_card(kronk, mid) for mid in kronk.model_ids()]}
 
 
-@get("/v1/models/{model_id:str}")
+@get("/v1/models/{model_id:str}", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = _kronk(request)
     if model_id not in kronk.model_ids():
@@ -158,7 +159,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) ->
     return _model_card(kronk, model_id)
 
 
-@post("/v1/tokenize", status_code=200)
+@post("/v1/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body: TokenizeRequest = await _parse(request, TokenizeRequest)
     kronk = _kronk(request)
