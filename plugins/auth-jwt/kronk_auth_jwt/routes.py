@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from litestar import Request, Router, delete, get, post
+from litestar.params import FromPath
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
@@ -46,7 +47,7 @@ async def create_key(request: Request[Any, Any, Any]) -> dict[str, str]:
 
 
 @delete("/v1/kronk/security/keys/{key_id:str}", opt=_ADMIN, status_code=200)
-async def delete_key(request: Request[Any, Any, Any], key_id: str) -> dict[str, Any]:
+async def delete_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> dict[str, Any]:
     _auth(request).keys.delete(key_id)
     return {"id": key_id, "deleted": True}
 
