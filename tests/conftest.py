@@ -88,6 +88,12 @@ Serve = Callable[..., contextlib.AbstractContextManager[str]]
 
 
 @pytest.fixture(scope="session")
+def port_finder() -> Callable[[], int]:
+    """A function that returns a free TCP port on 127.0.0.1."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
 def serve() -> Serve:
     """`with serve(app) as base_url:` runs app on a real uvicorn (see `serving`)."""
     return serving
