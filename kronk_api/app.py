@@ -20,7 +20,7 @@ from kronk_api.errors import client_message
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings
 from kronk_core import Kronk, __version__
-from kronk_core.errors import KronkError
+from kronk_core.errors import ConfigError, KronkError
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,10 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         hook.kronk_shutdown(kronk=kronk, app=app)
         await asyncio.to_thread(kronk.close)
 
+    plugin_guards = _flatten(hook.kronk_guards(kronk=kronk))
+    if settings.auth_enabled and not plugin_guards:
+        # Serving without the guard would look secured and be open.
+        raise ConfigError("auth_enabled", "no active plugin authenticates (install kronk-auth-jwt)")
     limits = BodyLimits(
         max_bytes=settings.max_request_bytes,
         max_depth=settings.json_max_depth,
@@ -134,7 +138,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     app = Litestar(
         route_handlers=[liveness, readiness, slots, *_flatten(hook.kronk_routes(kronk=kronk))],
         # The body is read and checked after the plugins' guards (authentication).
-        guards=[*_flatten(hook.kronk_guards(kronk=kronk)), body_guard(limits)],
+        guards=[*plugin_guards, body_guard(limits)],
         middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,
         # Without origins, no CORS headers: browsers allow the same origin only.

@@ -28,7 +28,8 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.errors import KronkError
+from kronk_core.config import PluginSelection
+from kronk_core.errors import ConfigError, KronkError
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -404,6 +405,13 @@ def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> 
     deleted = runner.invoke(main, ["security", "key", "delete", "--keyid", key_id, *local])
     assert deleted.exit_code == 0, deleted.output
     assert httpx.post(url, json=body, headers=bearer(token)).status_code == 401
+
+
+def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) -> None:
+    selection = PluginSelection(disabled=["auth-jwt"])
+    kronk = Kronk(KronkConfig(base_path=tmp_path, plugins=selection))
+    with pytest.raises(ConfigError, match="no active plugin authenticates"):
+        create_app(ServerSettings(base_path=tmp_path, auth_enabled=True), kronk=kronk)
 
 
 def test_key_files_are_private(auth_server: AuthServer) -> None:
