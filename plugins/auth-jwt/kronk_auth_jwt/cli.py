@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -16,38 +17,52 @@ from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_e
 from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
 
-F = TypeVar("F", bound=Callable[..., Any])
+_TARGET_OPTIONS = ("local", "base_path", "auth_issuer", "api_host", "token")
 
 
-def _target_options(command: F) -> F:
-    """Where a command acts: the server at --api-host, or the key files with --local."""
-    options = [
-        click.option("--local", is_flag=True, help="Work on the key files, not the running server"),
-        click.option(
-            "--base-path",
-            envvar="KRONK_BASE_PATH",
-            type=click.Path(path_type=Path),
-            help="With --local: the server's base directory [~/.kronk]",
-        ),
-        click.option(
-            "--auth-issuer",
-            envvar="KRONK_AUTH_ISSUER",
-            default="kronk",
-            show_default=True,
-            help="With --local: the issuer (iss) the server checks",
-        ),
-        click.option(
-            "--api-host",
-            envvar="KRONK_WEB_API_HOST",
-            default="127.0.0.1:8080",
-            show_default=True,
-            help="The running server, HOST:PORT",
-        ),
-        click.option("--token", envvar="KRONK_TOKEN", help="Admin token for the running server"),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+def _on_target(command: Callable[..., None]) -> Callable[..., None]:
+    """Give command the options that say where it acts, as a `_Target` first argument.
+
+    A KronkError it raises (bad key id, bad duration) becomes the CLI's error.
+    """
+
+    @functools.wraps(command)
+    def run(**options: Any) -> None:
+        target = _Target(**{name: options.pop(name) for name in _TARGET_OPTIONS})
+        try:
+            command(target, **options)
+        except KronkError as exc:
+            raise click.ClickException(exc.message) from None
+
+    decorated: Callable[..., None] = run
+    for option in reversed(
+        [
+            click.option("--local", is_flag=True, help="Work on the key files, not the server"),
+            click.option(
+                "--base-path",
+                envvar="KRONK_BASE_PATH",
+                type=click.Path(path_type=Path),
+                help="With --local: the server's base directory [~/.kronk]",
+            ),
+            click.option(
+                "--auth-issuer",
+                envvar="KRONK_AUTH_ISSUER",
+                default="kronk",
+                show_default=True,
+                help="With --local: the issuer (iss) the server checks",
+            ),
+            click.option(
+                "--api-host",
+                envvar="KRONK_WEB_API_HOST",
+                default="127.0.0.1:8080",
+                show_default=True,
+                help="The running server, HOST:PORT",
+            ),
+            click.option("--token", envvar="KRONK_TOKEN", help="Admin token for the server"),
+        ]
+    ):
+        decorated = option(decorated)
+    return decorated
 
 
 class _Target:
@@ -96,13 +111,6 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return f"{exc.code}: {exc.reason}"
 
 
-def _run(action: Callable[[], None]) -> None:
-    try:
-        action()
-    except KronkError as exc:
-        raise click.ClickException(exc.message) from None
-
-
 def _echo_keys(keys: list[dict[str, str]]) -> None:
     click.echo(f"{'KEY ID':<40}CREATED")
     for key in keys:
@@ -119,48 +127,33 @@ def add_commands(group: click.Group) -> None:
         """Signing keys: list, create, delete."""
 
     @key.command("list")
-    @_target_options
-    def key_list(**options: Any) -> None:
+    @_on_target
+    def key_list(target: _Target) -> None:
         """List signing keys."""
-        target = _Target(**options)
-
-        def action() -> None:
-            if target.local:
-                _echo_keys([info.as_dict() for info in target.keys().list()])
-            else:
-                _echo_keys(target.call("GET", "keys")["data"])
-
-        _run(action)
+        if target.local:
+            _echo_keys([info.as_dict() for info in target.keys().list()])
+        else:
+            _echo_keys(target.call("GET", "keys")["data"])
 
     @key.command("create")
-    @_target_options
-    def key_create(**options: Any) -> None:
+    @_on_target
+    def key_create(target: _Target) -> None:
         """Create a signing key; new tokens are signed with the newest key."""
-        target = _Target(**options)
-
-        def action() -> None:
-            if target.local:
-                click.echo(target.keys().create().id)
-            else:
-                click.echo(target.call("POST", "keys")["id"])
-
-        _run(action)
+        if target.local:
+            click.echo(target.keys().create().id)
+        else:
+            click.echo(target.call("POST", "keys")["id"])
 
     @key.command("delete")
     @click.option("--keyid", required=True, help="The key to delete")
-    @_target_options
-    def key_delete(keyid: str, **options: Any) -> None:
+    @_on_target
+    def key_delete(target: _Target, keyid: str) -> None:
         """Delete a key: every token it signed stops working. The master key stays."""
-        target = _Target(**options)
-
-        def action() -> None:
-            if target.local:
-                target.keys().delete(keyid)
-            else:
-                target.call("DELETE", f"keys/{keyid}")
-            click.echo(f"deleted {keyid}")
-
-        _run(action)
+        if target.local:
+            target.keys().delete(keyid)
+        else:
+            target.call("DELETE", f"keys/{keyid}")
+        click.echo(f"deleted {keyid}")
 
     @security.group("token")
     def token() -> None:
@@ -173,18 +166,13 @@ def add_commands(group: click.Group) -> None:
         required=True,
         help='Grants, e.g. "chat-completions:1000/day,embeddings:unlimited,rerank"',
     )
-    @_target_options
-    def token_create(duration: str, endpoints: str, **options: Any) -> None:
+    @_on_target
+    def token_create(target: _Target, duration: str, endpoints: str) -> None:
         """Create a user token; prints it alone on stdout."""
-        target = _Target(**options)
-
-        def action() -> None:
-            if target.local:
-                grants = parse_endpoints(endpoints)
-                value = issue(target.keys(), target.issuer, parse_duration(duration), grants)
-            else:
-                body = {"duration": duration, "endpoints": endpoints}
-                value = target.call("POST", "tokens", body)["token"]
-            click.echo(value)
-
-        _run(action)
+        if target.local:
+            grants = parse_endpoints(endpoints)
+            value = issue(target.keys(), target.issuer, parse_duration(duration), grants)
+        else:
+            body = {"duration": duration, "endpoints": endpoints}
+            value = target.call("POST", "tokens", body)["token"]
+        click.echo(value)
