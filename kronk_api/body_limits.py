@@ -92,7 +92,7 @@ def body_guard(limits: BodyLimits) -> Callable[..., Awaitable[None]]:
         if connection.scope.get("method") not in _METHODS_WITH_BODY:
             return
         if not isinstance(connection, Request):
-            return
+            return  # a websocket: no body to check
         try:
             body = await connection.body()  # Litestar stops reading past max_bytes
         except RequestEntityTooLarge:

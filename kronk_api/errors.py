@@ -10,11 +10,12 @@ log = logging.getLogger(__name__)
 
 
 def client_message(error: KronkError) -> str:
-    """The error's message for a 4xx; for a 5xx, its code only, the message being logged.
+    """The error's message, except for a 500: its code only, the message being logged.
 
-    A 5xx message is about the server (model paths, configuration), not the request.
+    A 500's message is about the server's insides (model paths, configuration);
+    a 503 only says the server is going away or a dependency is down.
     """
-    if error.status < 500:
+    if error.status != 500:
         return error.message
     log.error("%s: %s", error.code, error.message)
     return f"{error.code}: the server could not serve this request; see its log"

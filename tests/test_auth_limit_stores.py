@@ -21,7 +21,7 @@ from litestar import get
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_auth_jwt.redis_store import RedisLimitStore
+from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, hookimpl
 
 if TYPE_CHECKING:
@@ -104,6 +104,17 @@ def test_redis_store_admits_exactly_the_limit_from_many_threads(redis_url: str) 
         assert 0 < ttl <= 61
     finally:
         store.close()
+
+
+def test_an_unreachable_redis_refuses_rather_than_admits(port_finder: Callable[[], int]) -> None:
+    store = RedisLimitStore(f"redis://127.0.0.1:{port_finder()}/0")  # nobody listens there
+    try:
+        with pytest.raises(LimitStoreUnavailable) as caught:
+            asyncio.run(store.acquire("k", 10, time.time() + 60))
+    finally:
+        store.close()
+    assert caught.value.status == 503
+    assert "127.0.0.1" not in caught.value.message
 
 
 @pytest.fixture

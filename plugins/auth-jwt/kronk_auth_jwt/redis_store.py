@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 import redis
@@ -21,6 +22,8 @@ redis.call('EXPIREAT', KEYS[1], ARGV[2])
 return 1
 """
 _PREFIX = "kronk:limit:"
+
+log = logging.getLogger(__name__)
 
 
 class LimitStoreUnavailable(KronkError):
@@ -42,7 +45,10 @@ class RedisLimitStore:
         try:
             taken = self._script(keys=[_PREFIX + key], args=[limit, math.ceil(expires_at)])
         except redis.RedisError as exc:
-            raise LimitStoreUnavailable(f"rate-limit store unreachable: {exc}") from None
+            log.error("rate-limit store failed: %s", exc)  # its address stays in the log
+            raise LimitStoreUnavailable(
+                "the rate-limit store is unavailable; retry later"
+            ) from None
         return bool(taken)
 
     def close(self) -> None:
