@@ -7,7 +7,9 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PLUGINS = ["llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings"]
+PLUGINS = [
+    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt"
+]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
 # Tests of the core alone: they must pass without llama-cpp-python or any plugin.

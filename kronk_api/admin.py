@@ -9,10 +9,11 @@ from litestar import Request, get, post
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 
+from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
 
 
-@get("/v1/kronk/slots")
+@get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})
 async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Per loaded model: its cache strategy's counters and each slot's cache state."""
     kronk: Kronk = request.app.state.kronk

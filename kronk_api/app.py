@@ -5,29 +5,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import traceback
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
+from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 
 from kronk_api.admin import ADMIN_ROUTES
+from kronk_api.body_limits import BodyLimits, body_guard
+from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
+from kronk_api.errors import client_message
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings
 from kronk_core import Kronk, __version__
+from kronk_core.errors import ConfigError, KronkError
 
 log = logging.getLogger(__name__)
 
-_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
-@get("/v1/liveness")
+@get("/v1/liveness", opt={ENDPOINT_OPT: PUBLIC})
 async def liveness() -> dict[str, Any]:
     return {"status": "up", "version": __version__, "host": socket.gethostname()}
 
 
-@get("/v1/readiness")
+@get("/v1/readiness", opt={ENDPOINT_OPT: PUBLIC})
 async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     kronk: Kronk = request.app.state.kronk
     loaded = kronk.get_loaded()
@@ -38,23 +51,39 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     return Response({"status": "ready", "model": loaded.id})
 
 
+def _error_body(status: int, message: str, code: str, param: str | None) -> dict[str, Any]:
+    fallback = "invalid_request_error" if status < 500 else "server_error"
+    error_type = _ERROR_TYPES.get(status, fallback)
+    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+
+
 def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
-    body = {
-        "error": {
-            "message": exc.detail,
-            "type": _ERROR_TYPES.get(
-                status, "invalid_request_error" if status < 500 else "server_error"
-            ),
-            "code": str(status),
-            "param": None,
-        }
-    }
+    body = _error_body(status, exc.detail, str(status), None)
     return Response(body, status_code=status, headers=exc.headers)
 
 
+def _kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
+    """For routes whose dialect maps no errors itself (health, admin)."""
+    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    body = _error_body(exc.status, client_message(exc), exc.code, exc.param)
+    return Response(body, status_code=exc.status, headers=headers)
+
+
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    if request.app.state.settings.insecure_logging:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    else:
+        # The exception's message may quote the request (prompt text); the stack alone
+        # locates the bug.
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.error(
+            "unhandled %s on %s %s\n%s",
+            type(exc).__name__,
+            request.method,
+            request.url.path,
+            stack,
+        )
     body = {
         "error": {
             "message": "internal server error",
@@ -79,7 +108,11 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     settings = settings or ServerSettings()
     kronk = kronk or Kronk(settings.kronk_config())
     hook = kronk.hook
-    handlers: dict[Any, Any] = {HTTPException: _http_error, Exception: _internal_error}
+    handlers: dict[Any, Any] = {
+        HTTPException: _http_error,
+        KronkError: _kronk_error,
+        Exception: _internal_error,
+    }
     for extra in hook.kronk_exception_handlers(kronk=kronk):
         handlers.update(extra)
 
@@ -87,12 +120,23 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         if settings.preload:
             # keep: the model readiness reports on does not expire with cache_ttl.
             await asyncio.to_thread(partial(kronk.load, settings.model, keep=True))
-        hook.kronk_startup(kronk=kronk)
+        hook.kronk_startup(kronk=kronk, app=app)
 
     async def shutdown() -> None:
-        hook.kronk_shutdown(kronk=kronk)
+        hook.kronk_shutdown(kronk=kronk, app=app)
         await asyncio.to_thread(kronk.close)
 
+    plugin_guards = _flatten(hook.kronk_guards(kronk=kronk))
+    if settings.auth_enabled and not plugin_guards:
+        # Serving without the guard would look secured and be open.
+        raise ConfigError("auth_enabled", "no active plugin authenticates (install kronk-auth-jwt)")
+    limits = BodyLimits(
+        max_bytes=settings.max_request_bytes,
+        max_depth=settings.json_max_depth,
+        max_string_length=settings.json_max_string_length,
+        max_items=settings.json_max_items,
+        log_bodies=settings.insecure_logging,
+    )
     app = Litestar(
         route_handlers=[
             liveness,
@@ -100,9 +144,15 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
             *ADMIN_ROUTES,
             *_flatten(hook.kronk_routes(kronk=kronk)),
         ],
-        guards=_flatten(hook.kronk_guards(kronk=kronk)),
+        # The body is read and checked after the plugins' guards (authentication).
+        guards=[*plugin_guards, body_guard(limits)],
         middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,
+        # Without origins, no CORS headers: browsers allow the same origin only.
+        cors_config=CORSConfig(allow_origins=settings.cors_origins)
+        if settings.cors_origins
+        else None,
+        request_max_body_size=settings.max_request_bytes,
         on_startup=[startup],
         on_shutdown=[shutdown],
         openapi_config=None,

@@ -38,6 +38,15 @@ SERVER_OPTIONS = {
     "models_in_cache": "KRONK_MODELS_IN_CACHE",
     "cache_ttl": "KRONK_CACHE_TTL",
     "log_level": "KRONK_LOG_LEVEL",
+    "insecure_logging": "KRONK_INSECURE_LOGGING",
+    "cors_origins": "KRONK_CORS_ORIGINS",
+    "max_request_bytes": "KRONK_MAX_REQUEST_BYTES",
+    "json_max_depth": "KRONK_JSON_MAX_DEPTH",
+    "json_max_string_length": "KRONK_JSON_MAX_STRING_LENGTH",
+    "json_max_items": "KRONK_JSON_MAX_ITEMS",
+    "auth_enabled": "KRONK_AUTH_ENABLED",
+    "auth_issuer": "KRONK_AUTH_ISSUER",
+    "auth_limit_store": "KRONK_AUTH_LIMIT_STORE",
 }
 
 
@@ -148,6 +157,53 @@ def server() -> None:
     help="Log level [info]",
 )
 @click.option(
+    "--insecure-logging/--no-insecure-logging",
+    default=None,
+    envvar="KRONK_INSECURE_LOGGING",
+    help="Also log request bodies (prompts) and unhandled errors' messages [off]",
+)
+@click.option(
+    "--cors-origins",
+    envvar="KRONK_CORS_ORIGINS",
+    help="Comma-separated origins browsers may call from [none: same origin only]",
+)
+@click.option(
+    "--max-request-bytes",
+    type=int,
+    envvar="KRONK_MAX_REQUEST_BYTES",
+    help="Largest request body; larger is 413 [33554432]",
+)
+@click.option(
+    "--json-max-depth",
+    type=int,
+    envvar="KRONK_JSON_MAX_DEPTH",
+    help="Deepest JSON nesting in a request body [64]",
+)
+@click.option(
+    "--json-max-string-length",
+    type=int,
+    envvar="KRONK_JSON_MAX_STRING_LENGTH",
+    help="Longest JSON string in a request body, in characters [25165824]",
+)
+@click.option(
+    "--json-max-items",
+    type=int,
+    envvar="KRONK_JSON_MAX_ITEMS",
+    help="Most items in one JSON array or object of a request body [100000]",
+)
+@click.option(
+    "--auth-enabled/--no-auth-enabled",
+    default=None,
+    envvar="KRONK_AUTH_ENABLED",
+    help="Require a bearer token on every endpoint but health checks [off]",
+)
+@click.option("--auth-issuer", envvar="KRONK_AUTH_ISSUER", help="JWT issuer (iss) [kronk]")
+@click.option(
+    "--auth-limit-store",
+    envvar="KRONK_AUTH_LIMIT_STORE",
+    help="Rate-limit counters: sqlite, sqlite:///PATH or redis://HOST:PORT/DB [sqlite]",
+)
+@click.option(
     "--config",
     "config_file",
     envvar="KRONK_CONFIG",
@@ -221,10 +277,15 @@ def _start_detached(settings: ServerSettings) -> None:
 
 def _environment_for(settings: ServerSettings) -> dict[str, str]:
     values = settings.model_dump(exclude_none=True)
-    return {
-        SERVER_OPTIONS[key]: str(value).lower() if isinstance(value, bool) else str(value)
-        for key, value in values.items()
-    }
+    return {SERVER_OPTIONS[key]: _environment_value(value) for key, value in values.items()}
+
+
+def _environment_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
 
 
 @server.command("stop")

@@ -31,6 +31,23 @@ class ServerSettings(BaseModel):
     models_in_cache: Annotated[int, Field(ge=1)] = 3
     cache_ttl: Duration = 20 * 60.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    insecure_logging: bool = False
+    cors_origins: list[str] = Field(default_factory=list)
+    max_request_bytes: Annotated[int, Field(ge=1024)] = 32 << 20
+    json_max_depth: Annotated[int, Field(ge=2)] = 64
+    json_max_string_length: Annotated[int, Field(ge=1)] = 24 << 20
+    json_max_items: Annotated[int, Field(ge=1)] = 100_000
+    auth_enabled: bool = False
+    auth_issuer: str = "kronk"
+    auth_limit_store: str = "sqlite"
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        # Flags and environment variables give one comma-separated string.
+        if isinstance(value, str):
+            return [origin.strip() for origin in value.split(",") if origin.strip()]
+        return value
 
     @field_validator("api_host")
     @classmethod

@@ -8,6 +8,8 @@ class KronkError(Exception):
 
     status: int = 500
     code: str = "internal"
+    # Seconds a client should wait before retrying (the Retry-After header), if it should.
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -65,15 +67,48 @@ class TemplateError(InvalidRequestError):
     code = "template_error"
 
 
-class QueueFullError(KronkError):
-    """The model's request queue stayed full past the caller's wait."""
+class RequestTooLargeError(KronkError):
+    """The request body is larger than the server accepts."""
+
+    status = 413
+    code = "request_too_large"
+
+
+class AuthenticationError(KronkError):
+    """No valid credentials: the bearer token is missing, malformed, forged, expired or foreign."""
+
+    status = 401
+    code = "invalid_token"
+
+
+class PermissionDeniedError(KronkError):
+    """Valid credentials that do not grant this endpoint."""
+
+    status = 403
+    code = "permission_denied"
+
+
+class TooManyRequestsError(KronkError):
+    """Base of the 429s: the client should retry after `retry_after` seconds."""
 
     status = 429
-    code = "queue_full"
+    code = "too_many_requests"
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class QueueFullError(TooManyRequestsError):
+    """The model's request queue stayed full past the caller's wait."""
+
+    code = "queue_full"
+
+
+class RateLimitError(TooManyRequestsError):
+    """The token's quota for this endpoint is used up until its window ends."""
+
+    code = "rate_limit_exceeded"
 
 
 class EngineClosedError(KronkError):

@@ -8,6 +8,7 @@ decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -15,6 +16,7 @@ import pluggy
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.events import RequestRecord
+from kronk_core.limits import LimitStore
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheStrategy
 from kronk_core.templates import TemplateProcessor
@@ -22,6 +24,7 @@ from kronk_core.types import SamplingParams
 
 if TYPE_CHECKING:
     import click
+    from litestar import Litestar
 
     from kronk_core.sdk import Kronk
 
@@ -82,13 +85,21 @@ def kronk_routes(kronk: Kronk) -> Sequence[Any]:
     """Return Litestar route handlers (or Routers) to mount on the server.
 
     `kronk` is the SDK facade the server runs on: use it to reach models and
-    configuration. Paths must not collide with another plugin's.
+    configuration. Paths must not collide with another plugin's. Name each
+    handler's endpoint in its `opt` (`opt={"kronk_endpoint": "chat-completions"}`,
+    see `kronk_api.endpoints`) so that authentication knows what it guards; with
+    auth on, a route without that key is for admin tokens only.
     """
 
 
 @hookspec
 def kronk_guards(kronk: Kronk) -> Sequence[Callable[..., Any]]:
-    """Return Litestar guards applied to every route (e.g. authentication)."""
+    """Return Litestar guards applied to every route (e.g. authentication).
+
+    A guard reads `handler.opt["kronk_endpoint"]` to learn which endpoint it
+    guards. A `KronkError` it raises is answered by the route's own dialect
+    (its router-level exception handler), so it comes out in that dialect's shape.
+    """
 
 
 @hookspec
@@ -106,16 +117,31 @@ def kronk_exception_handlers(kronk: Kronk) -> Mapping[type[Exception], Callable[
 
 
 @hookspec
-def kronk_startup(kronk: Kronk) -> None:
+def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     """Called once when the server has started (after an eager model load, if any).
 
-    The SDK alone does not call it: a program embedding `Kronk` owns its lifecycle.
+    `app` is the server: `app.state.settings` holds its `ServerSettings`, and a
+    plugin keeps its per-server state on `app.state` (guards reach it as
+    `connection.app.state`). The SDK alone does not call it: a program
+    embedding `Kronk` owns its lifecycle.
     """
 
 
 @hookspec
-def kronk_shutdown(kronk: Kronk) -> None:
+def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
     """Called once when the server shuts down, before its models are unloaded."""
+
+
+@hookspec(firstresult=True)
+def kronk_limit_store(url: str, base_path: Path) -> LimitStore | None:
+    """Open the rate-limit counter store that `url` names, or return None if it is not yours.
+
+    `url` is the server's `auth_limit_store` setting: `"sqlite"` (a database in
+    `base_path`), `"sqlite:///ABSOLUTE/PATH"`, `"redis://HOST:PORT/DB"`, or any
+    scheme a plugin answers for. Called once at server start when auth is on;
+    the store is closed at shutdown. The first non-None answer wins. The
+    built-in SQLite and Redis stores come from the `auth-jwt` plugin.
+    """
 
 
 @hookspec

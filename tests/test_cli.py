@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kronk_api.settings import load_settings
+from kronk_api.cli import SERVER_OPTIONS, _environment_for
+from kronk_api.settings import ServerSettings, load_settings
 from kronk_core import DEFAULT_MODEL_ID
 from kronk_core.errors import ConfigError
 
@@ -87,6 +88,8 @@ def _gone(pid: int, seconds: float) -> bool:
         ["model"],
         ["model", "list"],
         ["run"],
+        ["security", "key", "delete"],
+        ["security", "token", "create"],
     ],
     ids=lambda command: " ".join(command) or "kronk",
 )
@@ -150,6 +153,24 @@ def test_settings_file_precedence(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(config, {})
     assert info.value.key == "api_host"
+
+
+def test_every_setting_reaches_a_detached_server() -> None:
+    """-d passes settings as KRONK_* variables: each has one, and lists and flags survive."""
+    assert set(SERVER_OPTIONS) == set(ServerSettings.model_fields)
+    settings = ServerSettings(
+        cors_origins="https://a.example, https://b.example",  # type: ignore[arg-type]
+        auth_enabled=True,
+    )
+    environment = _environment_for(settings)
+    assert environment["KRONK_CORS_ORIGINS"] == "https://a.example,https://b.example"
+    assert environment["KRONK_AUTH_ENABLED"] == "true"
+    overrides = {
+        key: environment[variable]
+        for key, variable in SERVER_OPTIONS.items()
+        if variable in environment  # unset (None) settings are not passed
+    }
+    assert load_settings(None, overrides) == settings
 
 
 def test_server_start_logs_stop(tmp_path: Path) -> None:

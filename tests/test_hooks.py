@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
-from litestar import Request, Response, get
+from litestar import Litestar, Request, Response, get
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
@@ -75,11 +75,14 @@ class Probe:
         return {Teapot: handle}
 
     @hookimpl
-    def kronk_startup(self, kronk: Kronk) -> None:
+    def kronk_startup(self, kronk: Kronk, app: Litestar) -> None:
+        # The app carries the server settings and room for the plugin's own state.
+        app.state["probe_started_on"] = app.state.settings.api_host
         self.events.append("startup")
 
     @hookimpl
-    def kronk_shutdown(self, kronk: Kronk) -> None:
+    def kronk_shutdown(self, kronk: Kronk, app: Litestar) -> None:
+        assert app.state["probe_started_on"] == app.state.settings.api_host
         self.events.append("shutdown")
 
     @hookimpl

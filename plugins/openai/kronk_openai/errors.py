@@ -7,7 +7,8 @@ from typing import Any
 
 from litestar import Response
 
-from kronk_core.errors import KronkError, QueueFullError
+from kronk_api.errors import client_message
+from kronk_core.errors import KronkError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -32,12 +33,9 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
 
 
 def error_response(error: KronkError) -> Response[dict[str, Any]]:
-    headers = {}
-    if isinstance(error, QueueFullError):
-        headers["Retry-After"] = str(error.retry_after)
-    message = error.message if error.status < 500 else f"{error.code}: {error.message}"
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
     return Response(
-        error_body(error.status, message, error.code, error.param),
+        error_body(error.status, client_message(error), error.code, error.param),
         status_code=error.status,
         headers=headers,
     )
@@ -45,5 +43,5 @@ def error_response(error: KronkError) -> Response[dict[str, Any]]:
 
 def sse_error(error: KronkError) -> bytes:
     """An error event for a stream that has already started."""
-    body = error_body(error.status, error.message, error.code, error.param)
+    body = error_body(error.status, client_message(error), error.code, error.param)
     return f"data: {json.dumps(body)}\n\n".encode()

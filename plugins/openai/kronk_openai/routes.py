@@ -13,6 +13,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
 from kronk_api.http import (
     CLIENT_CLOSED_REQUEST,
     SSE_HEADERS,
@@ -35,7 +36,7 @@ from kronk_openai.responses_routes import RESPONSES_ROUTES
 from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
 
 
-@post("/v1/chat/completions", status_code=200, opt={"kronk_endpoint": "chat-completions"})
+@post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
@@ -136,13 +137,13 @@ def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
     }
 
 
-@get("/v1/models")
+@get("/v1/models", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     kronk = kronk_of(request)
     return {"object": "list", "data": [_model_card(kronk, mid) for mid in kronk.model_ids()]}
 
 
-@get("/v1/models/{model_id:str}")
+@get("/v1/models/{model_id:str}", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = kronk_of(request)
     if model_id not in kronk.model_ids():
@@ -150,7 +151,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) ->
     return _model_card(kronk, model_id)
 
 
-@post("/v1/tokenize", status_code=200, opt={"kronk_endpoint": "tokenize"})
+@post("/v1/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body: TokenizeRequest = await parse_body(request, TokenizeRequest)
     kronk = kronk_of(request)

@@ -1,0 +1,1 @@
+"""Kronk plugin: JWT authentication, endpoint grants and rate limits."""

@@ -1,0 +1,84 @@
+"""The guard on every route: bearer token → key → signature → expiry → issuer → grant → quota."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+
+from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_auth_jwt.keys import KeyStore
+from kronk_auth_jwt.tokens import Claims, Grant, verify
+from kronk_auth_jwt.windows import window_bounds
+from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+from kronk_core.limits import LimitStore
+
+STATE_KEY = "kronk_auth"
+
+
+@dataclass
+class Authenticator:
+    """One server's auth state (kept on `app.state`): its keys, issuer and counters."""
+
+    keys: KeyStore
+    issuer: str
+    store: LimitStore
+
+    def authenticate(self, authorization: str | None) -> Claims:
+        scheme, _, token = (authorization or "").partition(" ")
+        if not authorization:
+            raise AuthenticationError("missing bearer token (Authorization: Bearer <token>)")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthenticationError("malformed Authorization header; expected Bearer <token>")
+        return verify(token.strip(), self.keys, self.issuer)
+
+    async def charge(self, subject: str, endpoint: str, grant: Grant) -> None:
+        """Count one request against the grant's quota, or raise RateLimitError."""
+        if grant.limit is None or grant.window is None:
+            return
+        now = datetime.now(UTC)
+        start, end = window_bounds(grant.window, now)
+        key = f"{subject}:{endpoint}:{grant.window}:{start.date().isoformat()}"
+        if not await self.store.acquire(key, grant.limit, end.timestamp()):
+            retry_after = max(1, math.ceil((end - now).total_seconds()))
+            raise RateLimitError(
+                f"quota of {grant.limit} {endpoint} requests per {grant.window} used up",
+                retry_after=retry_after,
+            )
+
+
+def _credentials(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The Authorization header; Anthropic's clients send the token as x-api-key instead."""
+    authorization = connection.headers.get("authorization")
+    api_key = connection.headers.get("x-api-key")
+    if authorization is None and api_key:
+        return f"Bearer {api_key}"
+    return authorization
+
+
+async def authorize(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """Litestar guard. Does nothing unless the server runs with auth_enabled."""
+    if (
+        not connection.app.state.settings.auth_enabled
+        or connection.scope.get("method") == "OPTIONS"
+    ):
+        return  # OPTIONS: CORS preflights never carry credentials
+    endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
+    if endpoint == PUBLIC:
+        return
+    auth: Authenticator = connection.app.state[STATE_KEY]
+    claims = auth.authenticate(_credentials(connection))
+    if claims.admin or endpoint == AUTHENTICATED:
+        return
+    if endpoint == ADMIN:
+        raise PermissionDeniedError("this endpoint needs an admin token")
+    grant = claims.endpoints.get(endpoint)
+    if grant is None:
+        raise PermissionDeniedError(f"token does not grant the {endpoint!r} endpoint")
+    await auth.charge(claims.subject, endpoint, grant)

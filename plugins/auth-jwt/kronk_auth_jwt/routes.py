@@ -1,0 +1,71 @@
+"""Admin routes for `kronk security`: keys and tokens of the running server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from litestar import Request, Router, delete, get, post
+from litestar.params import FromPath
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator
+from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
+from kronk_core.errors import InvalidRequestError, KronkError
+
+_ADMIN = {ENDPOINT_OPT: ADMIN}
+
+
+class AuthDisabledError(KronkError):
+    status = 404
+    code = "auth_disabled"
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    duration: str
+    endpoints: str
+
+
+def _auth(request: Request[Any, Any, Any]) -> Authenticator:
+    if not request.app.state.settings.auth_enabled:
+        raise AuthDisabledError("authentication is not enabled on this server")
+    auth: Authenticator = request.app.state[STATE_KEY]
+    return auth
+
+
+@get("/v1/kronk/security/keys", opt=_ADMIN)
+async def list_keys(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return {"object": "list", "data": [info.as_dict() for info in _auth(request).keys.list()]}
+
+
+@post("/v1/kronk/security/keys", opt=_ADMIN, status_code=201)
+async def create_key(request: Request[Any, Any, Any]) -> dict[str, str]:
+    return _auth(request).keys.create().as_dict()
+
+
+@delete("/v1/kronk/security/keys/{key_id:str}", opt=_ADMIN, status_code=200)
+async def delete_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> dict[str, Any]:
+    _auth(request).keys.delete(key_id)
+    return {"id": key_id, "deleted": True}
+
+
+@post("/v1/kronk/security/tokens", opt=_ADMIN, status_code=201)
+async def create_token(request: Request[Any, Any, Any]) -> dict[str, str]:
+    auth = _auth(request)
+    try:
+        body = TokenRequest.model_validate(json.loads(await request.body()))
+    except (ValueError, ValidationError):
+        raise InvalidRequestError(
+            'expected {"duration": "720h", "endpoints": "chat-completions:1000/day,..."}'
+        ) from None
+    token = issue(
+        auth.keys, auth.issuer, parse_duration(body.duration), parse_endpoints(body.endpoints)
+    )
+    return {"token": token}
+
+
+def router() -> Router:
+    return Router(path="/", route_handlers=[list_keys, create_key, delete_key, create_token])

@@ -1,0 +1,439 @@
+"""Authentication on a real server: forged tokens, grants per endpoint, quotas, key deletion."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+import httpx
+import jwt
+import openai
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from litestar import Litestar, Request, Response, Router, get
+from litestar.routes import HTTPRoute
+
+from kronk_api import ServerSettings, create_app
+from kronk_api.cli import main
+from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core.config import PluginSelection
+from kronk_core.errors import ConfigError, KronkError
+
+if TYPE_CHECKING:
+    from conftest import Serve
+
+MODEL = DEFAULT_MODEL_ID
+CHAT = "/v1/chat/completions"
+TOKENIZE = "/v1/tokenize"
+MESSAGES = [{"role": "user", "content": "hello"}]
+# A small context keeps this server's model cheap; it only ever generates one token.
+SMALL_MODEL = {MODEL: ModelConfig(template="gemma", context_window=512, n_seq_max=2)}
+
+
+def _probe_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
+    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    body = {"type": "error", "error": {"type": exc.code, "message": exc.message}}
+    return Response(body, status_code=exc.status, headers=headers)
+
+
+@get("/probe/ping", opt={ENDPOINT_OPT: "probe"})
+async def probe_ping() -> dict[str, bool]:
+    return {"pong": True}
+
+
+class ProbeDialect:
+    """A second dialect with its own error shape, as the Anthropic one will have."""
+
+    @hookimpl
+    def kronk_routes(self, kronk: Kronk) -> list[Any]:
+        return [
+            Router(
+                path="/", route_handlers=[probe_ping], exception_handlers={KronkError: _probe_error}
+            )
+        ]
+
+
+@dataclass
+class AuthServer:
+    base_url: str
+    base: Path
+    admin: str
+    app: Litestar
+
+    @property
+    def api_host(self) -> str:
+        return self.base_url.removeprefix("http://")
+
+
+def auth_app(base: Path, **settings: Any) -> Litestar:
+    kronk = Kronk(
+        KronkConfig(base_path=base, models=SMALL_MODEL), plugins={"probe": ProbeDialect()}
+    )
+    return create_app(ServerSettings(base_path=base, auth_enabled=True, **settings), kronk=kronk)
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
+    base = tmp_path_factory.mktemp("auth-home")
+    app = auth_app(base)
+    with serve(app) as base_url:
+        admin = (base / "keys" / "master.jwt").read_text()
+        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def mint(server: AuthServer, endpoints: str, duration: str = "1h") -> str:
+    """A user token from the server's admin route."""
+    response = httpx.post(
+        f"{server.base_url}/v1/kronk/security/tokens",
+        json={"duration": duration, "endpoints": endpoints},
+        headers=bearer(server.admin),
+    )
+    assert response.status_code == 201, response.text
+    token: str = response.json()["token"]
+    return token
+
+
+def kronk_cli(server: AuthServer, *args: str) -> Any:
+    env = {"KRONK_TOKEN": server.admin, "KRONK_WEB_API_HOST": server.api_host}
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def assert_openai_error(response: httpx.Response, status: int, error_type: str) -> None:
+    assert response.status_code == status, response.text
+    assert "Traceback" not in response.text
+    error = response.json()["error"]
+    assert error["type"] == error_type, error
+    assert error["message"]
+
+
+# ---- forged tokens: each is 401 --------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _claims(**overrides: Any) -> dict[str, Any]:
+    now = int(time.time())
+    claims = {
+        "iss": "kronk",
+        "sub": str(uuid.uuid4()),
+        "iat": now,
+        "exp": now + 3600,
+        "admin": False,
+        "endpoints": {"chat-completions": {"limit": 0, "window": "unlimited"}},
+    }
+    return {**claims, **overrides}
+
+
+def _signing_key(base: Path) -> tuple[str, rsa.RSAPrivateKey]:
+    path = next(p for p in sorted((base / "keys").glob("*.pem")) if p.stem != "master")
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    return path.stem, key
+
+
+def forged_tokens(base: Path) -> dict[str, str]:
+    kid, key = _signing_key(base)
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    valid = jwt.encode(_claims(), key, algorithm="RS256", headers={"kid": kid})
+    header, _, signature = valid.split(".")
+    granted_more = _b64(json.dumps(_claims(admin=True)).encode())
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    hs_signing_input = (
+        f"{_b64(json.dumps({'alg': 'HS256', 'typ': 'JWT', 'kid': kid}).encode())}."
+        f"{_b64(json.dumps(_claims()).encode())}"
+    )
+    hs_signature = hmac.new(public_pem, hs_signing_input.encode(), hashlib.sha256).digest()
+    none_header = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": kid}).encode())
+    return {
+        "malformed": "not-a-jwt",
+        "bad_signature": jwt.encode(_claims(), stranger, algorithm="RS256", headers={"kid": kid}),
+        "tampered_claims": f"{header}.{granted_more}.{signature}",
+        "unknown_kid": jwt.encode(
+            _claims(), stranger, algorithm="RS256", headers={"kid": str(uuid.uuid4())}
+        ),
+        "no_kid": jwt.encode(_claims(), key, algorithm="RS256"),
+        "expired": jwt.encode(
+            _claims(exp=int(time.time()) - 60), key, algorithm="RS256", headers={"kid": kid}
+        ),
+        "wrong_issuer": jwt.encode(
+            _claims(iss="someone-else"), key, algorithm="RS256", headers={"kid": kid}
+        ),
+        "alg_none": f"{none_header}.{_b64(json.dumps(_claims()).encode())}.",
+        "hs256_with_public_key": f"{hs_signing_input}.{_b64(hs_signature)}",
+    }
+
+
+FORGERIES = [
+    "malformed",
+    "bad_signature",
+    "tampered_claims",
+    "unknown_kid",
+    "no_kid",
+    "expired",
+    "wrong_issuer",
+    "alg_none",
+    "hs256_with_public_key",
+]
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_forged_token_is_401(auth_server: AuthServer, forgery: str) -> None:
+    token = forged_tokens(auth_server.base)[forgery]
+    client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    assert caught.value.status_code == 401
+    body = caught.value.response.json()
+    assert body["error"]["type"] == "authentication_error", body
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "", "Basic dXNlcjpwYXNz", "Bearer", "Token abc.def.ghi"], ids=repr
+)
+def test_missing_or_non_bearer_credentials_are_401(
+    auth_server: AuthServer, authorization: str | None
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    response = httpx.post(
+        f"{auth_server.base_url}{CHAT}",
+        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 1},
+        headers=headers,
+    )
+    assert_openai_error(response, 401, "authentication_error")
+
+
+def test_an_untampered_copy_of_a_forgery_base_is_accepted(auth_server: AuthServer) -> None:
+    """The forgeries fail for what was forged: the same claims, signed properly, pass."""
+    kid, key = _signing_key(auth_server.base)
+    token = jwt.encode(_claims(), key, algorithm="RS256", headers={"kid": kid})
+    client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
+    completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    assert completion.choices[0].finish_reason in ("length", "stop")
+
+
+# ---- grants: every route the app has -------------------------------------------
+
+
+def routes_by_access(app: Litestar) -> list[tuple[str, str, str]]:
+    """(method, path with placeholders filled, endpoint name) for every HTTP route of the app."""
+    found = []
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        path = route.path_format.replace("{", "").replace("}", "")
+        for handler in route.route_handlers:
+            endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
+            found.extend((method, path, endpoint) for method in handler.http_methods)
+    return [entry for entry in found if entry[0] != "OPTIONS"]
+
+
+def test_every_route_is_guarded_by_its_grant(auth_server: AuthServer) -> None:
+    """A token granting one other endpoint gets 403 everywhere but public and any-token routes.
+
+    Routes are read from the app, so endpoints that later plugins add are covered too.
+    """
+    outsider = mint(auth_server, "some-other-endpoint")
+    routes = routes_by_access(auth_server.app)
+    grants = {endpoint for _, _, endpoint in routes if endpoint not in ACCESS_LEVELS}
+    assert {"chat-completions", "tokenize", "probe"} <= grants
+    assert any(endpoint == ADMIN for _, _, endpoint in routes)
+    with httpx.Client(base_url=auth_server.base_url, timeout=30) as client:
+        for method, path, endpoint in routes:
+            anonymous = client.request(method, path, json={})
+            with_token = client.request(method, path, json={}, headers=bearer(outsider))
+            where = f"{method} {path} ({endpoint})"
+            if endpoint == PUBLIC:
+                assert anonymous.status_code not in (401, 403), where
+                continue
+            assert anonymous.status_code == 401, where
+            if endpoint == AUTHENTICATED:
+                assert with_token.status_code not in (401, 403), where
+            else:
+                assert with_token.status_code == 403, (where, with_token.text)
+
+
+def test_grants_are_honoured_per_endpoint(auth_server: AuthServer) -> None:
+    token = mint(auth_server, "chat-completions,tokenize:unlimited")
+    client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
+    completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    assert completion.choices[0].message is not None
+    assert MODEL in [model.id for model in client.models.list()]
+    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+        assert http.post(TOKENIZE, json={"model": MODEL, "input": "hi"}).status_code == 200
+        probe = http.get("/probe/ping")
+        assert probe.status_code == 403
+        assert http.get("/v1/kronk/slots").status_code == 403
+
+    chat_only = mint(auth_server, "chat-completions:5/day")
+    with pytest.raises(openai.PermissionDeniedError):
+        openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=chat_only, max_retries=0).post(
+            "/tokenize", body={"model": MODEL, "input": "hi"}, cast_to=object
+        )
+
+
+def test_guard_errors_come_in_each_dialects_shape(auth_server: AuthServer) -> None:
+    token = mint(auth_server, "tokenize")
+    probe = httpx.get(f"{auth_server.base_url}/probe/ping", headers=bearer(token))
+    assert probe.status_code == 403
+    assert probe.json() == {
+        "type": "error",
+        "error": {
+            "type": "permission_denied",
+            "message": "token does not grant the 'probe' endpoint",
+        },
+    }
+    anonymous = httpx.get(f"{auth_server.base_url}/probe/ping")
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["type"] == "invalid_token"
+    chat = httpx.post(f"{auth_server.base_url}{CHAT}", json={}, headers=bearer(token))
+    assert_openai_error(chat, 403, "permission_error")
+
+
+def test_anthropic_clients_authenticate_with_x_api_key(auth_server: AuthServer) -> None:
+    """The anthropic SDK sends ANTHROPIC_API_KEY as x-api-key, not as a bearer token."""
+    request: dict[str, Any] = {"model": MODEL, "messages": MESSAGES}
+    token = mint(auth_server, "messages")
+    client = anthropic.Anthropic(base_url=auth_server.base_url, api_key=token, max_retries=0)
+    assert client.messages.count_tokens(**request).input_tokens > 0
+    chat_only = mint(auth_server, "chat-completions")
+    denied = anthropic.Anthropic(base_url=auth_server.base_url, api_key=chat_only, max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as info:
+        denied.messages.count_tokens(**request)
+    assert info.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    forged = anthropic.Anthropic(base_url=auth_server.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        forged.messages.count_tokens(**request)
+
+
+def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) -> None:
+    with httpx.Client(base_url=auth_server.base_url) as http:
+        assert http.get("/v1/liveness").status_code == 200
+        assert http.get("/v1/readiness").status_code in (200, 503)
+        admin = bearer(auth_server.admin)
+        assert http.get("/probe/ping", headers=admin).status_code == 200
+        assert http.get("/v1/kronk/slots", headers=admin).status_code == 200
+        for _ in range(3):
+            response = http.post(TOKENIZE, json={"model": MODEL, "input": "hi"}, headers=admin)
+            assert response.status_code == 200
+
+
+# ---- quotas ------------------------------------------------------------------------
+
+
+async def test_hundred_concurrent_requests_admit_exactly_the_quota(auth_server: AuthServer) -> None:
+    token = mint(auth_server, "tokenize:10/day")
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+    async with httpx.AsyncClient(
+        base_url=auth_server.base_url, headers=bearer(token), limits=limits, timeout=60
+    ) as client:
+        responses = await asyncio.gather(
+            *(client.post(TOKENIZE, json={"model": MODEL, "input": f"hi {n}"}) for n in range(100))
+        )
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(200) == 10, statuses
+    assert statuses.count(429) == 90, statuses
+    for response in responses:
+        if response.status_code == 429:
+            assert_openai_error(response, 429, "rate_limit_error")
+            assert response.json()["error"]["code"] == "rate_limit_exceeded"
+            assert 0 < int(response.headers["retry-after"]) <= 86400
+
+
+# ---- keys --------------------------------------------------------------------------
+
+
+def test_key_deletion_invalidates_its_tokens_at_once(auth_server: AuthServer) -> None:
+    created = kronk_cli(auth_server, "security", "key", "create")
+    assert created.exit_code == 0, created.output
+    key_id = created.output.strip()
+    listed = kronk_cli(auth_server, "security", "key", "list")
+    assert key_id in listed.output and "master" in listed.output
+
+    made = kronk_cli(
+        auth_server, "security", "token", "create", "--duration", "1h", "--endpoints", "tokenize"
+    )
+    assert made.exit_code == 0, made.output
+    token = made.output.strip()
+    assert jwt.get_unverified_header(token)["kid"] == key_id  # the newest key signs
+    url = f"{auth_server.base_url}{TOKENIZE}"
+    body = {"model": MODEL, "input": "hi"}
+    assert httpx.post(url, json=body, headers=bearer(token)).status_code == 200
+
+    deleted = kronk_cli(auth_server, "security", "key", "delete", "--keyid", key_id)
+    assert deleted.exit_code == 0, deleted.output
+    assert_openai_error(
+        httpx.post(url, json=body, headers=bearer(token)), 401, "authentication_error"
+    )
+
+
+def test_master_key_refuses_deletion(auth_server: AuthServer) -> None:
+    base = str(auth_server.base)
+    remote = kronk_cli(auth_server, "security", "key", "delete", "--keyid", "master")
+    assert remote.exit_code != 0
+    assert "master key cannot be deleted" in remote.output
+    local = CliRunner().invoke(
+        main,
+        ["security", "key", "delete", "--keyid", "master", "--local", "--base-path", base],
+    )
+    assert local.exit_code != 0
+    assert "master key cannot be deleted" in local.output
+    assert (auth_server.base / "keys" / "master.pem").exists()
+    assert httpx.get(
+        f"{auth_server.base_url}/v1/kronk/slots", headers=bearer(auth_server.admin)
+    ).is_success
+
+
+def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> None:
+    local = ["--local", "--base-path", str(auth_server.base)]
+    runner = CliRunner()
+    created = runner.invoke(main, ["security", "key", "create", *local])
+    assert created.exit_code == 0, created.output
+    key_id = created.output.strip()
+    made = runner.invoke(
+        main,
+        ["security", "token", "create", "--duration", "10m", "--endpoints", "tokenize", *local],
+    )
+    assert made.exit_code == 0, made.output
+    token = made.output.strip()
+    url = f"{auth_server.base_url}{TOKENIZE}"
+    body = {"model": MODEL, "input": "hi"}
+    assert httpx.post(url, json=body, headers=bearer(token)).status_code == 200
+    deleted = runner.invoke(main, ["security", "key", "delete", "--keyid", key_id, *local])
+    assert deleted.exit_code == 0, deleted.output
+    assert httpx.post(url, json=body, headers=bearer(token)).status_code == 401
+
+
+def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) -> None:
+    selection = PluginSelection(disabled=["auth-jwt"])
+    kronk = Kronk(KronkConfig(base_path=tmp_path, plugins=selection))
+    with pytest.raises(ConfigError, match="no active plugin authenticates"):
+        create_app(ServerSettings(base_path=tmp_path, auth_enabled=True), kronk=kronk)
+
+
+def test_key_files_are_private(auth_server: AuthServer) -> None:
+    keys = auth_server.base / "keys"
+    assert keys.stat().st_mode & 0o777 == 0o700
+    assert (keys / "master.pem").stat().st_mode & 0o777 == 0o600
+    for path in keys.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
