@@ -9,6 +9,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from kronk_api.errors import client_message
 from kronk_api.logs import request_id
 from kronk_core.errors import ContextOverflowError, KronkError
 
@@ -49,14 +50,11 @@ def _message(error: KronkError) -> str:
     if isinstance(error, ContextOverflowError):
         # Claude Code recognises this prefix and compacts the conversation.
         return f"prompt is too long: {error.message}"
-    return error.message if error.status < 500 else f"{error.code}: {error.message}"
+    return client_message(error)
 
 
 def error_response(error: KronkError) -> Response[dict[str, Any]]:
-    headers = {}
-    retry_after = getattr(error, "retry_after", None)
-    if isinstance(retry_after, int | float):
-        headers["Retry-After"] = str(int(retry_after))
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
     return Response(
         error_body(error.status, _message(error)), status_code=error.status, headers=headers
     )

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kronk_api.errors import client_message
 from kronk_core.errors import KronkError
 from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, Usage
 
@@ -106,7 +107,8 @@ class ResponseBuilder:
 
     def error(self, error: KronkError) -> Event:
         """The `error` event for a failure after the stream started."""
-        return self._event("error", code=error.code, message=error.message, param=error.param)
+        message = client_message(error)
+        return self._event("error", code=error.code, message=message, param=error.param)
 
     def assistant_message(self) -> ChatMessage:
         """The output as the assistant turn of a stored conversation."""
