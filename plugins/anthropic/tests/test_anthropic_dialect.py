@@ -257,7 +257,7 @@ async def test_error_mid_stream() -> None:
     name, data = _decode(chunks)[-1]
     assert name == "error"
     assert data["error"]["type"] == "overloaded_error"
-    assert data["error"]["message"] == "unavailable: model unloaded"
+    assert data["error"]["message"] == "model unloaded"
 
 
 async def test_keepalive_pings_during_silence_and_cancels_on_exit() -> None:
@@ -314,7 +314,7 @@ def test_error_responses() -> None:
     assert overflow.content["error"]["message"] == "prompt is too long: needs 9000 tokens"
     assert sse_error(KronkError("boom")) == (
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
-        b'"message": "internal: boom"}}\n\n'
+        b'"message": "internal: the server could not serve this request; see its log"}}\n\n'
     )
 
 
