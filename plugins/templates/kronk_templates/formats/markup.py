@@ -7,6 +7,7 @@ out as soon as it cannot be the start of an opener.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -228,7 +229,7 @@ class MarkupParser:
         return not text.strip(self._gap)
 
 
-class MarkupFormat:
+class MarkupFormat(ABC):
     """A family whose calls are JSON in markup: the parser and constraint come from its pieces."""
 
     name: str
@@ -238,16 +239,21 @@ class MarkupFormat:
     # Whether several calls may follow one another in one answer.
     parallel = True
 
+    @abstractmethod
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
-        raise NotImplementedError
+        """The markup that starts a call, and how to read the block it opens."""
 
     def ids(self, new_id: NewId) -> NewId:
         """How this family's call ids are made from the caller's."""
         return new_id
 
     def segment(self, tool: ToolSpec) -> JsonSegment:
-        """One forced call of `tool`, which `openers` read back."""
-        raise NotImplementedError
+        """One forced call of `tool`, which `openers` read back.
+
+        Only the default `constraint` uses it: a family whose forced calls are
+        not JSON (qwen3_coder's XML) overrides `constraint` instead.
+        """
+        raise NotImplementedError(f"{self.name} overrides constraint() instead")
 
     def parser(
         self,
