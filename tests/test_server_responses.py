@@ -76,6 +76,15 @@ def test_text_response(client: openai.OpenAI) -> None:
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
+def test_kronk_sampling_fields_are_honoured(client: openai.OpenAI) -> None:
+    greedy = _create(client)
+    # top_k 1 leaves one candidate: the greedy text, however hot the temperature.
+    top_k = _create(client, temperature=1.5, extra_body={"top_k": 1, "seed": 7})
+    assert top_k.output_text == greedy.output_text
+    hot = {"temperature": 1.5, "max_output_tokens": 24, "extra_body": {"seed": 7}}
+    assert _create(client, **hot).output_text == _create(client, **hot).output_text
+
+
 def test_incomplete_on_max_output_tokens(client: openai.OpenAI) -> None:
     response = _create(client, max_output_tokens=3)
     assert response.status == "incomplete"
@@ -202,6 +211,8 @@ def test_store_false_and_unknown_ids(client: openai.OpenAI, server: Any) -> None
         ({"input": "hi"}, "model"),
         ({"model": DEFAULT_MODEL_ID, "input": [{"type": "nope"}]}, "input"),
         ({"model": DEFAULT_MODEL_ID, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": DEFAULT_MODEL_ID, "input": "hi", "background": True}, "background"),
+        ({"model": DEFAULT_MODEL_ID, "input": "hi", "conversation": "conv_1"}, "conversation"),
         (
             {
                 "model": DEFAULT_MODEL_ID,

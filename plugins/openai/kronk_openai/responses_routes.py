@@ -71,7 +71,7 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
         messages=(*instructions, *conversation),
         model=body.model,
         sampling=body.sampling(),
-        max_tokens=body.max_output_tokens,
+        max_tokens=body.max_output_tokens or body.max_tokens,
         json_schema=body.schema_text(),
         enable_thinking=None if effort is None else effort != "none",
         reasoning_effort=effort,

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
 from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
-from kronk_openai.schemas import arguments_text
+from kronk_openai.schemas import arguments_text, sampling_of
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 
@@ -127,10 +127,14 @@ class ReasoningOptions(BaseModel):
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(BaseModel):
-    """POST /v1/responses. Unknown fields are ignored, as OpenAI clients send extras."""
+class ResponsesRequest(SamplingConfig):
+    """POST /v1/responses. Unknown fields are ignored, as OpenAI clients send extras.
 
-    model_config = ConfigDict(extra="ignore")
+    Kronk's sampling fields (top_k, min_p, DRY, XTC, ...) are accepted as in
+    chat completions; max_output_tokens is the length limit.
+    """
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     model: str
     input: str | list[InputItem]
@@ -140,22 +144,30 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    # Not supported; named so that asking for them is an error, not silently ignored.
+    background: bool = False
+    conversation: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _input_given(self) -> ResponsesRequest:
         if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
             raise ValueError("input must not be empty")
+        if self.background:
+            raise ValueError("background responses are not supported; leave background false")
+        if self.conversation is not None:
+            raise ValueError(
+                "conversation objects are not supported; use previous_response_id instead"
+            )
         return self
 
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_p=self.top_p)
+        return sampling_of(self)
 
     def choice(self) -> ToolChoice:
         if isinstance(self.tool_choice, NamedFunctionChoice):

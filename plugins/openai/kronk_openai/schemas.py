@@ -140,6 +140,12 @@ def tool_choice(value: str | NamedToolChoice | None) -> ToolChoice:
     return ToolChoice()
 
 
+def sampling_of(request: SamplingConfig) -> SamplingConfig:
+    """Just the sampling fields of a request that extends SamplingConfig."""
+    names = set(SamplingConfig.model_fields) - {"max_tokens"}
+    return SamplingConfig.model_validate(request.model_dump(include=names, exclude_none=True))
+
+
 def _thinking_flag(value: Any) -> Any:
     """The manual documents enable_thinking as the string "true"/"false"; accept both forms."""
     if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -211,8 +217,7 @@ class ChatCompletionRequest(SamplingConfig):
         return self
 
     def sampling(self) -> SamplingConfig:
-        names = set(SamplingConfig.model_fields)
-        return SamplingConfig.model_validate(self.model_dump(include=names, exclude_none=True))
+        return sampling_of(self)
 
     def schema_text(self) -> str | None:
         if self.json_schema is not None:
