@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,7 +87,7 @@ class Deltas:
             self.items[-1] = merged
 
 
-class StepParser:
+class StepParser(ABC):
     """A parser that works through its buffer in steps, each handling what the text allows."""
 
     def __init__(self) -> None:
@@ -99,6 +100,6 @@ class StepParser:
             pass
         return out.items
 
+    @abstractmethod
     def _step(self, out: Deltas) -> bool:
         """Handle the start of `_buf`; false when it must wait for more text."""
-        raise NotImplementedError
