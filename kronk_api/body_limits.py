@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 _METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 # Checking a big body takes a while; do it off the event loop so other requests go on.
 _THREAD_THRESHOLD = 1 << 20
+# Where the guard leaves the decoded JSON body for the handler (kronk_api.http.parse_body).
+PARSED_BODY = "kronk_parsed_body"
 # With insecure logging on, how much of a body to log.
 _LOGGED_BYTES = 16 << 10
 
@@ -39,8 +41,9 @@ class BodyLimits:
     log_bodies: bool = False
 
 
-def check_json(body: bytes, limits: BodyLimits) -> None:
-    """Raise InvalidRequestError unless body is JSON within the nesting, string and array limits."""
+def check_json(body: bytes, limits: BodyLimits) -> Any:
+    """The decoded body; InvalidRequestError unless it is JSON within the nesting, string and
+    array limits."""
     try:
         data = json.loads(body)
     except RecursionError:
@@ -76,6 +79,7 @@ def check_json(body: bytes, limits: BodyLimits) -> None:
             pending.extend((item, depth + 1) for item in value.values())
         else:
             pending.extend((item, depth + 1) for item in value)
+    return data
 
 
 def body_guard(limits: BodyLimits) -> Callable[..., Awaitable[None]]:
@@ -104,8 +108,10 @@ def body_guard(limits: BodyLimits) -> Callable[..., Awaitable[None]]:
         if not body or connection.headers.get("content-type", "").startswith("multipart/"):
             return
         if len(body) > _THREAD_THRESHOLD:
-            await asyncio.to_thread(check_json, body, limits)
+            data = await asyncio.to_thread(check_json, body, limits)
         else:
-            check_json(body, limits)
+            data = check_json(body, limits)
+        # Handlers take it from here instead of decoding the body a second time.
+        connection.state[PARSED_BODY] = data
 
     return check_request_body

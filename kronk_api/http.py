@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from litestar import Request
 from pydantic import BaseModel, ValidationError
 
+from kronk_api.body_limits import PARSED_BODY
 from kronk_core.errors import InvalidRequestError
 from kronk_core.sdk import Kronk
 
@@ -17,6 +18,7 @@ CLIENT_CLOSED_REQUEST = 499
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Body = TypeVar("Body", bound=BaseModel)
+_UNPARSED = object()
 Item = TypeVar("Item")
 
 
@@ -64,7 +66,10 @@ def invalid_body(exc: ValidationError) -> InvalidRequestError:
 
 
 async def parse_body(request: Request[Any, Any, Any], model: type[Body]) -> Body:
-    data = parse_json(await request.body())
+    """The body as `model`; decoded once, by the body-limits guard when it ran."""
+    data = request.state.get(PARSED_BODY, _UNPARSED)
+    if data is _UNPARSED:
+        data = parse_json(await request.body())
     try:
         return model.model_validate(data)
     except ValidationError as exc:
