@@ -101,10 +101,17 @@ class LoadedModel:
         self.engine.close()
         self.model.close()
 
-    def with_cached_system(self, messages: Sequence[ChatMessage]) -> Sequence[ChatMessage]:
-        """SPC: remember system prompts; prepend the single known one when a request has none."""
+    def with_cached_system(
+        self, messages: Sequence[ChatMessage], *, remember: bool = True
+    ) -> Sequence[ChatMessage]:
+        """SPC: remember system prompts; prepend the single known one when a request has none.
+
+        `remember` false only looks (token counting must not change what is known).
+        """
         first = messages[0]
         if first.role in ("system", "developer") and first.content:
+            if not remember:
+                return messages
             self.system_prompts[first.content] = None
             self.system_prompts.move_to_end(first.content)
             while len(self.system_prompts) > _SPC_REMEMBERED:
@@ -612,7 +619,11 @@ class Kronk:
     ) -> int:
         with _text_model(await self.lease(request.model)) as loaded:
             options = self.render_options(request, add_generation_prompt=add_generation_prompt)
-            return len(loaded.render(request.messages, options))
+            messages: Sequence[ChatMessage] = request.messages
+            if loaded.config.system_prompt_cache:
+                # Count what start_chat would run: with the remembered system prompt.
+                messages = loaded.with_cached_system(messages, remember=False)
+            return len(loaded.render(messages, options))
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""

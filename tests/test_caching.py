@@ -332,6 +332,15 @@ async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models
     assert without.usage.cached_tokens > 100
     assert without.usage.prompt_tokens == with_system.usage.prompt_tokens
     assert without.content == with_system.content
+    # Counting (Anthropic's count_tokens, tokenize with a template) sees the same prompt,
+    # and counting a new system prompt does not make it known.
+    request = models.chat_request([user_turn(3)], model="spc")
+    count = await models.count_prompt_tokens(request, add_generation_prompt=True)
+    assert count == without.usage.prompt_tokens
+    other_system = [{"role": "system", "content": "Other."}, user_turn(3)]
+    other = models.chat_request(other_system, model="spc")
+    await models.count_prompt_tokens(other, add_generation_prompt=True)
+    assert list(models.load("spc").system_prompts) == [SYSTEM]
 
 
 async def test_untrimmable_kv_only_extends(gemma_path: str, tmp_path: Path) -> None:
