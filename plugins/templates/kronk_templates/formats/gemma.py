@@ -14,14 +14,14 @@ from kronk_templates.formats.base import ParsedCall
 from kronk_templates.formats.calls import calls_from_values
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
-from kronk_templates.formats.markup import ClosedBlock, JsonBlock, MarkupFormat, Opener
+from kronk_templates.formats.markup import ClosedBlock, JsonBlock, JsonMarkupFormat, Opener
 
 
 def read_calls(text: str) -> list[ParsedCall] | None:
     return calls_from_values(json_values(text), require_arguments=True)
 
 
-class GemmaFormat(MarkupFormat):
+class GemmaFormat(JsonMarkupFormat):
     name = "gemma"
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:

@@ -14,7 +14,7 @@ from kronk_templates.formats.base import ParsedCall
 from kronk_templates.formats.calls import calls_from_values
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
-from kronk_templates.formats.markup import JsonBlock, MarkupFormat, Opener
+from kronk_templates.formats.markup import JsonBlock, JsonMarkupFormat, Opener
 
 
 def _read(body: str) -> list[ParsedCall] | None:
@@ -24,7 +24,7 @@ def _read(body: str) -> list[ParsedCall] | None:
     return calls_from_values(values, require_arguments=False)
 
 
-class HermesFormat(MarkupFormat):
+class HermesFormat(JsonMarkupFormat):
     name = "hermes"
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:

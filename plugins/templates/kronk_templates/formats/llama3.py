@@ -17,7 +17,7 @@ from kronk_templates.formats.base import ParsedCall
 from kronk_templates.formats.calls import calls_from_values, compact_json
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
-from kronk_templates.formats.markup import WHITESPACE, EndBlock, JsonBlock, MarkupFormat, Opener
+from kronk_templates.formats.markup import WHITESPACE, EndBlock, JsonBlock, JsonMarkupFormat, Opener
 
 _GAP = WHITESPACE + ";"
 _BUILTIN = re.compile(r"\s*([A-Za-z_]\w*)\.call\((.*)\)\s*", re.S)
@@ -43,7 +43,7 @@ def _read_builtin(text: str) -> list[ParsedCall] | None:
     return [ParsedCall(match.group(1), compact_json(arguments))]
 
 
-class Llama3Format(MarkupFormat):
+class Llama3Format(JsonMarkupFormat):
     name = "llama3"
     special_tokens_as_text = True
     gap = _GAP

@@ -230,7 +230,7 @@ class MarkupParser:
 
 
 class MarkupFormat(ABC):
-    """A family whose calls are JSON in markup: the parser and constraint come from its pieces."""
+    """A family whose calls are blocks of markup: the parser comes from its openers."""
 
     name: str
     special_tokens_as_text = False
@@ -247,14 +247,6 @@ class MarkupFormat(ABC):
         """How this family's call ids are made from the caller's."""
         return new_id
 
-    def segment(self, tool: ToolSpec) -> JsonSegment:
-        """One forced call of `tool`, which `openers` read back.
-
-        Only the default `constraint` uses it: a family whose forced calls are
-        not JSON (qwen3_coder's XML) overrides `constraint` instead.
-        """
-        raise NotImplementedError(f"{self.name} overrides constraint() instead")
-
     def parser(
         self,
         *,
@@ -267,6 +259,20 @@ class MarkupFormat(ABC):
         openers = self.openers(tools) if parse_tools else ()
         inner = MarkupParser(openers, self.ids(new_id), self.gap)
         return with_reasoning(inner, self.think_tags, think=think, reasoning_open=reasoning_open)
+
+    @abstractmethod
+    def constraint(
+        self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool
+    ) -> StructuredOutput | str:
+        """Forced calls in this family's markup (see ToolFormat.constraint)."""
+
+
+class JsonMarkupFormat(MarkupFormat):
+    """A family whose calls carry JSON: forced calls are one JSON segment per allowed tool."""
+
+    @abstractmethod
+    def segment(self, tool: ToolSpec) -> JsonSegment:
+        """One forced call of `tool`, which `openers` read back."""
 
     def constraint(
         self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool

@@ -19,7 +19,7 @@ from kronk_templates.formats.base import NewId, ParsedCall
 from kronk_templates.formats.calls import arguments_text, calls_from_values, compact_json
 from kronk_templates.formats.constraints import allowed_tools, call_schema, parameters_schema
 from kronk_templates.formats.jsonscan import JsonScanner, json_values
-from kronk_templates.formats.markup import MarkupFormat, Opener
+from kronk_templates.formats.markup import JsonMarkupFormat, Opener
 
 _ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAMED = re.compile(r"\s*([^\s\[\]]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)", re.S)
@@ -84,7 +84,7 @@ class MistralBlock:
         return read_calls(self._text)
 
 
-class MistralFormat(MarkupFormat):
+class MistralFormat(JsonMarkupFormat):
     """`array_calls`: the model writes (and is forced into) the JSON-array form."""
 
     special_tokens_as_text = True
