@@ -63,10 +63,9 @@ def delta_dicts(delta: ChatDelta, first_call_index: int) -> list[dict[str, Any]]
     if delta.reasoning:
         out["reasoning_content"] = delta.reasoning
     chunks = [out] if out or not delta.tool_calls else []
-    for offset, call in enumerate(delta.tool_calls):
-        head = tool_call_dict(call) | {"index": first_call_index + offset}
+    for index, call in enumerate(delta.tool_calls, start=first_call_index):
+        head = {"index": index, "id": call.id, "type": "function"}
         head["function"] = {"name": call.name, "arguments": ""}
         chunks.append({"tool_calls": [head]})
-        arguments = {"index": first_call_index + offset, "function": {"arguments": call.arguments}}
-        chunks.append({"tool_calls": [arguments]})
+        chunks.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
     return chunks
