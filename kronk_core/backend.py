@@ -50,8 +50,11 @@ class ModelInfo:
     chat_template: str | None
     kv_bytes_per_token: int = 0
     # False for sliding-window attention without a full-size cache and for
-    # recurrent/hybrid models: their KV cannot be cut back at any position.
+    # recurrent/hybrid models: their KV cannot be cut back at any position
+    # (`TextModel.trim_floor` says how far it can; checkpoints go further).
     kv_trimmable: bool = True
+    # Sliding-window size of the SWA layers (0: none).
+    n_swa: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
     capabilities: frozenset[Capability] = frozenset({Capability.chat})
     pooling: Pooling = Pooling.none
@@ -132,6 +135,25 @@ class TextModel(Protocol):
 
     def set_seq_state(self, seq_id: int, state: bytes) -> int:
         """Import a state exported by seq_state; returns bytes read (0 = failure)."""
+
+    def trim_floor(self, seq_id: int) -> int:
+        """The shortest length seq_id can be cut back to exactly with seq_remove.
+
+        0 when any position can be cut. With sliding-window attention the
+        cache drops positions that left every window, so a cut must leave a
+        full window behind it; recurrent state cannot be cut at all (the
+        floor is the sequence's length).
+        """
+
+    def checkpoint(self, seq_id: int) -> bytes:
+        """The part of seq_id's state that cannot be cut back (sliding-window
+        cells, recurrent state), for `restore_checkpoint` at this length."""
+
+    def restore_checkpoint(self, seq_id: int, length: int, state: bytes) -> bool:
+        """Cut seq_id back to `length` tokens using a checkpoint taken at that length.
+
+        False when the backend refused the state (the sequence must then be cleared).
+        """
 
     def close(self) -> None: ...
 

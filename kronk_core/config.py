@@ -106,8 +106,11 @@ class ModelConfig(BaseModel):
     context_window: Annotated[int, Field(gt=0)] | None = None
     n_batch: Annotated[int, Field(gt=0)] = 2048
     n_ubatch: Annotated[int, Field(gt=0)] = 512
-    n_seq_max: Annotated[int, Field(ge=1, le=256)] = 1
-    queue_depth: Annotated[int, Field(ge=1)] = 2
+    # Four slots, as llama-server's default: agents and chat UIs send concurrent requests.
+    n_seq_max: Annotated[int, Field(ge=1, le=256)] = 4
+    # Waiting requests per slot before new ones are refused (429): sized for agent fleets,
+    # so sixteen agents on four slots all wait their turn.
+    queue_depth: Annotated[int, Field(ge=1)] = 16
     n_threads: Annotated[int, Field(ge=0)] = 0
     cache_type_k: CacheType = CacheType.f16
     cache_type_v: CacheType = CacheType.f16
@@ -117,7 +120,9 @@ class ModelConfig(BaseModel):
     op_offload: bool = True
     split_mode: SplitMode = SplitMode.layer
     main_gpu: Annotated[int, Field(ge=0)] = 0
-    swa_full: bool = True
+    # Sliding-window layers keep only their window (as llama-server does): full-size SWA
+    # caches make every token attend over the whole context. IMC checkpoints instead.
+    swa_full: bool = False
     rope_scaling: RopeScaling = RopeScaling.none
     rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
     rope_freq_scale: Annotated[float, Field(gt=0.0)] | None = None
@@ -132,7 +137,8 @@ class ModelConfig(BaseModel):
     # None: detected from the chat template and architecture.
     tool_format: str | None = None
     system_prompt_cache: bool = False
-    incremental_cache: bool = False
+    # None: on, unless system_prompt_cache chooses SPC. False: no message caching.
+    incremental_cache: bool | None = None
     cache_min_tokens: Annotated[int, Field(ge=0)] = 100
     host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
     host_cache_dir: Path | None = None
@@ -173,7 +179,7 @@ class ModelConfig(BaseModel):
             return "imc"
         if self.system_prompt_cache:
             return "spc"
-        return "none"
+        return "none" if self.incremental_cache is False else "imc"
 
 
 class PluginSelection(BaseModel):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -153,7 +153,11 @@ class Engine:
         self._cache = cache
         self._sampler_stages = sampler_stages
         self._on_finished = on_finished
-        self._queue: queue.Queue[_Job] = queue.Queue(maxsize=len(self.slots) * queue_depth)
+        # Requests waiting for a slot, oldest first; the asyncio side appends and
+        # removes cancelled ones, the engine thread takes them.
+        self._waiting: deque[_Job] = deque()
+        self._waiting_lock = threading.Lock()
+        self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
         self._active: list[_Job] = []
         self._stopping = False
@@ -175,23 +179,34 @@ class Engine:
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
         deadline = time.monotonic() + wait
-        while True:
-            try:
-                self._queue.put_nowait(job)
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    raise QueueFullError(
-                        f"the request queue for {self.model.info.id} is full "
-                        f"({self._queue.maxsize} waiting); retry later",
-                        retry_after=max(1, int(wait) or 1),
-                    ) from None
-                await asyncio.sleep(0.01)
+        while not self._enqueue(job):
+            if time.monotonic() >= deadline:
+                raise QueueFullError(
+                    f"the request queue for {self.model.info.id} is full "
+                    f"({self._capacity} waiting); retry later",
+                    retry_after=max(1, int(wait) or 1),
+                )
+            await asyncio.sleep(0.01)
         self._wake.set()
         return GenerationStream(self, job, events)
 
+    def _enqueue(self, job: _Job) -> bool:
+        with self._waiting_lock:
+            if len(self._waiting) >= self._capacity:
+                return False
+            self._waiting.append(job)
+            return True
+
     def cancel(self, job: _Job) -> None:
+        """Cancel a request: a waiting one leaves the queue now, a running one within a step."""
         job.cancelled = True
+        with self._waiting_lock:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                pass
+            else:
+                job.deliver(Finished(FinishReason.cancelled, Usage()))
         self._wake.set()
 
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
@@ -221,7 +236,7 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(
             steps=self._steps,
-            queued=self._queue.qsize(),
+            queued=len(self._waiting),
             active=len(self._active),
             generated_tokens=self._generated,
             prefilled_tokens=self._prefilled,
@@ -230,7 +245,7 @@ class Engine:
     @property
     def busy(self) -> bool:
         """True while requests are queued or running (the model pool never unloads it then)."""
-        return bool(self._active) or not self._queue.empty()
+        return bool(self._active) or bool(self._waiting)
 
     @property
     def alive(self) -> bool:
@@ -265,11 +280,9 @@ class Engine:
         self._stopping = True
         for job in list(self._active):
             self._finish(job, FinishReason.error, error=unloaded)
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        with self._waiting_lock:
+            waiting, self._waiting = list(self._waiting), deque()
+        for job in waiting:
             job.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
 
     def _reap_cancelled(self) -> None:
@@ -277,27 +290,39 @@ class Engine:
             self._finish(job, FinishReason.cancelled)
 
     def _admit(self) -> None:
+        """Start waiting requests, oldest first, while slots are free.
+
+        The cache strategy may hold one back while another slot prefills a
+        prefix it can then copy; younger requests go ahead meanwhile.
+        """
+        held = 0
         while not self._stopping:
             free = [slot for slot in self.slots if not slot.busy]
             if not free:
                 return
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job.cancelled:
-                job.deliver(Finished(FinishReason.cancelled, Usage()))
-                continue
+            with self._waiting_lock:
+                if held >= len(self._waiting):
+                    return
+                job = self._waiting[held]
+                prefilling = [
+                    (active.slot, active.request.prompt_tokens)
+                    for active in self._active
+                    if active.prefilling and active.slot is not None
+                ]
+                if prefilling and self._cache.admit_later(job.request, prefilling):
+                    held += 1
+                    continue
+                del self._waiting[held]
             self._start(job, free)
 
     def _start(self, job: _Job, free: list[Slot]) -> None:
-        slot = self._cache.select_slot(free, job.request)
+        slot = self._cache.select_slot(free, job.request, self.model)
         slot.busy = slot.pending = True
         job.slot = slot
         job.started_at = time.monotonic()
         self._active.append(job)
         try:
-            plan = self._cache.prepare(slot, job.request, self.model)
+            plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             job.cached_tokens = job.next_prompt_index = plan.reused
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
@@ -354,6 +379,7 @@ class Engine:
             job.next_prompt_index += len(prefilled)
             if not job.prefilling:
                 job.slot.pending = False
+                self._cache.prefilled(job.slot, self.model)
         self._steps += 1
         self._prefilled += sum(prefilling.values())
         for job in sampled:

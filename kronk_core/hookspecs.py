@@ -48,9 +48,9 @@ def kronk_cache_strategy(
 ) -> CacheStrategy | None:
     """Return the CacheStrategy called `name` for this model, or None if you do not provide it.
 
-    `name` is what the model config selects: "none", "spc"
-    (system_prompt_cache) or "imc" (incremental_cache). `model_info` says
-    whether the KV can be trimmed at any position (`kv_trimmable`). The
+    `name` is what the model config selects: "imc" (the default), "spc"
+    (system_prompt_cache) or "none" (incremental_cache: false). `model_info`
+    says whether the KV can be trimmed at any position (`kv_trimmable`). The
     strategy object lives as long as the model's engine and is only called
     from the engine thread.
     """

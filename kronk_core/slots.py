@@ -40,6 +40,10 @@ class CacheCounters:
     rebuilds: int = 0
     evictions: int = 0
     restores: int = 0
+    # Cut back below the trim floor by restoring a checkpoint (sliding window, recurrent).
+    checkpoint_restores: int = 0
+    # Prompt prefixes copied from another slot's sequence instead of prefilled.
+    shared_prefixes: int = 0
     tokens_saved: int = 0
 
 
@@ -52,16 +56,36 @@ class CacheStrategy(Protocol):
 
     name: str
 
-    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
+    def select_slot(
+        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+    ) -> Slot:
         """Pick one of the free slots (never empty) for this request."""
 
-    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
+    def admit_later(
+        self, request: GenerationRequest, prefilling: Sequence[tuple[Slot, Sequence[int]]]
+    ) -> bool:
+        """True to leave a queued request waiting while other slots prefill.
+
+        `prefilling` pairs each slot now prefilling with its whole prompt. A
+        strategy that can copy prompt prefixes between slots holds a request
+        whose prefix one of them is about to hold; the engine asks again after
+        every step and never holds a request while no slot prefills.
+        """
+
+    def prepare(
+        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+    ) -> CachePlan:
         """Make the slot's sequence hold a prefix of the prompt; say how long it is.
 
         On return `slot.tokens` must equal `prompt[:plan.reused]`, and at least
         the last prompt token must be left to prefill (the engine needs its
-        logits).
+        logits). `slots` are all of the engine's slots, busy ones included:
+        their sequences may be read (`TextModel.seq_copy` from them), never
+        changed.
         """
+
+    def prefilled(self, slot: Slot, model: TextModel) -> None:
+        """The request's whole prompt is now in the slot, before its first generated token."""
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """The request in this slot finished; keep or drop its KV."""

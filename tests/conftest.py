@@ -69,11 +69,13 @@ def kronk(
     minilm_path: Path,
     reranker_path: Path,
 ) -> Iterator[Kronk]:
-    """The default Gemma 3 270M with 4 slots, loaded once for the session.
+    """The default Gemma 3 270M with 4 slots and no message caching, loaded once.
 
-    The pool also knows IMC_MODEL_ID (the default model with the Incremental
-    Message Cache on), "minilm" (Matryoshka cuts allowed, for the `dimensions`
-    tests), "minilm-plain" (not allowed) and "tiny-reranker", loaded on first use.
+    Without caching every request is computed from scratch, which the engine
+    and dialect tests compare against. The pool also knows IMC_MODEL_ID (the
+    default model with the Incremental Message Cache, as it is served on its
+    defaults), "minilm" (Matryoshka cuts allowed, for the `dimensions` tests),
+    "minilm-plain" (not allowed) and "tiny-reranker", loaded on first use.
     """
     imc = {
         **DEFAULT_MODEL_SETTINGS,
@@ -87,7 +89,10 @@ def kronk(
         queue_wait_seconds=2.0,
         models_in_cache=5,
         models={
-            DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS),
+            # A small queue (8 places) that the 429 test can fill.
+            DEFAULT_MODEL_ID: ModelConfig.model_validate(
+                {**DEFAULT_MODEL_SETTINGS, "incremental_cache": False, "queue_depth": 2}
+            ),
             IMC_MODEL_ID: ModelConfig.model_validate(imc),
             "minilm": ModelConfig(model_path=minilm_path, n_seq_max=2, matryoshka=True),
             "minilm-plain": ModelConfig(model_path=minilm_path),

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kronk_caching.prefix import common_prefix
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.sampling import Greedy
@@ -50,7 +51,7 @@ def models(gemma_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-caching"),
         models={
-            "cold": model_config(path),
+            "cold": model_config(path, incremental_cache=False),
             "imc": model_config(path, incremental_cache=True, n_seq_max=2, host_cache_bytes=0),
             "spc": model_config(path, system_prompt_cache=True, n_seq_max=2),
         },
@@ -116,6 +117,14 @@ class ColdReplay:
         self.model.close()
 
 
+def assert_same_first_token(result: ChatResult, reference: list[tuple[str, float]]) -> None:
+    """The first token's top-5 log-probs are the reference's (within 0.02 nats)."""
+    ours = [(t.token, t.logprob) for t in result.logprobs[0].top_logprobs]
+    assert [token for token, _ in ours] == [token for token, _ in reference]
+    for (_, mine), (_, theirs) in zip(ours, reference, strict=True):
+        assert abs(mine - theirs) < 0.02
+
+
 def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
     loaded = kronk.get_loaded(model)
     assert loaded is not None
@@ -139,10 +148,7 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
                 # The restored state is turn 0's one-chunk prefill, trimmed to the system prompt.
                 replay.prefill(prompt_of(models, strategy, messages[:2]), 0)
             reference = replay.prefill(prompt, cached.usage.cached_tokens)
-            ours = [(t.token, t.logprob) for t in cached.logprobs[0].top_logprobs]
-            assert [token for token, _ in ours] == [token for token, _ in reference]
-            for (_, mine), (_, theirs) in zip(ours, reference, strict=True):
-                assert abs(mine - theirs) < 0.02
+            assert_same_first_token(cached, reference)
             assert replay.generate(cached.usage.completion_tokens) == cached.content
             assert cached.content == cold.content
             assert cold.usage.cached_tokens == 0
@@ -198,7 +204,9 @@ async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path
         assert rebuilt.usage.cached_tokens == 0
         counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
         # The extension also trims: the client sent a different answer than was generated.
-        assert (counters.hits, counters.partial_hits, counters.rebuilds) == (1, 2, 2)
+        # The edit leaves the conversation in its slot and copies the prefix to the other one.
+        assert (counters.hits, counters.partial_hits, counters.rebuilds) == (1, 1, 2)
+        assert counters.shared_prefixes == 1
     finally:
         kronk.close()
 
@@ -343,18 +351,105 @@ async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models
     assert list(models.load("spc").system_prompts) == [SYSTEM]
 
 
-async def test_untrimmable_kv_only_extends(gemma_path: str, tmp_path: Path) -> None:
-    """Sliding-window KV without swa_full cannot be cut back: reuse only whole slots."""
-    kronk = fresh(gemma_path, tmp_path, swa_full=False, host_cache_bytes=0, n_seq_max=1)
+def long_user_turn(index: int) -> dict[str, str]:
+    """About 200 tokens: a tool result, so that few turns outgrow the sliding window."""
+    rows = "\n".join(
+        f"sensor {index}.{row}: reading {row * 37 % 101} units, ok" for row in range(16)
+    )
+    return {"role": "user", "content": f"Turn {index}: here are the readings.\n{rows}\nSummarise."}
+
+
+async def test_sliding_window_cut_back_through_a_checkpoint(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Sliding-window KV (swa_full false) has lost positions a cut needs: a checkpoint has them.
+
+    One slot keeps 1,024 window cells, so after ~1,800 tokens editing a message
+    600 tokens back is below the trim floor and goes through the checkpoint
+    taken at the end of an earlier prompt. The reference decodes the same
+    chunks as the slot did up to that checkpoint, then the edited rest: it
+    never had the later turns, so it needs no cut. (Where window cells lie
+    changes rounding, so a full-size window cache is no reference here.)
+    """
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0, n_seq_max=1)
+    cold = fresh(gemma_path, tmp_path, incremental_cache=False, n_seq_max=1)
+    loaded = kronk.load("m")
+    assert not loaded.model.info.kv_trimmable and loaded.model.info.n_swa == 512
+    replay = ColdReplay(model_config(Path(gemma_path)))
     try:
-        assert not kronk.load("m").model.info.kv_trimmable
-        first = await ask(kronk, "m", conversation(SYSTEM, 1))
-        messages = conversation(SYSTEM, 1)
-        messages.append({"role": "assistant", "content": first.content})
-        messages.append(user_turn(1))
-        extended = await ask(kronk, "m", messages)
-        assert extended.usage.cached_tokens > first.usage.prompt_tokens
-        edited = conversation(SYSTEM, 2)  # a different answer: reuse would need a cut
-        assert (await ask(kronk, "m", edited)).usage.cached_tokens == 0
+        messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        history = []
+        for turn in range(7):
+            messages.append(long_user_turn(turn))
+            result = await ask(kronk, "m", messages)
+            history.append((await prompt_tokens(kronk, messages), result))
+            messages.append({"role": "assistant", "content": result.content})
+        floor = loaded.model.trim_floor(0)
+        edited = [*messages[:-4], long_user_turn(99)]  # replaces turn 5's tool result
+        prompt = await prompt_tokens(kronk, edited)
+        assert common_prefix(prompt, loaded.engine.slots[0].tokens) < floor
+        result = await ask(kronk, "m", edited)
+        assert loaded.engine.cache_counters().checkpoint_restores == 1
+        # The checkpoint is the end of turn 4's prompt.
+        assert result.usage.cached_tokens == len(history[4][0]) < floor
+        for turn_prompt, turn_result in history[:5]:
+            replay.prefill(turn_prompt, turn_result.usage.cached_tokens)
+            if len(turn_prompt) < result.usage.cached_tokens:
+                assert replay.generate(turn_result.usage.completion_tokens) == turn_result.content
+        # A restored window lies in other cells than it was computed in, which changes
+        # rounding by up to 0.4 nats here: move the reference's own window the same way.
+        replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
+        reference = replay.prefill(prompt, result.usage.cached_tokens)
+        assert_same_first_token(result, reference)
+        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert result.content == (await ask(cold, "m", edited)).content
+    finally:
+        replay.close()
+        kronk.close()
+        cold.close()
+
+
+async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Two agents of one tool: the second one's system prompt comes from the first one's slot."""
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    replay = ColdReplay(model_config(Path(gemma_path), swa_full=True))
+    try:
+        first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
+        second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
+        await ask(kronk, "m", first)
+        copied = await ask(kronk, "m", second)
+        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        assert sum(1 for slot in engine.slots if slot.tokens) == 2  # the first agent kept its slot
+        assert engine.cache_counters().shared_prefixes == 1
+        first_prompt = await prompt_tokens(kronk, first)
+        shared = common_prefix(first_prompt, await prompt_tokens(kronk, second))
+        assert copied.usage.cached_tokens == shared > 100
+        # The copied cells are the first prompt's: replay that prefill, cut, then the rest.
+        replay.prefill(first_prompt, 0)
+        reference = replay.prefill(await prompt_tokens(kronk, second), shared)
+        assert_same_first_token(copied, reference)
+        assert replay.generate(copied.usage.completion_tokens) == copied.content
+    finally:
+        replay.close()
+        kronk.close()
+
+
+async def test_simultaneous_agents_prefill_their_shared_prefix_once(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Requests that arrive together wait for the one prefilling their common prefix."""
+    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0, n_seq_max=3)
+    cold = fresh(gemma_path, tmp_path, incremental_cache=False, n_seq_max=1)
+    try:
+        agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in range(3)]
+        results = await asyncio.gather(*(ask(kronk, "m", agent) for agent in agents))
+        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        assert engine.cache_counters().shared_prefixes == 2
+        assert sorted(r.usage.cached_tokens > 100 for r in results) == [False, True, True]
+        for agent, result in zip(agents, results, strict=True):
+            assert result.content == (await ask(cold, "m", agent)).content
     finally:
         kronk.close()
+        cold.close()

@@ -31,9 +31,12 @@ def test_valid_config_parses_with_defaults() -> None:
     assert config.n_batch == 1024 and config.n_ubatch == 1024
     assert config.cache_type_k is CacheType.q8_0  # case-insensitive
     assert config.cache_type_v is CacheType.f16
-    assert config.cache_strategy == "none"
+    # Message caching is on by default; SPC replaces it, incremental_cache: false turns it off.
+    assert config.cache_strategy == "imc"
     assert parse_model_config("m1", {"incremental_cache": True}).cache_strategy == "imc"
     assert parse_model_config("m1", {"system_prompt_cache": True}).cache_strategy == "spc"
+    assert parse_model_config("m1", {"incremental_cache": False}).cache_strategy == "none"
+    assert not config.swa_full and config.n_seq_max == 4
 
 
 def test_ubatch_larger_than_batch_names_n_ubatch() -> None:

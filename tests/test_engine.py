@@ -32,7 +32,7 @@ STABLE_PROMPTS = (
     "Monday, Tuesday, Wednesday,",
     "2, 4, 6, 8, 10,",
     "one two three four five",
-    "Python is a programming language.",
+    "The capital of France is",
     "Knock knock. Who's there?",
     "10, 9, 8, 7, 6,",
     "Hello, world!",

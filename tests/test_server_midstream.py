@@ -78,6 +78,8 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
         "rebuilds",
         "evictions",
         "restores",
+        "checkpoint_restores",
+        "shared_prefixes",
         "tokens_saved",
     }
     assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]

@@ -229,7 +229,10 @@ def test_response_format_json_schema(client: openai.OpenAI) -> None:
 
 def test_response_format_json_object(client: openai.OpenAI) -> None:
     response = _greedy(
-        client, "Give a person as JSON.", max_tokens=80, response_format={"type": "json_object"}
+        client,
+        "Give a person as JSON with a name and an age.",
+        max_tokens=80,
+        response_format={"type": "json_object"},
     )
     assert response.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(response.choices[0].message.content or ""), dict)

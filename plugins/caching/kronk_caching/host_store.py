@@ -26,6 +26,9 @@ class StoredConversation:
     tokens: tuple[int, ...]
     state: bytes | None  # None: only on disk
     file: Path | None
+    # The state, once restored, can be cut back to this length and no shorter
+    # (TextModel.trim_floor when it was saved).
+    floor: int = 0
 
 
 class HostStore:
@@ -45,7 +48,7 @@ class HostStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
+    def put(self, tokens: Sequence[int], state: bytes, floor: int = 0) -> None:
         """Keep this conversation's state; drop stored conversations it extends."""
         key = token_key(tokens)
         for other in [k for k, e in self._entries.items() if _is_prefix(e.tokens, tokens)]:
@@ -53,9 +56,10 @@ class HostStore:
         file = None
         if self._directory is not None:
             file = self._directory / hashlib.sha256(key).hexdigest()
-            np.asarray(tokens, dtype=np.int32).tofile(file.with_suffix(".tokens"))
+            # The floor first, then the tokens.
+            np.asarray([floor, *tokens], dtype=np.int32).tofile(file.with_suffix(".tokens"))
             file.with_suffix(".state").write_bytes(state)
-        self._entries[key] = StoredConversation(tuple(tokens), state, file)
+        self._entries[key] = StoredConversation(tuple(tokens), state, file, floor)
         self._bytes += len(state)
         self._shrink()
 
@@ -105,10 +109,11 @@ class HostStore:
     def _load_index(self) -> None:
         assert self._directory is not None
         for tokens_file in sorted(self._directory.glob("*.tokens")):
-            tokens = tuple(int(t) for t in np.fromfile(tokens_file, dtype=np.int32))
+            floor, *rest = (int(t) for t in np.fromfile(tokens_file, dtype=np.int32))
+            tokens = tuple(rest)
             file = tokens_file.with_suffix("")
             if file.with_suffix(".state").exists():
-                self._entries[token_key(tokens)] = StoredConversation(tokens, None, file)
+                self._entries[token_key(tokens)] = StoredConversation(tokens, None, file, floor)
         if self._entries:
             log.info(
                 "host cache: %d conversations on disk in %s", len(self._entries), self._directory

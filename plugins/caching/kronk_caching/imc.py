@@ -5,12 +5,22 @@ truth; a request is routed to the slot whose tokens share the longest prefix
 with the new prompt and only the rest is prefilled. Comparing tokens, never
 message text, keeps the cache right when a re-rendered assistant turn differs
 from what was generated (thinking stripped, whitespace, channel markup).
+
+Where a new conversation shares a prefix with another slot's (sub-agents of
+one tool: the same system prompt and tool list), that prefix is copied from
+the other slot's sequence instead of prefilled again.
+
+A KV that cannot be cut back at any position (sliding-window layers without
+a full-size cache, recurrent state) is cut only down to its trim floor; for
+cuts below it, the slot keeps checkpoints of its untrimmable part taken at
+the end of each prompt.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore
@@ -23,85 +33,225 @@ from kronk_core.types import GenerationRequest
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The untrimmable part of a slot's state when it held `length` tokens."""
+
+    length: int
+    state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """How a prompt can reuse a sequence: keep `keep` tokens, via a checkpoint if given."""
+
+    keep: int = 0
+    checkpoint: Checkpoint | None = None
+
+
 class IncrementalCache(Counted):
     name = "imc"
 
-    def __init__(self, *, min_tokens: int, trimmable: bool, store: HostStore | None) -> None:
+    def __init__(
+        self, *, min_tokens: int, trimmable: bool, store: HostStore | None, checkpoints: int = 4
+    ) -> None:
         self._min_tokens = max(1, min_tokens)
-        # When the KV cannot be cut at any position (SWA without swa_full, recurrent
-        # state), a slot is reusable only when its whole content prefixes the prompt.
-        self._trimmable = trimmable
+        # Checkpoints are needed only where the KV cannot be cut at any position.
+        self._max_checkpoints = 0 if trimmable else checkpoints
+        self._checkpoints: dict[int, list[Checkpoint]] = {}
+        # Slot id → length of the last prompt prefilled in it (what followed was generated).
+        self._prompt_end: dict[int, int] = {}
         self.store = store
 
-    def _usable(self, slot: Slot, prompt: Sequence[int]) -> int:
-        shared = common_prefix(slot.tokens, prompt)
-        if not self._trimmable and shared < len(slot.tokens):
-            return 0
-        shared = min(shared, len(prompt) - 1)
-        return shared if shared >= self._min_tokens else 0
+    # ---- how much of a sequence a prompt can keep ----------------------------
 
-    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
+    def _reuse(self, slot: Slot, prompt: Sequence[int], model: TextModel) -> Reuse:
+        shared = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+        if shared < self._min_tokens:
+            return Reuse()
+        if shared == len(slot.tokens) or shared >= model.trim_floor(slot.seq_id):
+            return Reuse(shared)
+        usable = [c for c in self._checkpoints.get(slot.id, ()) if c.length <= shared]
+        if usable and usable[-1].length >= self._min_tokens:
+            return Reuse(usable[-1].length, usable[-1])
+        return Reuse()
+
+    def _donor(
+        self, slots: Sequence[Slot], target: Slot, prompt: Sequence[int], model: TextModel
+    ) -> tuple[Slot | None, int]:
+        """Another slot whose sequence starts with a longer prefix of the prompt."""
+        best: tuple[Slot | None, int] = (None, 0)
+        for other in slots:
+            if other is target:
+                continue
+            shared = min(common_prefix(other.tokens, prompt), len(prompt) - 1)
+            # The copied cells must include the whole window the next token attends to.
+            if shared < len(other.tokens) and shared < model.trim_floor(other.seq_id):
+                continue
+            if shared > best[1]:
+                best = (other, shared)
+        return best
+
+    def _continues(self, slot: Slot, prompt: Sequence[int], reuse: Reuse) -> bool:
+        """Whether the prompt goes on with this slot's conversation.
+
+        It does when it holds the slot's whole last prompt (at most the last
+        answer is re-rendered differently); a prompt leaving earlier is another
+        conversation, or an edit of this one, that shares a prefix.
+        """
+        end = self._prompt_end.get(slot.id, 0)
+        return reuse.keep > 0 and common_prefix(slot.tokens, prompt) >= end
+
+    # ---- CacheStrategy -------------------------------------------------------
+
+    def select_slot(
+        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+    ) -> Slot:
+        """The slot whose conversation the prompt continues, else an empty one, else the LRU.
+
+        A conversation that only shares a prefix keeps its slot: the prefix is
+        copied (prepare), so sub-agents of one tool never evict each other.
+        """
         prompt = request.prompt_tokens
-        best = max(free, key=lambda slot: (self._usable(slot, prompt), -slot.id))
-        if self._usable(best, prompt):
+        reuses = [(self._reuse(slot, prompt, model), slot) for slot in free]
+        reuse, best = max(reuses, key=lambda pair: (pair[0].keep, -pair[1].id))
+        if self._continues(best, prompt, reuse):
             return best
         empty = [slot for slot in free if not slot.tokens]
         if empty:
             return empty[0]
         return min(free, key=lambda slot: slot.last_used)
 
-    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
+    def admit_later(
+        self, request: GenerationRequest, prefilling: Sequence[tuple[Slot, Sequence[int]]]
+    ) -> bool:
+        """Hold a request whose prefix another slot is prefilling now: it copies it afterwards."""
         prompt = request.prompt_tokens
-        usable = self._usable(slot, prompt)
-        if not usable and slot.tokens:
+        for slot, other in prefilling:
+            shared = common_prefix(other, prompt)
+            if shared >= self._min_tokens and len(slot.tokens) < min(shared, len(prompt) - 1):
+                return True
+        return False
+
+    def prepare(
+        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+    ) -> CachePlan:
+        """Reuse the slot's own prefix, else copy one from another slot, else restore one."""
+        prompt = request.prompt_tokens
+        reuse = self._reuse(slot, prompt, model)
+        donor, shared = self._donor(slots, slot, prompt, model)
+        if donor is not None and shared >= max(self._min_tokens, reuse.keep + self._min_tokens):
+            return self._copy(donor, shared, slot, prompt, model)
+        if reuse.keep and not self._continues(slot, prompt, reuse):
+            # Another branch of the conversation is about to be cut away: keep it in
+            # the host tier, whence it returns if the client goes back to it.
+            self._save(slot, model)
+        if not reuse.keep and slot.tokens:
             self._evict(slot, model)
-        restored = self._restore(slot, prompt, usable, model)
+        restored = self._restore(slot, prompt, reuse.keep, model)
         if restored:
-            usable = restored
-        if not usable:
-            clear(slot, model)
+            self._count(restores=1, tokens_saved=restored)
+            return CachePlan(reused=restored)
+        if not reuse.keep:
+            self._clear(slot, model)
             self._count(rebuilds=1)
             return CachePlan(reused=0)
-        if usable < len(slot.tokens):
-            if not model.seq_remove(slot.seq_id, usable, -1):
-                log.warning("slot %d: KV cannot be trimmed at %d; rebuilding", slot.id, usable)
-                clear(slot, model)
-                self._count(rebuilds=1)
-                return CachePlan(reused=0)
-            was = len(slot.tokens)
-            del slot.tokens[usable:]
-            # Dropping only the previous answer's tail (or re-prefilling the last
-            # prompt token of an identical repeat) still counts as a hit.
-            partial = not restored and usable < min(was, len(prompt) - 1)
-            self._count(partial_hits=int(partial), hits=int(not partial and not restored))
-        elif not restored:
-            self._count(hits=1)
-        self._count(tokens_saved=usable)
-        return CachePlan(reused=usable)
+        keep = reuse.keep
+        was = len(slot.tokens)
+        if keep < was and not self._cut(slot, reuse, model):
+            log.warning("slot %d: KV cannot be cut at %d; rebuilding", slot.id, keep)
+            self._clear(slot, model)
+            self._count(rebuilds=1)
+            return CachePlan(reused=0)
+        # Dropping only the previous answer's tail (or re-prefilling the last
+        # prompt token of an identical repeat) still counts as a hit.
+        partial = keep < min(was, len(prompt) - 1)
+        self._count(
+            partial_hits=int(partial),
+            hits=int(not partial),
+            checkpoint_restores=int(reuse.checkpoint is not None),
+            tokens_saved=keep,
+        )
+        return CachePlan(reused=keep)
+
+    def prefilled(self, slot: Slot, model: TextModel) -> None:
+        """The whole prompt is in the slot: remember where it ends, checkpoint if needed."""
+        self._prompt_end[slot.id] = len(slot.tokens)
+        if not self._max_checkpoints:
+            return
+        kept = self._checkpoints.setdefault(slot.id, [])
+        kept.append(Checkpoint(len(slot.tokens), model.checkpoint(slot.seq_id)))
+        del kept[: -self._max_checkpoints]
+
+    def release(self, slot: Slot, model: TextModel) -> None:
+        """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
+
+    # ---- moving state ----------------------------------------------------------
+
+    def _cut(self, slot: Slot, reuse: Reuse, model: TextModel) -> bool:
+        keep = reuse.keep
+        if reuse.checkpoint is not None:
+            done = model.restore_checkpoint(slot.seq_id, keep, reuse.checkpoint.state)
+        else:
+            done = model.seq_remove(slot.seq_id, keep, -1)
+        if done:
+            del slot.tokens[keep:]
+            self._drop_checkpoints_after(slot, keep)
+            self._prompt_end[slot.id] = min(self._prompt_end.get(slot.id, 0), keep)
+        return done
+
+    def _copy(
+        self, donor: Slot, shared: int, slot: Slot, prompt: Sequence[int], model: TextModel
+    ) -> CachePlan:
+        if slot.tokens:
+            self._evict(slot, model)
+        model.seq_copy(donor.seq_id, slot.seq_id, 0, shared)
+        slot.tokens.extend(prompt[:shared])
+        self._checkpoints[slot.id] = [
+            c for c in self._checkpoints.get(donor.id, ()) if c.length <= shared
+        ]
+        self._count(shared_prefixes=1, tokens_saved=shared)
+        return CachePlan(reused=shared)
+
+    def _clear(self, slot: Slot, model: TextModel) -> None:
+        clear(slot, model)
+        self._checkpoints.pop(slot.id, None)
+        self._prompt_end.pop(slot.id, None)
+
+    def _drop_checkpoints_after(self, slot: Slot, length: int) -> None:
+        kept = self._checkpoints.get(slot.id)
+        if kept:
+            kept[:] = [c for c in kept if c.length <= length]
 
     def _evict(self, slot: Slot, model: TextModel) -> None:
         self._count(evictions=1)
+        self._save(slot, model)
+        self._clear(slot, model)
+
+    def _save(self, slot: Slot, model: TextModel) -> None:
         if self.store is not None and len(slot.tokens) >= self._min_tokens:
-            self.store.put(slot.tokens, model.seq_state(slot.seq_id))
-        clear(slot, model)
+            floor = model.trim_floor(slot.seq_id)
+            self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor)
 
     def _restore(self, slot: Slot, prompt: Sequence[int], usable: int, model: TextModel) -> int:
         """Load a stored conversation that beats the slot's own prefix; return the usable prefix."""
         if self.store is None:
             return 0
         shared, entry = self.store.best(prompt, at_least=max(usable + 1, self._min_tokens))
-        if not shared or (not self._trimmable and shared < len(entry.tokens)):
+        if not shared:
+            return 0
+        keep = min(shared, len(prompt) - 1)
+        if keep < len(entry.tokens) and keep < entry.floor:
             return 0
         state = self.store.state_of(entry)
         if slot.tokens:
             self._evict(slot, model)
         if state is None or model.set_seq_state(slot.seq_id, state) == 0:
             log.warning("slot %d: host cache restore failed; rebuilding", slot.id)
-            clear(slot, model)
+            self._clear(slot, model)
             return 0
         slot.tokens.extend(entry.tokens)
-        self._count(restores=1)
-        return min(shared, len(prompt) - 1)
-
-    def release(self, slot: Slot, model: TextModel) -> None:
-        """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
+        if keep < len(slot.tokens) and not self._cut(slot, Reuse(keep), model):
+            self._clear(slot, model)
+            return 0
+        return keep

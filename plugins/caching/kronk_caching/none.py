@@ -12,12 +12,24 @@ from kronk_core.types import GenerationRequest
 class NoCache:
     name = "none"
 
-    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
+    def select_slot(
+        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+    ) -> Slot:
         return min(free, key=lambda slot: slot.last_used)
 
-    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
+    def admit_later(
+        self, request: GenerationRequest, prefilling: Sequence[tuple[Slot, Sequence[int]]]
+    ) -> bool:
+        return False
+
+    def prepare(
+        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+    ) -> CachePlan:
         clear(slot, model)
         return CachePlan(reused=0)
+
+    def prefilled(self, slot: Slot, model: TextModel) -> None:
+        pass
 
     def release(self, slot: Slot, model: TextModel) -> None:
         clear(slot, model)

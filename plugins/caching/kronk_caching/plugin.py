@@ -41,6 +41,8 @@ def state_fingerprint(model_config: ModelConfig, model_info: ModelInfo) -> str:
     path = model_config.model_path
     stat = path.stat() if path is not None else None
     identity = {
+        # 2: token files start with the state's trim floor.
+        "format": 2,
         "file": str(path),
         "size": stat.st_size if stat else 0,
         "mtime_ns": stat.st_mtime_ns if stat else 0,
@@ -57,9 +59,7 @@ def kronk_cache_strategy(
     if name == "none":
         return NoCache()
     if name == "spc":
-        return SystemPromptCache(
-            min_tokens=model_config.cache_min_tokens, trimmable=model_info.kv_trimmable
-        )
+        return SystemPromptCache(min_tokens=model_config.cache_min_tokens)
     if name == "imc":
         store = None
         if model_config.host_cache_bytes or model_config.host_cache_dir:
@@ -70,8 +70,8 @@ def kronk_cache_strategy(
             )
         if not model_info.kv_trimmable:
             log.info(
-                "%s: KV cannot be trimmed at any position (sliding window without swa_full, "
-                "or recurrent state); IMC reuses a slot only when the new prompt extends it",
+                "%s: KV cannot be cut at any position (sliding window without swa_full, or "
+                "recurrent state); IMC checkpoints each prompt's end to cut back further",
                 model_info.id,
             )
         return IncrementalCache(

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kronk_caching.counting import Counted
-from kronk_caching.none import clear
+from kronk_caching.none import NoCache, clear
 from kronk_caching.prefix import token_key
 from kronk_core.backend import TextModel
 from kronk_core.slots import CachePlan, Slot
@@ -23,20 +23,20 @@ from kronk_core.types import GenerationRequest
 log = logging.getLogger(__name__)
 
 
-class SystemPromptCache(Counted):
+class SystemPromptCache(Counted, NoCache):
+    """Slots are chosen as without a cache (least recently used); prepare and release differ."""
+
     name = "spc"
 
-    def __init__(self, *, min_tokens: int, trimmable: bool, max_entries: int = 8) -> None:
+    def __init__(self, *, min_tokens: int, max_entries: int = 8) -> None:
         self._min_tokens = min_tokens
-        self._trimmable = trimmable
         self._max_entries = max_entries
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
         self._to_export: dict[int, int] = {}  # slot id → system-prompt length to export at release
 
-    def select_slot(self, free: Sequence[Slot], request: GenerationRequest) -> Slot:
-        return min(free, key=lambda slot: slot.last_used)
-
-    def prepare(self, slot: Slot, request: GenerationRequest, model: TextModel) -> CachePlan:
+    def prepare(
+        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+    ) -> CachePlan:
         clear(slot, model)
         size = request.system_tokens
         if size < max(1, self._min_tokens) or size >= len(request.prompt_tokens):
@@ -53,14 +53,14 @@ class SystemPromptCache(Counted):
             log.warning("SPC restore failed on slot %d; rebuilding", slot.id)
             del self._states[key]
             clear(slot, model)
-        if self._trimmable:
-            self._to_export[slot.id] = size
+        self._to_export[slot.id] = size
         self._count(rebuilds=1)
         return CachePlan(reused=0)
 
     def release(self, slot: Slot, model: TextModel) -> None:
         size = self._to_export.pop(slot.id, 0)
-        if size and len(slot.tokens) >= size and model.seq_remove(slot.seq_id, size, -1):
+        exact = size >= model.trim_floor(slot.seq_id)  # cutting there keeps the window whole
+        if size and len(slot.tokens) >= size and exact and model.seq_remove(slot.seq_id, size, -1):
             del slot.tokens[size:]
             self._states[token_key(slot.tokens)] = model.seq_state(slot.seq_id)
             while len(self._states) > self._max_entries:

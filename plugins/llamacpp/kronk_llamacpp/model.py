@@ -15,7 +15,7 @@ from kronk_core.errors import KronkError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
-from kronk_llamacpp.sampler import NativeSampler, build_sampler
+from kronk_llamacpp.sampler import DryPrototypes, NativeSampler, build_sampler
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import load_weights, metadata
 
@@ -31,6 +31,7 @@ class LlamaTextModel:
         self._model = weights or load_weights(config)
         self._ctx: llama_cpp.llama_context_p | None = None
         self._batch: llama_cpp.llama_batch | None = None
+        self._dry: DryPrototypes | None = None
         try:
             self._open_context(config)
         except BaseException:
@@ -73,7 +74,12 @@ class LlamaTextModel:
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
+        self._dry = DryPrototypes(self._vocab)
         template = llama_cpp.llama_model_chat_template(model, None)
+        self._recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
+        n_swa = int(llama_cpp.llama_model_n_swa(model))
         n_layer = llama_cpp.llama_model_n_layer(model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(model)
         arch = found.get("general.architecture", "unknown")
@@ -99,11 +105,8 @@ class LlamaTextModel:
             eos_token=self.token_text(llama_cpp.llama_vocab_eos(self._vocab)),
             chat_template=template.decode("utf-8") if template else None,
             kv_bytes_per_token=int(kv_bytes),
-            kv_trimmable=not (
-                llama_cpp.llama_model_is_recurrent(model)
-                or llama_cpp.llama_model_is_hybrid(model)
-                or (llama_cpp.llama_model_n_swa(model) > 0 and not config.swa_full)
-            ),
+            kv_trimmable=not (self._recurrent or (n_swa > 0 and not config.swa_full)),
+            n_swa=n_swa,
             metadata=found,
             n_embd=llama_cpp.llama_model_n_embd(model),
             memory_bytes=int(
@@ -182,8 +185,10 @@ class LlamaTextModel:
         )
 
     def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler:
-        assert self._ctx is not None
-        return build_sampler(self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages)
+        assert self._ctx is not None and self._dry is not None
+        return build_sampler(
+            self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages, self._dry
+        )
 
     # ---- KV sequences ------------------------------------------------------
 
@@ -200,13 +205,44 @@ class LlamaTextModel:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
         buffer = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, seq_id)
-        return bytes(buffer[:written])
+        return ctypes.string_at(buffer, written)
 
     def set_seq_state(self, seq_id: int, state: bytes) -> int:
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return int(llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id))
 
+    def trim_floor(self, seq_id: int) -> int:
+        if self.info.kv_trimmable:
+            return 0
+        if self._recurrent:
+            return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+        # The token at position p attends to positions above p - n_swa; the cache
+        # holds positions from pos_min on, so a cut at p is exact from pos_min + n_swa
+        # (one position of margin) unless nothing was dropped yet.
+        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
+        return 0 if lowest <= 0 else lowest + self.info.n_swa
+
+    def checkpoint(self, seq_id: int) -> bytes:
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, size, seq_id, flags)
+        return ctypes.string_at(buffer, written)
+
+    def restore_checkpoint(self, seq_id: int, length: int, state: bytes) -> bool:
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        read = llama_cpp.llama_state_seq_set_data_ext(
+            self._ctx, buffer, len(state), seq_id, flags
+        )
+        # The partial state replaced the window cells; the full-attention cells
+        # beyond the checkpoint still have to go.
+        return read > 0 and self.seq_remove(seq_id, length, -1)
+
     def close(self) -> None:
+        if self._dry is not None:
+            self._dry.close()
+            self._dry = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

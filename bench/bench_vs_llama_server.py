@@ -1,0 +1,282 @@
+"""Kronk against llama.cpp's llama-server on agentic traffic, side by side in one run.
+
+Both servers run on their defaults (Kronk: no model-config file; llama-server: no tuning
+flags, the same chat template file as Kronk's bundled gemma template), each alone on
+127.0.0.1, loaded and warmed up with the same request, driven by the same HTTP client
+(bench/agent_load.py) with the same conversations:
+
+  W1  one agent, 12 turns (a ~1,100-token system prompt with tool descriptions,
+      ~250-token tool results, 24-token greedy replies, streamed)
+  D   one stream: cold prefill of a ~4k-token prompt, then greedy decode at that depth
+  W2  four agents of the same tool at once, 8 turns each
+  W3  sixteen agents at once, 4 turns each (more agents than llama-server's 4 slots)
+
+Afterwards, in this process, Kronk's own prefill of exactly each W1 turn's new tokens at
+its depth (the best a cache can do) and a cold prefill of turn 1, on the model config the
+server used. Every figure is printed for both servers with the ratio and its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from agent_load import Client, Messages, Turn, system_prompt, unique_text
+from llama_server import llama_server_binary, no_amx_environment
+
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core.backend import Batch
+from kronk_core.models import default_model_path, resolve_model_config
+from kronk_core.sampling import Greedy
+from kronk_llamacpp.model import LlamaTextModel
+from kronk_templates.jinja import bundled_source
+
+W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running(
+    name: str, command: list[str], ready_url: str, log_dir: Path, env: dict[str, str] | None = None
+) -> Iterator[None]:
+    log = (log_dir / f"{name}.log").open("wb")
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"{name} exited with {process.returncode}; see {log.name}")
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not become ready; see {log.name}")
+            time.sleep(0.25)
+        yield
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+@dataclass
+class Results:
+    w1: list[tuple[Messages, Turn]]
+    w1_wall: float
+    cold: Turn
+    decode: Turn
+    w2_wall: float
+    w2: list[list[tuple[Messages, Turn]]]
+    w3_wall: float
+    w3: list[list[tuple[Messages, Turn]]]
+
+
+def tagged_system(tag: str) -> str:
+    # A different first line per workload: no workload reuses another one's cache.
+    return f"[session {tag}]\n{system_prompt()}"
+
+
+def long_prompt() -> Messages:
+    text = unique_text(7, 2600)
+    return [{"role": "user", "content": f"{text}\n\nNow count from 1 to 500, one number a line."}]
+
+
+async def drive(client: Client, w3: bool) -> Results:
+    w1_wall, (w1,) = await client.agents(1, W1_TURNS, tagged_system("w1"))
+    cold = await client.single(long_prompt(), max_tokens=128)
+    # The same prompt again: cached, so this measures decode at ~4k tokens of context.
+    decode = await client.single(long_prompt(), max_tokens=128)
+    w2_wall, w2 = await client.agents(W2_AGENTS, W2_TURNS, tagged_system("w2"))
+    w3_wall, w3_runs = 0.0, []
+    if w3:
+        w3_wall, w3_runs = await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))
+    return Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs)
+
+
+async def warm_up(client: Client) -> None:
+    await client.single([{"role": "user", "content": "Say hello."}], max_tokens=8)
+
+
+def run_llama_server(log_dir: Path, w3: bool) -> Results:
+    port = free_port()
+    template = log_dir / "gemma.jinja"
+    template.write_text(bundled_source("gemma"), encoding="utf-8")
+    command = [
+        str(llama_server_binary()),
+        "-m", str(default_model_path()),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--jinja", "--chat-template-file", str(template),
+    ]
+    client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
+    ready = f"{client.base_url}/health"
+    with running("llama-server", command, ready, log_dir, no_amx_environment()):
+        asyncio.run(warm_up(client))
+        return asyncio.run(drive(client, w3))
+
+
+def run_kronk(log_dir: Path, w3: bool) -> Results:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "kronk_api.cli", "server", "start",
+        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
+    ]
+    client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
+    with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
+        asyncio.run(warm_up(client))
+        return asyncio.run(drive(client, w3))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    size = min(len(a), len(b))
+    return next((i for i in range(size) if a[i] != b[i]), size)
+
+
+def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:
+    """Cold prefill of turn 1; for later turns (new tokens, seconds to prefill only them)."""
+    kronk = Kronk(KronkConfig())
+    loaded = kronk.load()
+    prompts, replies = [], []
+    for messages, turn in w1:
+        request = kronk.chat_request(messages)
+        prompts.append(loaded.render(request.messages, kronk.render_options(request)))
+        replies.append(loaded.tokenize_prompt(turn.reply))
+    config = resolve_model_config(kronk.config, DEFAULT_MODEL_ID)
+    kronk.close()
+    model = LlamaTextModel(config)
+    try:
+        cold = _prefill(model, prompts[0], 0)
+        turns = []
+        for number in range(1, len(prompts)):
+            reused = common_prefix(prompts[number], prompts[number - 1] + replies[number - 1])
+            reused = min(reused, len(prompts[number]) - 1)
+            model.seq_remove(0, 0, -1)
+            _prefill(model, prompts[number][:reused], 0, timed=False)
+            turns.append((len(prompts[number]) - reused, _prefill(model, prompts[number], reused)))
+        return cold, turns
+    finally:
+        model.close()
+
+
+def _prefill(model: LlamaTextModel, tokens: list[int], start: int, timed: bool = True) -> float:
+    """Decode tokens[start:] in n_batch chunks (as the engine does) and sample the next one."""
+    model.seq_remove(0, start, -1)
+    began = time.perf_counter()
+    chunk = 2048
+    for offset in range(start, len(tokens), chunk):
+        batch = Batch()
+        end = min(offset + chunk, len(tokens))
+        for position in range(offset, end):
+            batch.add(tokens[position], position, 0, timed and position == len(tokens) - 1)
+        model.decode(batch)
+    if timed:
+        sampler = model.new_sampler([Greedy()])
+        sampler.sample(len(batch) - 1)
+        sampler.close()
+    return time.perf_counter() - began
+
+
+def _ratio(kronk: float, llama: float) -> str:
+    return f"{kronk / llama:.2f}x" if llama else "n/a"
+
+
+def _row(name: str, llama: float, kronk: float, target: str, unit: str = "s") -> None:
+    print(f"{name:<44}{llama:>12.2f}{kronk:>12.2f}{_ratio(kronk, llama):>9}  {target}  ({unit})")
+
+
+def _decode_rate(turn: Turn) -> float:
+    span = turn.last_token_at - turn.first_token_at
+    return (turn.completion_tokens - 1) / span if span > 0 else 0.0
+
+
+def _ttfts(runs: list[list[tuple[Messages, Turn]]]) -> list[float]:
+    return [turn.ttft for run in runs for _, turn in run]
+
+
+def _errors(runs: list[list[tuple[Messages, Turn]]]) -> int:
+    return sum(1 for run in runs for _, turn in run if turn.error)
+
+
+def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, float]]) -> None:
+    print("\nW1: one agent, 12 turns (seconds)")
+    print(f"{'turn':<6}{'new tok':>8}{'llama TTFT':>12}{'kronk TTFT':>12}{'kronk cached':>14}"
+          f"{'prefill new':>13}{'TTFT/prefill':>14}")
+    worst = 0.0
+    for number, ((_, ls), (_, ks)) in enumerate(zip(llama.w1, kronk.w1, strict=True)):
+        if number == 0:
+            new, reference = ks.prompt_tokens, cold
+        else:
+            new, reference = refs[number - 1]
+            worst = max(worst, ks.ttft / reference)
+        print(f"{number + 1:<6}{new:>8}{ls.ttft:>12.3f}{ks.ttft:>12.3f}{ks.cached_tokens:>14}"
+              f"{reference:>13.3f}{ks.ttft / reference:>13.2f}x")
+    print(f"\n{'figure':<44}{'llama-srv':>12}{'kronk':>12}{'ratio':>9}  target")
+    _row("W1 wall", llama.w1_wall, kronk.w1_wall, "<= 0.90x")
+    _row("W1 TTFT summed", sum(t.ttft for _, t in llama.w1), sum(t.ttft for _, t in kronk.w1),
+         "<= 0.80x")
+    _row("W1 turn 1 TTFT", llama.w1[0][1].ttft, kronk.w1[0][1].ttft, "-")
+    print(f"{'W1 turn 1 TTFT / kronk cold prefill':<44}{'':>12}{kronk.w1[0][1].ttft / cold:>12.2f}"
+          f"{'':>9}  <= 1.05")
+    print(f"{'W1 turns 2-12: worst TTFT / new-token prefill':<44}{'':>12}{worst:>12.2f}{'':>9}"
+          "  <= 1.10")
+    _row(f"cold prefill, {kronk.cold.prompt_tokens}-token prompt",
+         llama.cold.prompt_tokens / llama.cold.ttft, kronk.cold.prompt_tokens / kronk.cold.ttft,
+         ">= 0.97x", "tok/s")
+    _row("decode at ~4k context, one stream", _decode_rate(llama.decode),
+         _decode_rate(kronk.decode), ">= 0.97x", "tok/s")
+    _row("W2 wall (4 agents x 8 turns)", llama.w2_wall, kronk.w2_wall, "<= 0.95x")
+    _row("W2 TTFT summed", sum(_ttfts(llama.w2)), sum(_ttfts(kronk.w2)), "<= 0.80x")
+    if kronk.w3:
+        _row("W3 wall (16 agents x 4 turns)", llama.w3_wall, kronk.w3_wall, "-")
+        _row("W3 TTFT summed", sum(_ttfts(llama.w3)), sum(_ttfts(kronk.w3)), "<= 0.50x")
+        print(f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
+              f"{'':>9}  kronk: 0")
+    failed = _errors([llama.w1, *llama.w2]) + _errors([kronk.w1, *kronk.w2])
+    if failed:
+        print(f"\nWARNING: {failed} W1/W2 requests failed; see the server logs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--no-w3", action="store_true", help="skip W3 (the longest workload)")
+    parser.add_argument("--logs", type=Path, help="keep the server logs here")
+    args = parser.parse_args()
+    llama_server_binary()  # build before anything is timed
+    with tempfile.TemporaryDirectory(prefix="kronk-vs-llama-") as scratch:
+        log_dir = args.logs or Path(scratch)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        print("running llama-server ...", flush=True)
+        llama = run_llama_server(log_dir, not args.no_w3)
+        print("running kronk ...", flush=True)
+        kronk = run_kronk(log_dir, not args.no_w3)
+    print("measuring kronk's own prefill references ...", flush=True)
+    cold, refs = kronk_references(kronk.w1)
+    report(llama, kronk, cold, refs)
+
+
+if __name__ == "__main__":
+    main()
