@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "core", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PLUGINS = [
@@ -34,11 +34,20 @@ def core(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", *CORE_TESTS, *session.posargs)
 
 
+# mypy checks every package: the core, the server and each plugin.
+TYPED_PACKAGES = [
+    "kronk_core",
+    "kronk_api",
+    *(f"plugins/{name}/kronk_{name.replace('-', '_')}" for name in PLUGINS),
+]
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
+    """ruff, and mypy (strict) on every package with its dependencies installed."""
+    session.install("ruff", "mypy", "types-PyYAML", "-e", ".", *EDITABLE_PLUGINS)
     session.run("ruff", "check", ".")
-    session.run("mypy")
+    session.run("mypy", *TYPED_PACKAGES)
 
 
 @nox.session
