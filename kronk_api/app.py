@@ -19,9 +19,9 @@ from kronk_api.body_limits import BodyLimits, body_guard
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_api.errors import client_message
 from kronk_api.logs import request_ids
-from kronk_api.settings import ServerSettings
+from kronk_api.settings import ServerSettings, bind_sections
 from kronk_core import Kronk, __version__
-from kronk_core.errors import ConfigError, KronkError
+from kronk_core.errors import KronkError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     """
     settings = settings or ServerSettings()
     kronk = kronk or Kronk(settings.kronk_config())
+    settings = bind_sections(settings, kronk.plugins)
     hook = kronk.hook
     handlers: dict[Any, Any] = {
         HTTPException: _http_error,
@@ -126,10 +127,6 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         hook.kronk_shutdown(kronk=kronk, app=app)
         await asyncio.to_thread(kronk.close)
 
-    plugin_guards = _flatten(hook.kronk_guards(kronk=kronk))
-    if settings.auth_enabled and not plugin_guards:
-        # Serving without the guard would look secured and be open.
-        raise ConfigError("auth_enabled", "no active plugin authenticates (install kronk-auth-jwt)")
     limits = BodyLimits(
         max_bytes=settings.max_request_bytes,
         max_depth=settings.json_max_depth,
@@ -145,7 +142,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
             *_flatten(hook.kronk_routes(kronk=kronk)),
         ],
         # The body is read and checked after the plugins' guards (authentication).
-        guards=[*plugin_guards, body_guard(limits)],
+        guards=[*_flatten(hook.kronk_guards(kronk=kronk)), body_guard(limits)],
         middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,
         # Without origins, no CORS headers: browsers allow the same origin only.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
@@ -340,7 +340,9 @@ async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models
     other_system = [{"role": "system", "content": "Other."}, user_turn(3)]
     other = models.chat_request(other_system, model="spc")
     await models.count_prompt_tokens(other, add_generation_prompt=True)
-    assert list(models.load("spc").system_prompts) == [SYSTEM]
+    spc = models.load("spc")
+    assert isinstance(spc, LoadedModel)
+    assert list(spc.cache.system_prompts) == [SYSTEM]  # type: ignore[attr-defined]
 
 
 async def test_untrimmable_kv_only_extends(gemma_path: str, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore
-from kronk_caching.none import clear
+from kronk_caching.none import PromptsAsGiven, clear
 from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
 from kronk_core.slots import CachePlan, Slot
@@ -23,7 +23,7 @@ from kronk_core.types import GenerationRequest
 log = logging.getLogger(__name__)
 
 
-class IncrementalCache(Counted):
+class IncrementalCache(Counted, PromptsAsGiven):
     name = "imc"
 
     def __init__(self, *, min_tokens: int, trimmable: bool, store: HostStore | None) -> None:
