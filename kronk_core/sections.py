@@ -17,7 +17,6 @@ errors (`models.m1.llamacpp.flash_attention: ...`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -27,8 +26,6 @@ from pydantic import BaseModel, ValidationError
 
 from kronk_core.errors import ConfigError
 from kronk_core.registry import each_plugin
-
-log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=BaseModel)
 SectionT = TypeVar("SectionT", bound="Section[Any]")

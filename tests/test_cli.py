@@ -202,6 +202,9 @@ def test_flags_and_variables_follow_one_rule() -> None:
     assert ("api_host", "--api-host", "KRONK_API_HOST") in names
     assert ("model_config_file", "--model-config-file", "KRONK_MODEL_CONFIG_FILE") in names
     assert ("auth-jwt.limit_store", "--auth-jwt-limit-store", "KRONK_AUTH_JWT_LIMIT_STORE") in names
+    schema = all_settings(server_sections(cli_plugins()))
+    undescribed = [setting.key for setting in schema if not setting.field.description]
+    assert not undescribed, "a setting's description is its flag's help"
     help_text = _kronk("server", "start", "--help").stdout
     for flag in ("--api-host", "--auth-jwt-enabled / --no-auth-jwt-enabled", "--auth-jwt-issuer"):
         assert flag in help_text
