@@ -247,7 +247,8 @@ def server_logs(base_path: Path | None, lines: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text")
 def plugins(as_json: bool) -> None:
     """List installed plugins: what each provides and whether configuration disabled it."""
-    reports = describe_plugins(Kronk(KronkConfig()))
+    with Kronk(KronkConfig()) as kronk:
+        reports = describe_plugins(kronk)
     if as_json:
         click.echo(json.dumps([asdict(report) for report in reports], indent=2))
         return
