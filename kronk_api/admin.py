@@ -22,7 +22,7 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "data": [
             {
                 "model": loaded.id,
-                "cache": loaded.config.cache_strategy,
+                "cache": loaded.config.cache,
                 "counters": asdict(loaded.engine.cache_counters()),
                 "slots": [asdict(state) for state in loaded.engine.slot_states()],
             }

@@ -5,34 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import traceback
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
-from litestar.exceptions import HTTPException
 
 from kronk_api.admin import ADMIN_ROUTES
 from kronk_api.body_limits import BodyLimits, body_guard
+from kronk_api.dialect import Dialect
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
-from kronk_api.errors import client_message
 from kronk_api.logs import request_ids
-from kronk_api.settings import ServerSettings
+from kronk_api.settings import ServerSettings, bind_sections
 from kronk_core import Kronk, __version__
-from kronk_core.errors import ConfigError, KronkError
 
 log = logging.getLogger(__name__)
 
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-}
+# The server's own routes (health, admin) and unknown paths answer in OpenAI's shape.
+SERVER_DIALECT = Dialect()
 
 
 @get("/v1/liveness", opt={ENDPOINT_OPT: PUBLIC})
@@ -51,50 +42,6 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     return Response({"status": "ready", "model": loaded.id})
 
 
-def _error_body(status: int, message: str, code: str, param: str | None) -> dict[str, Any]:
-    fallback = "invalid_request_error" if status < 500 else "server_error"
-    error_type = _ERROR_TYPES.get(status, fallback)
-    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
-
-
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    status = exc.status_code
-    body = _error_body(status, exc.detail, str(status), None)
-    return Response(body, status_code=status, headers=exc.headers)
-
-
-def _kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
-    """For routes whose dialect maps no errors itself (health, admin)."""
-    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
-    body = _error_body(exc.status, client_message(exc), exc.code, exc.param)
-    return Response(body, status_code=exc.status, headers=headers)
-
-
-def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    if request.app.state.settings.insecure_logging:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    else:
-        # The exception's message may quote the request (prompt text); the stack alone
-        # locates the bug.
-        stack = "".join(traceback.format_tb(exc.__traceback__))
-        log.error(
-            "unhandled %s on %s %s\n%s",
-            type(exc).__name__,
-            request.method,
-            request.url.path,
-            stack,
-        )
-    body = {
-        "error": {
-            "message": "internal server error",
-            "type": "server_error",
-            "code": "internal",
-            "param": None,
-        }
-    }
-    return Response(body, status_code=500)
-
-
 def _flatten(results: Iterable[Iterable[Any]]) -> list[Any]:
     return [item for result in results for item in result]
 
@@ -107,12 +54,9 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     """
     settings = settings or ServerSettings()
     kronk = kronk or Kronk(settings.kronk_config())
+    settings = bind_sections(settings, kronk.plugins)
     hook = kronk.hook
-    handlers: dict[Any, Any] = {
-        HTTPException: _http_error,
-        KronkError: _kronk_error,
-        Exception: _internal_error,
-    }
+    handlers = SERVER_DIALECT.exception_handlers()
     for extra in hook.kronk_exception_handlers(kronk=kronk):
         handlers.update(extra)
 
@@ -126,10 +70,6 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         hook.kronk_shutdown(kronk=kronk, app=app)
         await asyncio.to_thread(kronk.close)
 
-    plugin_guards = _flatten(hook.kronk_guards(kronk=kronk))
-    if settings.auth_enabled and not plugin_guards:
-        # Serving without the guard would look secured and be open.
-        raise ConfigError("auth_enabled", "no active plugin authenticates (install kronk-auth-jwt)")
     limits = BodyLimits(
         max_bytes=settings.max_request_bytes,
         max_depth=settings.json_max_depth,
@@ -145,7 +85,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
             *_flatten(hook.kronk_routes(kronk=kronk)),
         ],
         # The body is read and checked after the plugins' guards (authentication).
-        guards=[*plugin_guards, body_guard(limits)],
+        guards=[*_flatten(hook.kronk_guards(kronk=kronk)), body_guard(limits)],
         middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
         exception_handlers=handlers,
         # Without origins, no CORS headers: browsers allow the same origin only.

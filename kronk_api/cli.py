@@ -1,4 +1,4 @@
-"""The `kronk` command line. Every flag has a KRONK_* environment variable."""
+"""The `kronk` command line. Every setting's flag and KRONK_* variable follow one rule."""
 
 from __future__ import annotations
 
@@ -14,56 +14,33 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from kronk_api.logs import configure_logging
-from kronk_api.settings import ServerSettings, load_settings
+from kronk_api.options import ServerStartCommand, cli_plugins, setting_option
+from kronk_api.plugin_list import describe_plugins
+from kronk_api.settings import (
+    ServerSettings,
+    Setting,
+    bind_sections,
+    environment_for,
+    load_settings,
+)
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
 from kronk_core.models import installed_model_files, known_model_ids
-from kronk_core.plugins import create_plugin_manager
 
-# Flag → settings key; the environment variable names follow the Kronk manual.
-SERVER_OPTIONS = {
-    "api_host": "KRONK_WEB_API_HOST",
-    "base_path": "KRONK_BASE_PATH",
-    "model": "KRONK_MODEL",
-    "model_config_file": "KRONK_CATALOG_MODEL_CONFIG_FILE",
-    "preload": "KRONK_PRELOAD",
-    "queue_wait_seconds": "KRONK_QUEUE_WAIT_SECONDS",
-    "models_in_cache": "KRONK_MODELS_IN_CACHE",
-    "cache_ttl": "KRONK_CACHE_TTL",
-    "log_level": "KRONK_LOG_LEVEL",
-    "insecure_logging": "KRONK_INSECURE_LOGGING",
-    "cors_origins": "KRONK_CORS_ORIGINS",
-    "max_request_bytes": "KRONK_MAX_REQUEST_BYTES",
-    "json_max_depth": "KRONK_JSON_MAX_DEPTH",
-    "json_max_string_length": "KRONK_JSON_MAX_STRING_LENGTH",
-    "json_max_items": "KRONK_JSON_MAX_ITEMS",
-    "auth_enabled": "KRONK_AUTH_ENABLED",
-    "auth_issuer": "KRONK_AUTH_ISSUER",
-    "auth_limit_store": "KRONK_AUTH_LIMIT_STORE",
-}
-
-
-api_host_option = click.option(
-    "--api-host", envvar="KRONK_WEB_API_HOST", help="HOST:PORT of the server [127.0.0.1:8080]"
+api_host_option = setting_option("api_host", help="HOST:PORT of the server [127.0.0.1:8080]")
+base_path_option = setting_option(
+    "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"
 )
-base_path_option = click.option(
-    "--base-path",
-    envvar="KRONK_BASE_PATH",
-    type=click.Path(path_type=Path),
-    help="Base directory for Kronk data [~/.kronk]",
-)
-model_config_option = click.option(
-    "--model-config-file",
-    envvar="KRONK_CATALOG_MODEL_CONFIG_FILE",
-    type=click.Path(path_type=Path),
-    help="YAML file with per-model settings",
+model_config_option = setting_option(
+    "model_config_file", type=click.Path(path_type=Path), help="YAML file with per-model settings"
 )
 
 
@@ -99,7 +76,7 @@ class KronkGroup(click.Group):
     def _add_plugin_commands(self) -> None:
         if not self._plugins_added:
             self._plugins_added = True
-            create_plugin_manager().hook.kronk_cli(group=self)
+            cli_plugins().hook.kronk_cli(group=self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._add_plugin_commands()
@@ -121,88 +98,7 @@ def server() -> None:
     """Start, stop and inspect the model server."""
 
 
-@server.command("start")
-@api_host_option
-@base_path_option
-@click.option("--model", envvar="KRONK_MODEL", help="Default model id")
-@model_config_option
-@click.option(
-    "--preload/--no-preload",
-    default=None,
-    envvar="KRONK_PRELOAD",
-    help="Load the default model at start instead of on first use",
-)
-@click.option(
-    "--queue-wait-seconds",
-    type=float,
-    envvar="KRONK_QUEUE_WAIT_SECONDS",
-    help="How long a request waits for queue space before 429 [30]",
-)
-@click.option(
-    "--models-in-cache",
-    type=int,
-    # The manual names both; KRONK_MODELS_IN_CACHE comes first.
-    envvar=["KRONK_MODELS_IN_CACHE", "KRONK_CACHE_MODELS_IN_CACHE"],
-    help="Most models kept loaded at once [3]",
-)
-@click.option(
-    "--cache-ttl",
-    envvar="KRONK_CACHE_TTL",
-    help="How long an idle model stays loaded, e.g. 90s, 20m, 1h; 0 = until evicted [20m]",
-)
-@click.option(
-    "--log-level",
-    envvar="KRONK_LOG_LEVEL",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    help="Log level [info]",
-)
-@click.option(
-    "--insecure-logging/--no-insecure-logging",
-    default=None,
-    envvar="KRONK_INSECURE_LOGGING",
-    help="Also log request bodies (prompts) and unhandled errors' messages [off]",
-)
-@click.option(
-    "--cors-origins",
-    envvar="KRONK_CORS_ORIGINS",
-    help="Comma-separated origins browsers may call from [none: same origin only]",
-)
-@click.option(
-    "--max-request-bytes",
-    type=int,
-    envvar="KRONK_MAX_REQUEST_BYTES",
-    help="Largest request body; larger is 413 [33554432]",
-)
-@click.option(
-    "--json-max-depth",
-    type=int,
-    envvar="KRONK_JSON_MAX_DEPTH",
-    help="Deepest JSON nesting in a request body [64]",
-)
-@click.option(
-    "--json-max-string-length",
-    type=int,
-    envvar="KRONK_JSON_MAX_STRING_LENGTH",
-    help="Longest JSON string in a request body, in characters [25165824]",
-)
-@click.option(
-    "--json-max-items",
-    type=int,
-    envvar="KRONK_JSON_MAX_ITEMS",
-    help="Most items in one JSON array or object of a request body [100000]",
-)
-@click.option(
-    "--auth-enabled/--no-auth-enabled",
-    default=None,
-    envvar="KRONK_AUTH_ENABLED",
-    help="Require a bearer token on every endpoint but health checks [off]",
-)
-@click.option("--auth-issuer", envvar="KRONK_AUTH_ISSUER", help="JWT issuer (iss) [kronk]")
-@click.option(
-    "--auth-limit-store",
-    envvar="KRONK_AUTH_LIMIT_STORE",
-    help="Rate-limit counters: sqlite, sqlite:///PATH or redis://HOST:PORT/DB [sqlite]",
-)
+@server.command("start", cls=ServerStartCommand)
 @click.option(
     "--config",
     "config_file",
@@ -217,15 +113,25 @@ def server() -> None:
     envvar="KRONK_DETACH",
     help="Run in the background; logs go to the log file",
 )
-def server_start(config_file: Path | None, detach: bool, **options: Any) -> None:
-    """Start the model server."""
-    overrides = {key: value for key, value in options.items() if value is not None}
+@click.pass_context
+def server_start(
+    ctx: click.Context, /, config_file: Path | None, detach: bool, **_: Any
+) -> None:
+    """Start the model server.
+
+    Every setting has a flag and a KRONK_* variable named after it (see
+    --help); plugins add theirs for their own settings sections.
+    """
+    command = ctx.command
+    assert isinstance(command, ServerStartCommand)
     try:
-        settings = load_settings(config_file, overrides)
+        settings = bind_sections(
+            load_settings(config_file, command.overrides(ctx.params)), cli_plugins()
+        )
     except KronkError as exc:
         _fail(exc)
     if detach:
-        _start_detached(settings)
+        _start_detached(settings, command.schema)
         return
     _serve(settings)
 
@@ -256,11 +162,11 @@ def _serve(settings: ServerSettings) -> None:
         _pid_file(base).unlink(missing_ok=True)
 
 
-def _start_detached(settings: ServerSettings) -> None:
+def _start_detached(settings: ServerSettings, schema: list[Setting]) -> None:
     base = settings.base_path.expanduser()
     log_file = _log_file(base)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    environment = {**os.environ, **_environment_for(settings)}
+    environment = {**os.environ, **environment_for(settings, schema)}
     environment.pop("KRONK_DETACH", None)  # the child must run in the foreground
     with log_file.open("ab") as sink:
         process = subprocess.Popen(
@@ -273,19 +179,6 @@ def _start_detached(settings: ServerSettings) -> None:
         )
     click.echo(f"kronk server started in the background (pid {process.pid}) on {settings.api_host}")
     click.echo(f"logs: {log_file}")
-
-
-def _environment_for(settings: ServerSettings) -> dict[str, str]:
-    values = settings.model_dump(exclude_none=True)
-    return {SERVER_OPTIONS[key]: _environment_value(value) for key, value in values.items()}
-
-
-def _environment_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return ",".join(value)
-    return str(value)
 
 
 @server.command("stop")
@@ -348,6 +241,28 @@ def server_logs(base_path: Path | None, lines: int) -> None:
         raise click.ClickException(f"no log file at {log_file}")
     for line in log_file.read_text(errors="replace").splitlines()[-lines:]:
         click.echo(line)
+
+
+@main.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text")
+def plugins(as_json: bool) -> None:
+    """List installed plugins: what each provides and whether configuration disabled it."""
+    with Kronk(KronkConfig()) as kronk:
+        reports = describe_plugins(kronk)
+    if as_json:
+        click.echo(json.dumps([asdict(report) for report in reports], indent=2))
+        return
+    for report in reports:
+        where = f" ({report.distribution})" if report.distribution else ""
+        if not report.active:
+            click.echo(f"{report.name}{where}: disabled by configuration")
+            continue
+        click.echo(f"{report.name}{where}")
+        click.echo(f"  hooks: {', '.join(report.hooks) or 'none'}")
+        for kind, names in report.registered.items():
+            click.echo(f"  {kind}: {', '.join(names)}")
+        for level, names in report.settings.items():
+            click.echo(f"  {level} settings: {', '.join(names)}")
 
 
 @main.group()

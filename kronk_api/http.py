@@ -1,9 +1,8 @@
-"""Request helpers every HTTP dialect shares; each maps the errors to its own shape."""
+"""Request parsing every HTTP dialect shares; each maps the errors to its own shape."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from litestar import Request
@@ -13,13 +12,8 @@ from kronk_api.body_limits import PARSED_BODY
 from kronk_core.errors import InvalidRequestError
 from kronk_core.sdk import Kronk
 
-# nginx's code for "client closed the request"; nobody receives it, the log shows it.
-CLIENT_CLOSED_REQUEST = 499
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 Body = TypeVar("Body", bound=BaseModel)
 _UNPARSED = object()
-Item = TypeVar("Item")
 
 
 def kronk_of(request: Request[Any, Any, Any]) -> Kronk:
@@ -74,10 +68,3 @@ async def parse_body(request: Request[Any, Any, Any], model: type[Body]) -> Body
         return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_body(exc) from None
-
-
-async def chain(first: Item, rest: AsyncIterator[Item]) -> AsyncIterator[Item]:
-    """`first` (already read from `rest`), then the rest."""
-    yield first
-    async for item in rest:
-        yield item

@@ -8,6 +8,7 @@ import uuid
 from contextvars import ContextVar
 from typing import Any
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 request_id: ContextVar[str | None] = ContextVar("kronk_request_id", default=None)
@@ -41,7 +42,7 @@ def request_ids(app: ASGIApp) -> ASGIApp:
     """ASGI middleware: take X-Request-ID from the client or make one; echo it back."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
@@ -52,7 +53,7 @@ def request_ids(app: ASGIApp) -> ASGIApp:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", current.encode("latin-1")))
-                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -1,53 +1,100 @@
-"""Server settings (pydantic): defaults < settings file < KRONK_* environment < flags."""
+"""Server settings (pydantic): defaults < settings file < KRONK_* environment < flags.
+
+The core's settings are keys of their own; each plugin's are its section
+(`auth-jwt: {enabled: true}`). One rule, `flag_name` and `env_name`, names
+every setting's flag and environment variable after its dotted key:
+`api_host` → `--api-host`, `KRONK_API_HOST`; `auth-jwt.enabled` →
+`--auth-jwt-enabled`, `KRONK_AUTH_JWT_ENABLED`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
+from kronk_core import legacy
 from kronk_core.config import (
     DEFAULT_MODEL_ID,
     Duration,
     KronkConfig,
-    config_error_from,
     default_base_path,
     load_model_config_file,
+    parse_duration,
 )
 from kronk_core.errors import ConfigError
+from kronk_core.plugins import PluginManager
+from kronk_core.sections import ServerSection, bind, config_error_from, declared_sections, gather
 
 
 class ServerSettings(BaseModel):
+    """What `kronk server start` runs with; each description is its flag's help."""
+
     model_config = ConfigDict(extra="forbid")
 
-    api_host: str = "127.0.0.1:8080"
-    base_path: Path = Field(default_factory=default_base_path)
-    model: str = DEFAULT_MODEL_ID
-    model_config_file: Path | None = None
-    preload: bool = False
-    queue_wait_seconds: Annotated[float, Field(ge=0.0)] = 30.0
-    models_in_cache: Annotated[int, Field(ge=1)] = 3
-    cache_ttl: Duration = 20 * 60.0
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    insecure_logging: bool = False
-    cors_origins: list[str] = Field(default_factory=list)
-    max_request_bytes: Annotated[int, Field(ge=1024)] = 32 << 20
-    json_max_depth: Annotated[int, Field(ge=2)] = 64
-    json_max_string_length: Annotated[int, Field(ge=1)] = 24 << 20
-    json_max_items: Annotated[int, Field(ge=1)] = 100_000
-    auth_enabled: bool = False
-    auth_issuer: str = "kronk"
-    auth_limit_store: str = "sqlite"
+    api_host: str = Field(default="127.0.0.1:8080", description="HOST:PORT of the server")
+    base_path: Path = Field(
+        default_factory=default_base_path, description="Base directory for Kronk data"
+    )
+    model: str = Field(default=DEFAULT_MODEL_ID, description="Default model id")
+    model_config_file: Path | None = Field(
+        default=None, description="YAML file with per-model settings"
+    )
+    preload: bool = Field(
+        default=False, description="Load the default model at start instead of on first use"
+    )
+    queue_wait_seconds: Annotated[float, Field(ge=0.0)] = Field(
+        default=30.0, description="How long a request waits for queue space before 429"
+    )
+    models_in_cache: Annotated[int, Field(ge=1)] = Field(
+        default=3, description="Most models kept loaded at once"
+    )
+    cache_ttl: Duration = Field(
+        default=20 * 60.0,
+        description="How long an idle model stays loaded, e.g. 90s, 20m, 1h; 0 = until evicted",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level: debug, info, warning or error"
+    )
+    insecure_logging: bool = Field(
+        default=False,
+        description="Also log request bodies (prompts) and unhandled errors' messages",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Comma-separated origins browsers may call from (none: same origin only)",
+    )
+    max_request_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=32 << 20, description="Largest request body; larger is 413"
+    )
+    json_max_depth: Annotated[int, Field(ge=2)] = Field(
+        default=64, description="Deepest JSON nesting in a request body"
+    )
+    json_max_string_length: Annotated[int, Field(ge=1)] = Field(
+        default=24 << 20, description="Longest JSON string in a request body, in characters"
+    )
+    json_max_items: Annotated[int, Field(ge=1)] = Field(
+        default=100_000, description="Most items in one JSON array or object of a request body"
+    )
+    # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
+    sections: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _split_origins(cls, value: Any) -> Any:
-        # Flags and environment variables give one comma-separated string.
-        if isinstance(value, str):
-            return [origin.strip() for origin in value.split(",") if origin.strip()]
-        return value
+        return split_list(value)
 
     @field_validator("api_host")
     @classmethod
@@ -56,6 +103,14 @@ class ServerSettings(BaseModel):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_and_deprecated_keys(cls, data: Any) -> Any:
+        return _as_written(data) if isinstance(data, dict) else data
+
+    def section_key(self, name: str) -> str:
+        return name
 
     @property
     def host(self) -> str:
@@ -77,8 +132,165 @@ class ServerSettings(BaseModel):
         )
 
 
-def load_settings(file: Path | None, overrides: dict[str, Any]) -> ServerSettings:
-    """File values under explicit overrides (flags and environment)."""
+def _as_written(values: dict[str, Any]) -> dict[str, Any]:
+    """Deprecated keys moved to their sections, plugin sections gathered."""
+    return gather(legacy.move_keys(values, legacy.SERVER_KEYS), ServerSettings.model_fields)
+
+
+def split_list(value: Any) -> Any:
+    """Flags and environment variables give a list as one comma-separated string."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# ---- one rule for flags and environment variables -----------------------------------
+
+
+def flag_name(key: str) -> str:
+    """`auth-jwt.enabled` → `--auth-jwt-enabled`."""
+    return "--" + key.replace(".", "-").replace("_", "-")
+
+
+def env_name(key: str) -> str:
+    """`auth-jwt.enabled` → `KRONK_AUTH_JWT_ENABLED`."""
+    return "KRONK_" + key.replace(".", "_").replace("-", "_").upper()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One server setting: its dotted key and its pydantic field."""
+
+    key: str
+    field: FieldInfo
+
+    @property
+    def flag(self) -> str:
+        return flag_name(self.key)
+
+    @property
+    def env(self) -> str:
+        return env_name(self.key)
+
+    @property
+    def is_bool(self) -> bool:
+        return self.field.annotation is bool
+
+    @property
+    def is_list(self) -> bool:
+        annotation = self.field.annotation
+        return get_origin(annotation) is list or any(
+            get_origin(arg) is list for arg in get_args(annotation)
+        )
+
+    @property
+    def metavar(self) -> str:
+        annotation = self.field.annotation
+        if get_origin(annotation) is Literal:
+            return "[" + "|".join(str(arg) for arg in get_args(annotation)) + "]"
+        if self.is_list:
+            return "A,B,..."
+        if any(getattr(item, "func", None) is parse_duration for item in self.field.metadata):
+            return "DURATION"
+        types = {arg for arg in (annotation, *get_args(annotation)) if arg is not type(None)}
+        for kind, name in ((Path, "PATH"), (int, "INTEGER"), (float, "NUMBER")):
+            if kind in types:
+                return name
+        return "TEXT"
+
+    def default_text(self) -> str:
+        default = self.field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            default = ",".join(default)
+        return "" if default in (None, "") else str(default)
+
+
+def server_sections(manager: PluginManager) -> list[ServerSection[Any]]:
+    """The server settings sections the active plugins declare."""
+    declared = declared_sections(manager, ServerSection, set(ServerSettings.model_fields))
+    return [section for _, section in declared.values()]
+
+
+def all_settings(sections: Iterable[ServerSection[Any]]) -> list[Setting]:
+    """Every server setting: the core's, then each plugin section's fields."""
+    found = [
+        Setting(name, field)
+        for name, field in ServerSettings.model_fields.items()
+        if name != "sections"
+    ]
+    for section in sections:
+        found += [
+            Setting(f"{section.name}.{name}", field)
+            for name, field in section.schema.model_fields.items()
+        ]
+    return found
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"auth-jwt.enabled": True} → {"auth-jwt": {"enabled": True}}."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        section, _, name = key.rpartition(".")
+        (nested.setdefault(section, {}) if section else nested)[name] = value
+    return nested
+
+
+def environment_values(
+    settings: Iterable[Setting], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """Settings from KRONK_* variables, by dotted key.
+
+    A deprecated variable counts, with a warning, only when the rule's is unset.
+    """
+    known = {setting.key: setting for setting in settings}
+    values = {key: environ[s.env] for key, s in known.items() if s.env in environ}
+    deprecated = {**legacy.SERVER_ENVIRONMENT}
+    deprecated.update({env_name(old): new for old, new in legacy.SERVER_KEYS.items()})
+    for variable, key in deprecated.items():
+        if variable in environ and key in known and key not in values:
+            legacy.warn(variable, known[key].env)
+            values[key] = environ[variable]
+    return {
+        key: split_list(value) if known[key].is_list else value for key, value in values.items()
+    }
+
+
+def environment_for(settings: ServerSettings, schema: Iterable[Setting]) -> dict[str, str]:
+    """The KRONK_* variables that reproduce `settings` (a detached server's environment)."""
+    flat = settings.model_dump(mode="json", exclude={"sections"})
+    for name, section in settings.sections.items():
+        dumped = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+        flat.update({f"{name}.{key}": value for key, value in dumped.items()})
+    return {
+        setting.env: _environment_value(flat[setting.key])
+        for setting in schema
+        if flat.get(setting.key) is not None
+    }
+
+
+def _environment_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+# ---- loading --------------------------------------------------------------------------
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSettings:
+    """File values under explicit overrides (flags and environment, as nested keys)."""
     values: dict[str, Any] = {}
     if file is not None:
         try:
@@ -87,9 +299,15 @@ def load_settings(file: Path | None, overrides: dict[str, Any]) -> ServerSetting
             raise ConfigError("config", f"cannot read {file}: {exc}") from None
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{file} must hold a mapping of settings")
-        values.update(loaded)
-    values.update(overrides)
+        values = _as_written(loaded)
+    values = _merge(values, _as_written(dict(overrides)))
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
         raise config_error_from(exc) from None
+
+
+def bind_sections(settings: ServerSettings, manager: PluginManager) -> ServerSettings:
+    """`settings` with every plugin section validated (ConfigError naming the key)."""
+    sections = bind(settings, server_sections(manager), manager.disabled)
+    return settings.model_copy(update={"sections": sections})

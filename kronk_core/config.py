@@ -20,48 +20,16 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
 
+from kronk_core import legacy
 from kronk_core.errors import ConfigError
+from kronk_core.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "gemma-3-270m-Q4_K_M"
-
-
-class CacheType(StrEnum):
-    """KV cache element types llama.cpp accepts for cache_type_k / cache_type_v."""
-
-    f32 = "f32"
-    f16 = "f16"
-    bf16 = "bf16"
-    q8_0 = "q8_0"
-    q4_0 = "q4_0"
-    q4_1 = "q4_1"
-    iq4_nl = "iq4_nl"
-    q5_0 = "q5_0"
-    q5_1 = "q5_1"
-
-
-class FlashAttention(StrEnum):
-    enabled = "enabled"
-    disabled = "disabled"
-    auto = "auto"
-
-
-class SplitMode(StrEnum):
-    none = "none"
-    layer = "layer"
-    row = "row"
-
-
-class RopeScaling(StrEnum):
-    none = "none"
-    linear = "linear"
-    yarn = "yarn"
 
 
 class ContextOverflow(StrEnum):
@@ -96,7 +64,11 @@ class SamplingConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """One model's settings: the `models: {ID: {...}}` entries of the model-config file."""
+    """One model's settings: the `models: {ID: {...}}` entries of the model-config file.
+
+    The core keeps what the engine and the SDK need; each plugin reads its own
+    section (`sections`, see kronk_core.sections), written as a key of the entry.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -105,81 +77,34 @@ class ModelConfig(BaseModel):
     backend: str | None = None
     context_window: Annotated[int, Field(gt=0)] | None = None
     n_batch: Annotated[int, Field(gt=0)] = 2048
-    n_ubatch: Annotated[int, Field(gt=0)] = 512
     # Four slots, as llama-server's default: agents and chat UIs send concurrent requests.
     n_seq_max: Annotated[int, Field(ge=1, le=256)] = 4
     # Waiting requests per slot before new ones are refused (429): sized for agent fleets,
     # so sixteen agents on four slots all wait their turn.
     queue_depth: Annotated[int, Field(ge=1)] = 16
-    n_threads: Annotated[int, Field(ge=0)] = 0
-    cache_type_k: CacheType = CacheType.f16
-    cache_type_v: CacheType = CacheType.f16
-    flash_attention: FlashAttention = FlashAttention.auto
-    n_gpu_layers: Annotated[int, Field(ge=-1)] = 0
-    offload_kqv: bool = True
-    op_offload: bool = True
-    split_mode: SplitMode = SplitMode.layer
-    main_gpu: Annotated[int, Field(ge=0)] = 0
-    # Sliding-window layers keep only their window (as llama-server does): full-size SWA
-    # caches make every token attend over the whole context. IMC checkpoints instead.
-    swa_full: bool = False
-    rope_scaling: RopeScaling = RopeScaling.none
-    rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
-    rope_freq_scale: Annotated[float, Field(gt=0.0)] | None = None
-    yarn_ext_factor: float | None = None
-    yarn_attn_factor: Annotated[float, Field(gt=0.0)] | None = None
-    yarn_beta_fast: float | None = None
-    yarn_beta_slow: float | None = None
-    yarn_orig_ctx: Annotated[int, Field(ge=0)] | None = None
-    template: str | None = None
-    # Tool-call markup family (hermes, qwen3_coder, llama3, harmony, mistral, mistral_nemo,
-    # gemma);
-    # None: detected from the chat template and architecture.
-    tool_format: str | None = None
-    system_prompt_cache: bool = False
-    # None: on, unless system_prompt_cache chooses SPC. False: no message caching.
-    incremental_cache: bool | None = None
-    cache_min_tokens: Annotated[int, Field(ge=0)] = 100
-    host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
-    host_cache_dir: Path | None = None
+    # Names from the registries (kronk_register_cache_strategies / _template_processors).
+    # Message caching is on by default: every client worth serving resends its history.
+    cache: str = "imc"
+    template_processor: str = "jinja"
     context_overflow: ContextOverflow = ContextOverflow.error
     # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an
     # embedding and requests may ask for fewer `dimensions`.
     matryoshka: bool = False
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
+    sections: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("cache_type_k", "cache_type_v", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _lower_cache_type(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    def _sections_and_deprecated_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        where = f"models.{data['id']}." if data.get("id") else ""
+        data = legacy.move_cache_flags(legacy.move_keys(data, legacy.MODEL_KEYS, where), where)
+        return gather(data, cls.model_fields)
 
-    # Field validators (not a model validator) so the error's location names the key.
-    @field_validator("n_ubatch")
-    @classmethod
-    def _ubatch_within_batch(cls, value: int, info: ValidationInfo) -> int:
-        n_batch = info.data.get("n_batch")
-        if n_batch is not None and value > n_batch:
-            raise ValueError(f"must be less than or equal to n_batch ({n_batch}), got {value}")
-        return value
-
-    @field_validator("incremental_cache")
-    @classmethod
-    def _one_cache_mode(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("system_prompt_cache"):
-            raise ValueError(
-                "system_prompt_cache and incremental_cache are mutually exclusive; "
-                "IMC already caches the system prompt"
-            )
-        return value
-
-    @property
-    def cache_strategy(self) -> str:
-        """The cache-strategy name this config selects."""
-        if self.incremental_cache:
-            return "imc"
-        if self.system_prompt_cache:
-            return "spc"
-        return "none" if self.incremental_cache is False else "imc"
+    def section_key(self, name: str) -> str:
+        return f"models.{self.id}.{name}" if self.id else name
 
 
 class PluginSelection(BaseModel):
@@ -241,21 +166,6 @@ class KronkConfig(BaseModel):
     def model(self, model_id: str) -> ModelConfig | None:
         """The configured entry for model_id, or None."""
         return self.models.get(model_id)
-
-
-def _error_key(error: Any) -> str:
-    loc = [str(part) for part in error["loc"]]
-    return ".".join(loc) if loc else "config"
-
-
-def config_error_from(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """Turn pydantic's report into a ConfigError that names the offending key."""
-    first = exc.errors()[0]
-    key = _error_key(first)
-    if prefix:
-        key = f"{prefix}.{key}" if key != "config" else prefix
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return ConfigError(key, message)
 
 
 def parse_model_config(model_id: str, data: dict[str, Any]) -> ModelConfig:

@@ -3,12 +3,13 @@
 Plugins are pluggy plugins of project "kronk", found through the entry-point
 group "kronk". Implement a hook by defining a function with the same name,
 decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
+The same name means the same thing in every hook: `kronk` the SDK facade,
+`model_config` a model's settings, `model_info` what the backend found in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -16,19 +17,45 @@ import pluggy
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.events import RequestRecord
-from kronk_core.limits import LimitStore
+from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
-from kronk_core.slots import CacheStrategy
-from kronk_core.templates import TemplateProcessor
+from kronk_core.sections import Section
+from kronk_core.slots import CacheStrategyFactory
+from kronk_core.templates import TemplateProcessorFactory
 from kronk_core.types import SamplingParams
 
 if TYPE_CHECKING:
     import click
     from litestar import Litestar
+    from litestar.types import ControllerRouterHandler, ExceptionHandlersMap, Guard, Middleware
 
     from kronk_core.sdk import Kronk
 
 hookspec = pluggy.HookspecMarker("kronk")
+
+
+@hookspec
+def kronk_addhooks(plugin_manager: pluggy.PluginManager) -> None:
+    """Add the hook specs your plugin defines and calls itself.
+
+    A hook that only one plugin defines and calls belongs to that plugin:
+    call `plugin_manager.add_hookspecs(your_hookspecs_module)` here (as
+    pytest's `pytest_addhooks`). Called once, after every plugin is
+    registered and before implementations are checked against specs.
+    """
+
+
+@hookspec
+def kronk_settings() -> Sequence[Section[Any]]:
+    """Declare your settings sections: `ServerSection` and/or `ModelSection` instances.
+
+    Each names its key (by convention your plugin's name) and the pydantic
+    model that validates it. The core validates the section wherever it is
+    written (the server settings file, flags and KRONK_* variables derived
+    from the names, each model's entry) with errors that name the key, and
+    refuses a section no active plugin declares. Read your settings with
+    `section.of(settings)` or `section.of(model_config)`.
+    """
 
 
 @hookspec(firstresult=True)
@@ -42,22 +69,36 @@ def kronk_backend(model_config: ModelConfig) -> Backend | None:
     """
 
 
-@hookspec(firstresult=True)
-def kronk_cache_strategy(
-    name: str, model_config: ModelConfig, model_info: ModelInfo
-) -> CacheStrategy | None:
-    """Return the CacheStrategy called `name` for this model, or None if you do not provide it.
+@hookspec
+def kronk_register_cache_strategies(
+    register: Register[CacheStrategyFactory], kronk: Kronk
+) -> None:
+    """Register cache strategies by name: `register("imc", factory)`.
 
-    `name` is what the model config selects: "imc" (the default), "spc"
-    (system_prompt_cache) or "none" (incremental_cache: false). `model_info`
-    says whether the KV can be trimmed at any position (`kv_trimmable`). The
-    strategy object lives as long as the model's engine and is only called
-    from the engine thread.
+    A model's `cache:` key selects one by name (default "imc"; the caching
+    plugin also registers "spc" and "none"). At each load the factory is
+    called as `factory(model_config=..., model_info=...)` and returns the
+    CacheStrategy for that model; it lives as long as the model's engine.
+    `model_info.kv_trimmable` says whether the KV can be cut at any position.
+    """
+
+
+@hookspec
+def kronk_register_template_processors(
+    register: Register[TemplateProcessorFactory], kronk: Kronk
+) -> None:
+    """Register template processors by name: `register("jinja", factory)`.
+
+    A model's `template_processor:` key selects one by name. At each load the
+    factory is called as `factory(model_config=..., model_info=...)` and
+    returns the model's TemplateProcessor.
     """
 
 
 @hookspec(firstresult=True)
-def kronk_sampler_stages(params: SamplingParams, model: ModelInfo) -> list[SamplerStage] | None:
+def kronk_sampler_stages(
+    params: SamplingParams, model_info: ModelInfo
+) -> list[SamplerStage] | None:
     """Return the ordered sampler stages for one request, or None to pass.
 
     `params` are fully resolved (request > model config > defaults). The list
@@ -67,21 +108,8 @@ def kronk_sampler_stages(params: SamplingParams, model: ModelInfo) -> list[Sampl
     """
 
 
-@hookspec(firstresult=True)
-def kronk_template_processor(
-    model_info: ModelInfo, model_config: ModelConfig
-) -> TemplateProcessor | None:
-    """Return the TemplateProcessor for this model, or None to pass.
-
-    Most specific wins: a processor for one model family should answer only
-    when `model_info.architecture`, `model_info.chat_template` or
-    `model_config.template` says it is that family. The generic jinja
-    processor is `trylast`.
-    """
-
-
 @hookspec
-def kronk_routes(kronk: Kronk) -> Sequence[Any]:
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
     """Return Litestar route handlers (or Routers) to mount on the server.
 
     `kronk` is the SDK facade the server runs on: use it to reach models and
@@ -93,7 +121,7 @@ def kronk_routes(kronk: Kronk) -> Sequence[Any]:
 
 
 @hookspec
-def kronk_guards(kronk: Kronk) -> Sequence[Callable[..., Any]]:
+def kronk_guards(kronk: Kronk) -> Sequence[Guard]:
     """Return Litestar guards applied to every route (e.g. authentication).
 
     A guard reads `handler.opt["kronk_endpoint"]` to learn which endpoint it
@@ -103,12 +131,12 @@ def kronk_guards(kronk: Kronk) -> Sequence[Callable[..., Any]]:
 
 
 @hookspec
-def kronk_middleware(kronk: Kronk) -> Sequence[Any]:
+def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
     """Return Litestar middleware (classes or DefineMiddleware) for the whole app."""
 
 
 @hookspec
-def kronk_exception_handlers(kronk: Kronk) -> Mapping[type[Exception], Callable[..., Any]]:
+def kronk_exception_handlers(kronk: Kronk) -> ExceptionHandlersMap:
     """Return {exception type: Litestar exception handler} for the whole app.
 
     Dialects map errors to their own shape in their own route handlers; this
@@ -120,28 +148,16 @@ def kronk_exception_handlers(kronk: Kronk) -> Mapping[type[Exception], Callable[
 def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     """Called once when the server has started (after an eager model load, if any).
 
-    `app` is the server: `app.state.settings` holds its `ServerSettings`, and a
-    plugin keeps its per-server state on `app.state` (guards reach it as
-    `connection.app.state`). The SDK alone does not call it: a program
-    embedding `Kronk` owns its lifecycle.
+    `app` is the server: `app.state.settings` holds its `ServerSettings`
+    (your section: `section.of(app.state.settings)`), and a plugin keeps its
+    per-server state on `app.state` (guards reach it as `connection.app.state`).
+    The SDK alone does not call it: a program embedding `Kronk` owns its lifecycle.
     """
 
 
 @hookspec
 def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
     """Called once when the server shuts down, before its models are unloaded."""
-
-
-@hookspec(firstresult=True)
-def kronk_limit_store(url: str, base_path: Path) -> LimitStore | None:
-    """Open the rate-limit counter store that `url` names, or return None if it is not yours.
-
-    `url` is the server's `auth_limit_store` setting: `"sqlite"` (a database in
-    `base_path`), `"sqlite:///ABSOLUTE/PATH"`, `"redis://HOST:PORT/DB"`, or any
-    scheme a plugin answers for. Called once at server start when auth is on;
-    the store is closed at shutdown. The first non-None answer wins. The
-    built-in SQLite and Redis stores come from the `auth-jwt` plugin.
-    """
 
 
 @hookspec

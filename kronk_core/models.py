@@ -11,8 +11,9 @@ from kronk_core.errors import ConfigError, ModelLoadError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
-# The embedded default model runs with these settings unless the config says otherwise.
-DEFAULT_MODEL_SETTINGS = {"template": "gemma", "context_window": 8192, "n_seq_max": 4}
+# The embedded default model runs with these settings unless the config says otherwise
+# (its GGUF has no chat template: the templates plugin picks gemma by its architecture).
+DEFAULT_MODEL_SETTINGS = {"context_window": 8192, "n_seq_max": 4}
 
 
 def cache_dir() -> Path:

@@ -18,6 +18,16 @@ ENTRY_POINT_GROUP = "kronk"
 hookimpl = pluggy.HookimplMarker("kronk")
 
 
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, plus what configuration left out (for `kronk plugins`)."""
+
+    def __init__(self) -> None:
+        super().__init__("kronk")
+        self.disabled: list[str] = []
+        # Plugin name → "distribution version", for plugins installed through entry points.
+        self.distributions: dict[str, str] = {}
+
+
 def _names_from_env(variable: str) -> list[str]:
     return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
 
@@ -32,14 +42,16 @@ def effective_selection(selection: PluginSelection) -> PluginSelection:
 def create_plugin_manager(
     selection: PluginSelection | None = None,
     extra: dict[str, ModuleType | object] | None = None,
-) -> pluggy.PluginManager:
+) -> PluginManager:
     """Register every installed `kronk` entry point the selection allows, then `extra`.
 
     `extra` registers in-process plugins (name → module or object) exactly as
-    an installed one would be; the selection applies to them too.
+    an installed one would be; the selection applies to them too. Then each
+    plugin may add its own hook specs (`kronk_addhooks`) before every
+    implementation is checked against a spec.
     """
     chosen = effective_selection(selection or PluginSelection())
-    manager = pluggy.PluginManager("kronk")
+    manager = PluginManager()
     manager.add_hookspecs(hookspecs)
 
     def allowed(name: str) -> bool:
@@ -50,16 +62,24 @@ def create_plugin_manager(
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         if not allowed(entry_point.name):
             log.info("plugin %s installed but disabled by configuration", entry_point.name)
+            manager.disabled.append(entry_point.name)
             continue
         if manager.has_plugin(entry_point.name):
             continue
         plugin = entry_point.load()
         manager.register(plugin, name=entry_point.name)
+        if entry_point.dist is not None:
+            manager.distributions[entry_point.name] = (
+                f"{entry_point.dist.name} {entry_point.dist.version}"
+            )
         log.info("registered plugin %s from %s", entry_point.name, entry_point.value)
     for name, plugin in (extra or {}).items():
         if allowed(name):
             manager.register(plugin, name=name)
             log.info("registered plugin %s (in-process)", name)
+        else:
+            manager.disabled.append(name)
+    manager.hook.kronk_addhooks(plugin_manager=manager)
     manager.check_pending()
     return manager
 

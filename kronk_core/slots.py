@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kronk_core.backend import TextModel
-from kronk_core.types import GenerationRequest
+from kronk_core.backend import ModelInfo, TextModel
+from kronk_core.config import ModelConfig
+from kronk_core.types import ChatMessage, GenerationRequest
 
 
 @dataclass(slots=True)
@@ -47,14 +48,38 @@ class CacheCounters:
     tokens_saved: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PromptScope:
+    """What a cache strategy is told about a request before its prompt is rendered.
+
+    `remember` is false when the prompt is only counted (count_tokens,
+    tokenize): the strategy must not learn from it. The scope is where more
+    about the request goes when a strategy needs it (such as who is asking).
+    """
+
+    remember: bool = True
+
+
 class CacheStrategy(Protocol):
     """Decides which slot a prompt runs in and how much of its KV is reused.
 
-    Called only from the engine thread, so implementations need no locking
-    for slot state.
+    `prompt_messages` runs on the event loop, before the prompt is rendered;
+    everything else runs only on the engine thread, so slot state needs no
+    locking. Keep the two sides' state apart, or lock what they share.
     """
 
     name: str
+    # Whether requests must carry GenerationRequest.system_tokens (the length of the
+    # system prompt in the prompt): finding it costs two extra renders per request.
+    needs_system_tokens: bool
+
+    def prompt_messages(
+        self, messages: Sequence[ChatMessage], scope: PromptScope
+    ) -> Sequence[ChatMessage]:
+        """The messages to render for this request: `messages` unless the strategy adds to it.
+
+        SPC, for one, adds the system prompt it remembers to a request that has none.
+        """
 
     def select_slot(
         self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
@@ -92,3 +117,9 @@ class CacheStrategy(Protocol):
 
     def counters(self) -> CacheCounters:
         """Totals since the model loaded (hits, partial hits, rebuilds, ...)."""
+
+
+class CacheStrategyFactory(Protocol):
+    """What `kronk_register_cache_strategies` registers: one strategy per model load."""
+
+    def __call__(self, *, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy: ...

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kronk_core.backend import ModelInfo
+from kronk_core.config import ModelConfig
 from kronk_core.types import ChatDelta, ChatMessage, StructuredOutput, ToolChoice, ToolSpec
 
 TemplateValue = str | int | float | bool | None
@@ -60,3 +62,11 @@ class TemplateProcessor(Protocol):
         A StructuredOutput (JSON pieces in the format's markup) or a GBNF
         grammar; the output must parse back into the call(s) with `parser`.
         """
+
+
+class TemplateProcessorFactory(Protocol):
+    """What `kronk_register_template_processors` registers: one processor per model load."""
+
+    def __call__(
+        self, *, model_config: ModelConfig, model_info: ModelInfo
+    ) -> TemplateProcessor: ...

@@ -82,7 +82,7 @@ def kronk(
         "model_path": gemma_path,
         "context_window": 4096,
         "n_seq_max": 2,
-        "incremental_cache": True,
+        "cache": "imc",
     }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),

@@ -23,6 +23,7 @@ from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, hookimpl
+from kronk_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 MODEL = DEFAULT_MODEL_ID
 TOKENIZE = "/v1/tokenize"
 MODEL_FILE = (
-    f"models:\n  {MODEL}:\n    template: gemma\n    context_window: 512\n    n_seq_max: 1\n"
+    f"models:\n  {MODEL}:\n    context_window: 512\n    n_seq_max: 1\n"
 )
 
 
@@ -77,7 +78,8 @@ def test_sqlite_count_survives_a_restart(tmp_path: Path, serve: Serve) -> None:
 
     def app() -> Any:
         kronk = Kronk(KronkConfig(base_path=tmp_path))
-        return create_app(ServerSettings(base_path=tmp_path, auth_enabled=True), kronk=kronk)
+        settings = ServerSettings(base_path=tmp_path, sections={"auth-jwt": {"enabled": True}})
+        return create_app(settings, kronk=kronk)
 
     with serve(app()) as base_url:
         assert asyncio.run(hammer([base_url], token, 2)) == [200, 200]
@@ -134,7 +136,7 @@ def two_servers(
             command = [sys.executable, "-m", "kronk_api.cli", "server", "start"]
             command += ["--api-host", f"127.0.0.1:{port}", "--base-path", str(tmp_path)]
             command += ["--model-config-file", str(models), "--preload", "--log-level", "warning"]
-            command += ["--auth-enabled", "--auth-limit-store", redis_url]
+            command += ["--auth-jwt-enabled", "--auth-jwt-limit-store", redis_url]
             processes.append(
                 subprocess.Popen(
                     command,
@@ -181,7 +183,7 @@ def test_two_servers_sharing_redis_admit_exactly_the_quota(
     assert not (tmp_path / "limits.db").exists()
 
 
-# ---- the kronk_limit_store hook ----------------------------------------------------
+# ---- the limit-store registry (auth-jwt's own hook) --------------------------------
 
 
 class MemoryStore:
@@ -209,10 +211,15 @@ async def counted() -> dict[str, bool]:
 class MemoryStorePlugin:
     def __init__(self) -> None:
         self.store = MemoryStore()
+        self.opened: list[tuple[str, Path]] = []
 
-    @hookimpl
-    def kronk_limit_store(self, url: str, base_path: Path) -> MemoryStore | None:
-        return self.store if url == "memory://" else None
+    def open(self, url: str, base_path: Path) -> MemoryStore:
+        self.opened.append((url, base_path))
+        return self.store
+
+    @hookimpl(optionalhook=True)
+    def kronk_register_limit_stores(self, register: Callable[[str, Any], None]) -> None:
+        register("memory", self.open)
 
     @hookimpl
     def kronk_routes(self, kronk: Kronk) -> list[Any]:
@@ -222,8 +229,11 @@ class MemoryStorePlugin:
 def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> None:
     plugin = MemoryStorePlugin()
     kronk = Kronk(KronkConfig(base_path=tmp_path), plugins={"memory-store": plugin})
-    assert kronk.hook.kronk_limit_store(url="nope://", base_path=tmp_path) is None
-    settings = ServerSettings(base_path=tmp_path, auth_enabled=True, auth_limit_store="memory://")
+    stores = kronk.registry("limit_stores")
+    assert stores.owners["memory"] == "memory-store" and stores.owners["redis"] == "auth-jwt"
+    settings = ServerSettings(
+        base_path=tmp_path, sections={"auth-jwt": {"enabled": True, "limit_store": "memory://"}}
+    )
     token = local_token(tmp_path, "probe:2/month")
     with serve(create_app(settings, kronk=kronk)) as base_url:
         statuses = [
@@ -235,4 +245,17 @@ def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> 
     month = time.strftime("%Y-%m-01", time.gmtime())
     assert next(iter(plugin.store.counts)).endswith(f":probe:month:{month}")
     assert plugin.store.closed
+    assert plugin.opened == [("memory://", tmp_path)]
     assert not (tmp_path / "limits.db").exists()
+
+
+def test_an_unregistered_store_scheme_stops_the_server(tmp_path: Path) -> None:
+    kronk = Kronk(KronkConfig(base_path=tmp_path))
+    settings = ServerSettings(
+        base_path=tmp_path, sections={"auth-jwt": {"enabled": True, "limit_store": "nope://x"}}
+    )
+    app = create_app(settings, kronk=kronk)
+    with pytest.raises(ConfigError) as info:  # raised from startup, the server does not start
+        kronk.hook.kronk_startup(kronk=kronk, app=app)
+    assert info.value.key == "auth-jwt.limit_store"
+    assert "'nope'" in str(info.value) and "redis" in str(info.value)

@@ -10,14 +10,18 @@ from typing import Any
 import pytest
 
 from kronk_caching.prefix import common_prefix
-from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
 
 # DRY off: greedy is then a pure argmax, which the cold replay below reproduces.
-BASE = {"template": "gemma", "context_window": 4096, "sampling": {"dry_multiplier": 0.0}}
+BASE = {
+    "templates": {"template": "gemma"},
+    "context_window": 4096,
+    "sampling": {"dry_multiplier": 0.0},
+}
 SYSTEM = (
     "You are the ship's computer of the research vessel Kestrel. Answer crew questions about "
     "navigation, weather, cargo and the ship's systems. Be brief and precise. "
@@ -41,6 +45,9 @@ def user_turn(index: int) -> dict[str, str]:
     return {"role": "user", "content": f"Turn {index}: tell me about {TOPICS[index % 10]}.{detail}"}
 
 
+NO_HOST_TIER = {"host_cache_bytes": 0}
+
+
 def model_config(path: Path, **settings: Any) -> ModelConfig:
     return ModelConfig.model_validate({"model_path": path, **BASE, **settings})
 
@@ -51,9 +58,9 @@ def models(gemma_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-caching"),
         models={
-            "cold": model_config(path, incremental_cache=False),
-            "imc": model_config(path, incremental_cache=True, n_seq_max=2, host_cache_bytes=0),
-            "spc": model_config(path, system_prompt_cache=True, n_seq_max=2),
+            "cold": model_config(path, cache="none"),
+            "imc": model_config(path, n_seq_max=2, caching={"host_cache_bytes": 0}),
+            "spc": model_config(path, cache="spc", n_seq_max=2),
         },
     )
     kronk = Kronk(config)
@@ -168,7 +175,7 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
 
 
 def fresh(gemma_path: str, tmp_path: Path, **settings: Any) -> Kronk:
-    settings = {"incremental_cache": True, "n_seq_max": 2, **settings}
+    settings = {"n_seq_max": 2, **settings}
     config = KronkConfig(
         base_path=tmp_path, models={"m": model_config(Path(gemma_path), **settings)}
     )
@@ -187,7 +194,7 @@ def conversation(system: str, turns: int) -> list[dict[str, str]]:
 
 
 async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path) -> None:
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
     try:
         first = await ask(kronk, "m", conversation(SYSTEM, 1))
         assert first.usage.cached_tokens == 0
@@ -227,7 +234,7 @@ AGENT_SYSTEMS = [f"You are sub-agent {name}. " + SYSTEM for name in ("Alpha", "B
 
 
 async def test_sub_agents_keep_their_slots(gemma_path: str, tmp_path: Path) -> None:
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
     try:
         a, b = (conversation(system, 1) for system in AGENT_SYSTEMS[:2])
         await ask(kronk, "m", a)
@@ -249,7 +256,7 @@ async def test_sub_agents_keep_their_slots(gemma_path: str, tmp_path: Path) -> N
 async def test_third_agent_evicts_lru_and_host_tier_restores(
     gemma_path: str, tmp_path: Path, host_bytes: int
 ) -> None:
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=host_bytes)
+    kronk = fresh(gemma_path, tmp_path, caching={"host_cache_bytes": host_bytes})
     try:
         a, b, c = (conversation(system, 1) for system in AGENT_SYSTEMS)
         await ask(kronk, "m", a)
@@ -271,7 +278,7 @@ async def test_third_agent_evicts_lru_and_host_tier_restores(
 async def test_simultaneous_new_conversations_get_different_slots(
     gemma_path: str, tmp_path: Path
 ) -> None:
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
     try:
         a, b = (conversation(system, 1) for system in AGENT_SYSTEMS[:2])
         await asyncio.gather(ask(kronk, "m", a), ask(kronk, "m", b))
@@ -301,7 +308,7 @@ async def test_host_tier_on_disk_survives_restart_and_checks_config(
     gemma_path: str, tmp_path: Path
 ) -> None:
     disk = tmp_path / "kv"
-    settings = {"host_cache_dir": disk, "host_cache_bytes": 1 << 30, "n_seq_max": 1}
+    settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
     kronk = fresh(gemma_path, tmp_path, **settings)
     try:
         await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))
@@ -348,7 +355,9 @@ async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models
     other_system = [{"role": "system", "content": "Other."}, user_turn(3)]
     other = models.chat_request(other_system, model="spc")
     await models.count_prompt_tokens(other, add_generation_prompt=True)
-    assert list(models.load("spc").system_prompts) == [SYSTEM]
+    spc = models.load("spc")
+    assert isinstance(spc, LoadedModel)
+    assert list(spc.cache.system_prompts) == [SYSTEM]  # type: ignore[attr-defined]
 
 
 def long_user_turn(index: int) -> dict[str, str]:
@@ -371,8 +380,8 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
     never had the later turns, so it needs no cut. (Where window cells lie
     changes rounding, so a full-size window cache is no reference here.)
     """
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0, n_seq_max=1)
-    cold = fresh(gemma_path, tmp_path, incremental_cache=False, n_seq_max=1)
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
+    cold = fresh(gemma_path, tmp_path, cache="none", n_seq_max=1)
     loaded = kronk.load("m")
     assert not loaded.model.info.kv_trimmable and loaded.model.info.n_swa == 512
     replay = ColdReplay(model_config(Path(gemma_path)))
@@ -413,8 +422,8 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
     gemma_path: str, tmp_path: Path
 ) -> None:
     """Two agents of one tool: the second one's system prompt comes from the first one's slot."""
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0)
-    replay = ColdReplay(model_config(Path(gemma_path), swa_full=True))
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
+    replay = ColdReplay(model_config(Path(gemma_path), llamacpp={"swa_full": True}))
     try:
         first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
         second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
@@ -440,8 +449,8 @@ async def test_simultaneous_agents_prefill_their_shared_prefix_once(
     gemma_path: str, tmp_path: Path
 ) -> None:
     """Requests that arrive together wait for the one prefilling their common prefix."""
-    kronk = fresh(gemma_path, tmp_path, host_cache_bytes=0, n_seq_max=3)
-    cold = fresh(gemma_path, tmp_path, incremental_cache=False, n_seq_max=1)
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
+    cold = fresh(gemma_path, tmp_path, cache="none", n_seq_max=1)
     try:
         agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in range(3)]
         results = await asyncio.gather(*(ask(kronk, "m", agent) for agent in agents))

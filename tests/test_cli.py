@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,8 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kronk_api.cli import SERVER_OPTIONS, _environment_for
-from kronk_api.settings import ServerSettings, load_settings
+from kronk_api.options import ServerStartCommand, cli_plugins
+from kronk_api.settings import (
+    ServerSettings,
+    all_settings,
+    bind_sections,
+    environment_for,
+    environment_values,
+    load_settings,
+    nest,
+    server_sections,
+)
 from kronk_core import DEFAULT_MODEL_ID
 from kronk_core.errors import ConfigError
 
@@ -90,6 +100,7 @@ def _gone(pid: int, seconds: float) -> bool:
         ["run"],
         ["security", "key", "delete"],
         ["security", "token", "create"],
+        ["plugins"],
     ],
     ids=lambda command: " ".join(command) or "kronk",
 )
@@ -118,19 +129,29 @@ def test_model_list(tmp_path: Path) -> None:
     assert DEFAULT_MODEL_ID in ids
 
 
-def test_environment_is_read_without_a_flag(tmp_path: Path) -> None:
-    """KRONK_WEB_API_HOST alone reaches the settings: a bad value is reported, nothing starts."""
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [
+        ("KRONK_API_HOST", "bad-host", "api_host: expected HOST:PORT, got 'bad-host'"),
+        # A plugin's setting: its variable is derived by the same rule.
+        ("KRONK_AUTH_JWT_ENABLED", "maybe", "auth-jwt.enabled: Input should be a valid boolean"),
+    ],
+    ids=["core", "plugin"],
+)
+def test_environment_is_read_without_a_flag(
+    tmp_path: Path, variable: str, value: str, error: str
+) -> None:
+    """A variable alone reaches the settings: a bad value is reported by key, nothing starts."""
     result = _kronk(
         "server",
         "start",
         "--base-path",
         str(tmp_path),
-        env=_environment(KRONK_WEB_API_HOST="not-a-host-port"),
+        env=_environment(**{variable: value}),
         timeout=60,
     )
     assert result.returncode != 0
-    assert "not-a-host-port" in result.stderr
-    assert "api_host" in result.stderr
+    assert error in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "server.pid").exists()
 
@@ -157,32 +178,120 @@ def test_settings_file_precedence(tmp_path: Path) -> None:
 
 def test_every_setting_reaches_a_detached_server() -> None:
     """-d passes settings as KRONK_* variables: each has one, and lists and flags survive."""
-    assert set(SERVER_OPTIONS) == set(ServerSettings.model_fields)
-    settings = ServerSettings(
-        cors_origins="https://a.example, https://b.example",  # type: ignore[arg-type]
-        auth_enabled=True,
+    schema = all_settings(server_sections(cli_plugins()))
+    keys = {setting.key for setting in schema}
+    assert keys >= set(ServerSettings.model_fields) - {"sections"}
+    assert {"auth-jwt.enabled", "auth-jwt.issuer", "auth-jwt.limit_store"} <= keys
+    settings = bind_sections(
+        ServerSettings(
+            cors_origins="https://a.example, https://b.example",  # type: ignore[arg-type]
+            sections={"auth-jwt": {"enabled": True}},
+        ),
+        cli_plugins(),
     )
-    environment = _environment_for(settings)
+    environment = environment_for(settings, schema)
     assert environment["KRONK_CORS_ORIGINS"] == "https://a.example,https://b.example"
-    assert environment["KRONK_AUTH_ENABLED"] == "true"
-    overrides = {
-        key: environment[variable]
-        for key, variable in SERVER_OPTIONS.items()
-        if variable in environment  # unset (None) settings are not passed
+    assert environment["KRONK_AUTH_JWT_ENABLED"] == "true"
+    overrides = nest(environment_values(schema, environment))
+    assert bind_sections(load_settings(None, overrides), cli_plugins()) == settings
+
+
+def test_flags_and_variables_follow_one_rule() -> None:
+    """A setting's flag and variable come from its dotted key, plugins' sections included."""
+    names = {(s.key, s.flag, s.env) for s in all_settings(server_sections(cli_plugins()))}
+    assert ("api_host", "--api-host", "KRONK_API_HOST") in names
+    assert ("model_config_file", "--model-config-file", "KRONK_MODEL_CONFIG_FILE") in names
+    assert ("auth-jwt.limit_store", "--auth-jwt-limit-store", "KRONK_AUTH_JWT_LIMIT_STORE") in names
+    schema = all_settings(server_sections(cli_plugins()))
+    undescribed = [setting.key for setting in schema if not setting.field.description]
+    assert not undescribed, "a setting's description is its flag's help"
+    help_text = _kronk("server", "start", "--help").stdout
+    for flag in ("--api-host", "--auth-jwt-enabled / --no-auth-jwt-enabled", "--auth-jwt-issuer"):
+        assert flag in help_text
+    assert "KRONK_AUTH_JWT_ISSUER" in help_text
+    assert "--auth-enabled" not in help_text  # deprecated flags work but are not advertised
+
+
+def test_deprecated_names_still_work_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    schema = all_settings(server_sections(cli_plugins()))
+    environ = {
+        "KRONK_WEB_API_HOST": "127.0.0.1:9001",
+        "KRONK_AUTH_ENABLED": "true",
+        "KRONK_CACHE_MODELS_IN_CACHE": "2",
+        "KRONK_MODELS_IN_CACHE": "5",  # the rule's name beats a deprecated one
     }
-    assert load_settings(None, overrides) == settings
+    with caplog.at_level("WARNING", logger="kronk_core.legacy"):
+        values = environment_values(schema, environ)
+        file = tmp_path / "server.yaml"
+        file.write_text("auth_issuer: acme\nauth_limit_store: sqlite\n", encoding="utf-8")
+        from_file = load_settings(file, nest(values))
+        command = ServerStartCommand("start")
+        flagged = command.overrides(
+            {"deprecated__auth_issuer": "flagged", "setting__auth_jwt__issuer": None}
+        )
+    assert values == {
+        "api_host": "127.0.0.1:9001",
+        "auth-jwt.enabled": "true",
+        "models_in_cache": "5",
+    }
+    assert from_file.api_host == "127.0.0.1:9001" and from_file.models_in_cache == 5
+    assert from_file.sections["auth-jwt"] == {
+        "enabled": "true",
+        "issuer": "acme",
+        "limit_store": "sqlite",
+    }
+    assert flagged["auth-jwt"]["issuer"] == "flagged"
+    warned = "\n".join(record.getMessage() for record in caplog.records)
+    for old, new in (
+        ("KRONK_WEB_API_HOST", "KRONK_API_HOST"),
+        ("KRONK_AUTH_ENABLED", "KRONK_AUTH_JWT_ENABLED"),
+        ("auth_issuer", "auth-jwt.issuer"),
+        ("--auth-issuer", "--auth-jwt-issuer"),
+    ):
+        assert f"{old} is deprecated and will be removed in the next release; write {new}" in warned
+    assert "KRONK_CACHE_MODELS_IN_CACHE is deprecated" not in warned  # not used, so not warned
+
+
+def test_plugins_lists_what_each_provides(tmp_path: Path) -> None:
+    env = _environment(KRONK_BASE_PATH=str(tmp_path), KRONK_DISABLE_PLUGINS="sampling")
+    listed = _kronk("plugins", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    plugins = {entry["name"]: entry for entry in json.loads(listed.stdout)}
+    caching = plugins["caching"]
+    assert caching["active"] and caching["distribution"] == "kronk-caching 0.1.0"
+    assert caching["registered"] == {"cache_strategies": ["imc", "none", "spc"]}
+    assert caching["settings"] == {"model": ["caching"]}
+    assert "kronk_register_cache_strategies" in caching["hooks"]
+    auth = plugins["auth-jwt"]
+    assert auth["settings"] == {"server": ["auth-jwt"]}
+    assert auth["registered"]["limit_stores"] == ["redis", "rediss", "sqlite", "unix"]
+    assert "kronk_register_tool_formats" in plugins["templates"]["hooks"]
+    assert "hermes" in plugins["templates"]["registered"]["tool_formats"]
+    assert plugins["sampling"] == {
+        "name": "sampling",
+        "distribution": None,
+        "active": False,
+        "hooks": [],
+        "registered": {},
+        "settings": {},
+    }
+    text = _kronk("plugins", env=env)
+    assert "sampling: disabled by configuration" in text.stdout
+    assert "  cache_strategies: imc, none, spc" in text.stdout
 
 
 def test_server_start_logs_stop(tmp_path: Path) -> None:
     """One detached server: the flag beats the environment, then chat, logs and stop.
 
-    The parent gets KRONK_WEB_API_HOST=A and --api-host B and must pick B. The
+    The parent gets KRONK_API_HOST=A and --api-host B and must pick B. The
     detached child is started with the resolved settings as KRONK_* variables
     and no flags, so its binding to B also shows the environment used on its own.
     """
     env_port, flag_port = _free_port(), _free_port()
     base = tmp_path / "home"
-    env = _environment(KRONK_WEB_API_HOST=f"127.0.0.1:{env_port}")
+    env = _environment(KRONK_API_HOST=f"127.0.0.1:{env_port}")
     pid: int | None = None
     try:
         started = _kronk(

@@ -1,7 +1,8 @@
-"""Model configuration: validation errors name the offending key."""
+"""Model configuration: validation errors name the offending key (the core alone)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import (
-    CacheType,
-    ModelConfig,
-    load_model_config_file,
-    parse_model_config,
-)
+from kronk_core.config import ModelConfig, load_model_config_file, parse_model_config
 from kronk_core.errors import ConfigError
 from kronk_core.models import resolve_model_config
 
@@ -26,30 +22,20 @@ def config_error(data: dict[str, Any], model_id: str = "m1") -> ConfigError:
 
 
 def test_valid_config_parses_with_defaults() -> None:
-    config = parse_model_config("m1", {"n_batch": 1024, "n_ubatch": 1024, "cache_type_k": "Q8_0"})
+    config = parse_model_config("m1", {"n_batch": 1024, "context_window": 4096})
     assert config.id == "m1"
-    assert config.n_batch == 1024 and config.n_ubatch == 1024
-    assert config.cache_type_k is CacheType.q8_0  # case-insensitive
-    assert config.cache_type_v is CacheType.f16
-    # Message caching is on by default; SPC replaces it, incremental_cache: false turns it off.
-    assert config.cache_strategy == "imc"
-    assert parse_model_config("m1", {"incremental_cache": True}).cache_strategy == "imc"
-    assert parse_model_config("m1", {"system_prompt_cache": True}).cache_strategy == "spc"
-    assert parse_model_config("m1", {"incremental_cache": False}).cache_strategy == "none"
-    assert not config.swa_full and config.n_seq_max == 4
+    assert config.n_batch == 1024 and config.context_window == 4096
+    assert config.n_seq_max == 4
+    # Message caching is on by default.
+    assert config.cache == "imc" and config.template_processor == "jinja"
+    assert parse_model_config("m1", {"cache": "none"}).cache == "none"
 
 
-def test_ubatch_larger_than_batch_names_n_ubatch() -> None:
-    error = config_error({"n_batch": 256, "n_ubatch": 512})
-    assert "n_ubatch" in str(error)
-    assert "512" in str(error) and "256" in str(error)
-    assert error.key.startswith("models.m1")
-
-
-def test_unknown_cache_type_names_cache_type_k() -> None:
-    error = config_error({"cache_type_k": "q3_x"})
-    assert error.key == "models.m1.cache_type_k"
-    assert str(error).startswith("models.m1.cache_type_k:")
+def test_plugin_sections_are_kept_for_their_plugins() -> None:
+    """Keys that hold a mapping are plugins' sections: validated once the plugins are known."""
+    config = parse_model_config("m1", {"llamacpp": {"n_ubatch": 256}, "caching": {}})
+    assert config.sections == {"llamacpp": {"n_ubatch": 256}, "caching": {}}
+    assert config.section_key("llamacpp") == "models.m1.llamacpp"
 
 
 def test_negative_context_window_names_context_window() -> None:
@@ -59,10 +45,59 @@ def test_negative_context_window_names_context_window() -> None:
     assert error.key == "models.m1.context_window"
 
 
+def test_deprecated_keys_move_to_their_sections_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
+        config = parse_model_config(
+            "m1",
+            {
+                "incremental_cache": True,
+                "cache_type_k": "Q8_0",
+                "template": "gemma",
+                "host_cache_bytes": 0,
+                "llamacpp": {"n_threads": 2},
+            },
+        )
+    assert config.cache == "imc"
+    assert config.sections == {
+        "llamacpp": {"n_threads": 2, "cache_type_k": "Q8_0"},
+        "templates": {"template": "gemma"},
+        "caching": {"host_cache_bytes": 0},
+    }
+    warned = {record.getMessage() for record in caplog.records}
+    assert (
+        "models.m1.cache_type_k is deprecated and will be removed in the next release; "
+        "write models.m1.llamacpp.cache_type_k" in warned
+    )
+    assert any("models.m1.incremental_cache is deprecated" in line for line in warned)
+    assert parse_model_config("m1", {"system_prompt_cache": True}).cache == "spc"
+    assert parse_model_config("m1", {"incremental_cache": False}).cache == "none"
+
+
+def test_a_deprecated_key_beside_its_new_place_is_an_error() -> None:
+    error = config_error({"swa_full": False, "llamacpp": {"swa_full": True}})
+    assert error.key == "models.m1.swa_full"
+    assert "models.m1.llamacpp.swa_full" in str(error)
+    error = config_error({"incremental_cache": True, "cache": "spc"})
+    assert error.key == "models.m1.cache"
+
+
 def test_both_caches_on_is_an_error() -> None:
     error = config_error({"system_prompt_cache": True, "incremental_cache": True})
     assert "system_prompt_cache" in str(error)
     assert "incremental_cache" in str(error)
+
+
+def test_a_section_no_plugin_reads_is_refused(tmp_path: Path) -> None:
+    """Without plugins (the core alone), every section is unknown: none is silently ignored."""
+    config = KronkConfig(
+        base_path=tmp_path, models={"m1": ModelConfig.model_validate({"speculative": {"n": 4}})}
+    )
+    with pytest.raises(ConfigError) as info:
+        Kronk(config)
+    assert info.value.key == "models.m1.speculative"
+    assert "no active plugin reads this section" in str(info.value)
 
 
 def test_bad_sampling_value_names_nested_key() -> None:

@@ -33,7 +33,9 @@ def _kronk(
 @pytest.fixture
 def models(tiny_llama_path: Path, minilm_path: Path) -> dict[str, ModelConfig]:
     return {
-        "tiny": ModelConfig(model_path=tiny_llama_path, template="chatml", context_window=256),
+        "tiny": ModelConfig(
+            model_path=tiny_llama_path, templates={"template": "chatml"}, context_window=256
+        ),
         "minilm": ModelConfig(model_path=minilm_path),
     }
 
@@ -42,7 +44,7 @@ async def test_full_pool_waits_for_the_active_stream(
     tmp_path: Path, models: dict[str, ModelConfig], gemma_path: str
 ) -> None:
     # Gemma, not the tiny model: its stream must outlast the checks below (~30 tokens/s here).
-    gemma = ModelConfig(model_path=Path(gemma_path), template="gemma", context_window=512)
+    gemma = ModelConfig(model_path=Path(gemma_path), context_window=512)
     models = {**models, "gemma": gemma}
     finished: list[float] = []
 

@@ -65,7 +65,9 @@ class GreedyOnly:
         self.calls: list[SamplingParams] = []
 
     @hookimpl(tryfirst=True)
-    def kronk_sampler_stages(self, params: SamplingParams, model: ModelInfo) -> list[SamplerStage]:
+    def kronk_sampler_stages(
+        self, params: SamplingParams, model_info: ModelInfo
+    ) -> list[SamplerStage]:
         self.calls.append(params)
         return [Greedy()]
 
@@ -80,7 +82,7 @@ async def test_in_process_sampler_plugin_is_consulted_first(kronk: Kronk, tmp_pa
     try:
         assert "mine" in registered_plugins(mine.plugins)
         assert mine.hook.kronk_sampler_stages(
-            params=SamplingParams(temperature=0.9), model=None
+            params=SamplingParams(temperature=0.9), model_info=None
         ) == [Greedy()]
         messages = [{"role": "user", "content": "Python is a programming language."}]
         hot = await mine.chat(messages, temperature=0.9, max_tokens=12)

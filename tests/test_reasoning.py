@@ -37,7 +37,11 @@ def thinking(tmp_path_factory: pytest.TempPathFactory, gemma_path: str) -> Itera
     folder = tmp_path_factory.mktemp("thinking")
     template = folder / "thinking-gemma.jinja"
     template.write_text(THINKING_GEMMA, encoding="utf-8")
-    settings = {**DEFAULT_MODEL_SETTINGS, "template": str(template), "model_path": gemma_path}
+    settings = {
+        **DEFAULT_MODEL_SETTINGS,
+        "templates": {"template": str(template)},
+        "model_path": gemma_path,
+    }
     settings["n_seq_max"] = 1
     config = KronkConfig(base_path=folder, models={MODEL: ModelConfig.model_validate(settings)})
     with Kronk(config) as kronk:

@@ -40,7 +40,7 @@ CHAT = "/v1/chat/completions"
 TOKENIZE = "/v1/tokenize"
 MESSAGES = [{"role": "user", "content": "hello"}]
 # A small context keeps this server's model cheap; it only ever generates one token.
-SMALL_MODEL = {MODEL: ModelConfig(template="gemma", context_window=512, n_seq_max=2)}
+SMALL_MODEL = {MODEL: ModelConfig(context_window=512, n_seq_max=2)}
 
 
 def _probe_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
@@ -78,11 +78,12 @@ class AuthServer:
         return self.base_url.removeprefix("http://")
 
 
-def auth_app(base: Path, **settings: Any) -> Litestar:
+def auth_app(base: Path) -> Litestar:
     kronk = Kronk(
         KronkConfig(base_path=base, models=SMALL_MODEL), plugins={"probe": ProbeDialect()}
     )
-    return create_app(ServerSettings(base_path=base, auth_enabled=True, **settings), kronk=kronk)
+    settings = ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}})
+    return create_app(settings, kronk=kronk)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def mint(server: AuthServer, endpoints: str, duration: str = "1h") -> str:
 
 
 def kronk_cli(server: AuthServer, *args: str) -> Any:
-    env = {"KRONK_TOKEN": server.admin, "KRONK_WEB_API_HOST": server.api_host}
+    env = {"KRONK_TOKEN": server.admin, "KRONK_API_HOST": server.api_host}
     return CliRunner().invoke(main, list(args), env=env)
 
 
@@ -427,8 +428,11 @@ def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> 
 def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) -> None:
     selection = PluginSelection(disabled=["auth-jwt"])
     kronk = Kronk(KronkConfig(base_path=tmp_path, plugins=selection))
-    with pytest.raises(ConfigError, match="no active plugin authenticates"):
-        create_app(ServerSettings(base_path=tmp_path, auth_enabled=True), kronk=kronk)
+    settings = ServerSettings(base_path=tmp_path, sections={"auth-jwt": {"enabled": True}})
+    with pytest.raises(ConfigError, match="no active plugin reads this section") as info:
+        create_app(settings, kronk=kronk)
+    assert info.value.key == "auth-jwt"
+    assert "'auth-jwt' is disabled" in str(info.value)
 
 
 def test_key_files_are_private(auth_server: AuthServer) -> None:

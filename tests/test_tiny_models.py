@@ -27,7 +27,9 @@ def _kronk(base: Path, model: Path, context_window: int) -> Iterator[Kronk]:
     config = KronkConfig(
         base_path=base,
         models={
-            "tiny": ModelConfig(model_path=model, template="chatml", context_window=context_window)
+            "tiny": ModelConfig(
+                model_path=model, templates={"template": "chatml"}, context_window=context_window
+            )
         },
     )
     instance = Kronk(config)

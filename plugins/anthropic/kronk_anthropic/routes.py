@@ -6,16 +6,13 @@ import uuid
 from typing import Any
 
 from litestar import Request, Response, Router, post
-from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from kronk_anthropic.errors import handle_http_error, handle_kronk_error, handle_unexpected
+from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, message_dict, usage_dict
 from kronk_anthropic.schemas import CountTokensRequest, MessagesRequest
-from kronk_anthropic.stream import PING_SECONDS, keepalive, sse
-from kronk_api.disconnect import ClientDisconnected, unless_disconnected
-from kronk_api.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, kronk_of, parse_body
-from kronk_core.errors import KronkError
+from kronk_anthropic.stream import sse
+from kronk_api.http import kronk_of, parse_body
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta
 
@@ -29,22 +26,13 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Str
     stream = await kronk_of(request).start_chat(body.to_core())
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
-        items = keepalive(aiter(stream), PING_SECONDS)
-        # Wait for the first delta, so errors at start (a bad grammar) still get a status;
-        # a prompt that takes longer to prefill starts the stream and its pings.
-        try:
-            first = await unless_disconnected(request, anext(items))
-        except ClientDisconnected:
-            return Response(None, status_code=CLIENT_CLOSED_REQUEST)
-        return Stream(
-            sse(message_id, stream.model_id, stream.prompt_tokens, first, items),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
+        return await ANTHROPIC.open_stream(
+            request,
+            aiter(stream),
+            lambda deltas: sse(message_id, stream.model_id, stream.prompt_tokens, deltas),
         )
-    try:
-        return Response(await unless_disconnected(request, _answer(stream, message_id)))
-    except ClientDisconnected:
-        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+    answer = await ANTHROPIC.respond(request, _answer(stream, message_id))
+    return answer if isinstance(answer, Response) else Response(answer)
 
 
 async def _answer(stream: ChatStream, message_id: str) -> dict[str, Any]:
@@ -71,9 +59,5 @@ def router() -> Router:
         path="/",
         route_handlers=[create_message, count_tokens],
         # Router-level, so guards' errors on these routes come out in Anthropic's shape too.
-        exception_handlers={
-            KronkError: handle_kronk_error,
-            HTTPException: handle_http_error,
-            Exception: handle_unexpected,
-        },
+        exception_handlers=ANTHROPIC.exception_handlers(),
     )

@@ -14,11 +14,12 @@ from litestar.connection import ASGIConnection
 from litestar.testing import TestClient
 from pydantic import ValidationError
 
-from kronk_anthropic.errors import error_response, error_type, sse_error
+from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, signature
 from kronk_anthropic.schemas import MessagesRequest
-from kronk_anthropic.stream import keepalive, sse
+from kronk_anthropic.stream import sse
 from kronk_api import ServerSettings, create_app
+from kronk_api.dialect import keepalive
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import (
     ContextOverflowError,
@@ -167,7 +168,7 @@ def test_images_are_refused() -> None:
 # ---- content blocks and events ----------------------------------------------
 
 
-async def _items(items: Sequence[ChatDelta | None]) -> AsyncIterator[ChatDelta | None]:
+async def _items(items: Sequence[ChatDelta]) -> AsyncIterator[ChatDelta]:
     for item in items:
         yield item
 
@@ -180,13 +181,12 @@ def _decode(chunks: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-async def _stream(items: Sequence[ChatDelta | None]) -> list[tuple[str, dict[str, Any]]]:
-    rest = _items(items[1:])
-    return _decode([chunk async for chunk in sse("msg_1", "m", 30, items[0], rest)])
+async def _stream(items: Sequence[ChatDelta]) -> list[tuple[str, dict[str, Any]]]:
+    return _decode([chunk async for chunk in sse("msg_1", "m", 30, _items(items))])
 
 
 async def test_event_sequence_builds_the_non_streamed_message() -> None:
-    events = await _stream([DELTAS[0], None, *DELTAS[1:]])
+    events = await _stream(DELTAS)
     assert [
         (name, data.get("index"), data.get("delta", {}).get("type")) for name, data in events
     ] == [
@@ -194,7 +194,6 @@ async def test_event_sequence_builds_the_non_streamed_message() -> None:
         ("ping", None, None),
         ("content_block_start", 0, None),
         ("content_block_delta", 0, "thinking_delta"),
-        ("ping", None, None),
         ("content_block_delta", 0, "thinking_delta"),
         ("content_block_delta", 0, "signature_delta"),
         ("content_block_stop", 0, None),
@@ -249,11 +248,11 @@ async def test_stop_sequence_reason() -> None:
 
 
 async def test_error_mid_stream() -> None:
-    async def failing() -> AsyncIterator[ChatDelta | None]:
+    async def failing() -> AsyncIterator[ChatDelta]:
         yield ChatDelta(content="partial")
         raise EngineClosedError("model unloaded")
 
-    chunks = [chunk async for chunk in sse("msg_1", "m", 30, None, failing())]
+    chunks = [chunk async for chunk in sse("msg_1", "m", 30, failing())]
     name, data = _decode(chunks)[-1]
     assert name == "error"
     assert data["error"]["type"] == "overloaded_error"
@@ -261,21 +260,28 @@ async def test_error_mid_stream() -> None:
 
 
 async def test_keepalive_pings_during_silence_and_cancels_on_exit() -> None:
+    """A silent stream gets Anthropic's ping events between its frames, never inside one."""
+    release = asyncio.Event()
     finished = asyncio.Event()
 
-    async def slow() -> AsyncIterator[ChatDelta]:
+    async def frames() -> AsyncIterator[bytes]:
         try:
-            await asyncio.sleep(0.25)
-            yield ChatDelta(content="a")
-            await asyncio.sleep(10)
-            yield ChatDelta(content="never")
+            await release.wait()
+            yield b"frame\n\n"
+            await asyncio.Event().wait()  # silent until the client leaves
         finally:
             finished.set()
 
-    items = keepalive(slow(), interval=0.1)
-    seen = [await anext(items), await anext(items), await anext(items)]
-    assert seen == [None, None, ChatDelta(content="a")]
-    assert await anext(items) is None
+    ping = ANTHROPIC.keepalive_frame
+    assert _decode([ping]) == [("ping", {"type": "ping"})]
+    items = keepalive(frames(), ping, interval=0.01)
+    assert [await anext(items), await anext(items)] == [ping, ping]
+    release.set()
+    seen = await anext(items)
+    while seen == ping:  # pings already due when the frame came
+        seen = await anext(items)
+    assert seen == b"frame\n\n"
+    assert await anext(items) == ping
     await items.aclose()
     await asyncio.wait_for(finished.wait(), 1)
 
@@ -299,20 +305,20 @@ async def test_keepalive_pings_during_silence_and_cancels_on_exit() -> None:
     ],
 )
 def test_error_types(status: int, kind: str) -> None:
-    assert error_type(status) == kind
+    assert ANTHROPIC.error_type(status) == kind
 
 
 def test_error_responses() -> None:
-    full = error_response(QueueFullError("queue full", retry_after=3))
+    full = ANTHROPIC.error_response(QueueFullError("queue full", retry_after=3))
     assert full.status_code == 429
     assert full.headers["Retry-After"] == "3"
     assert full.content == {
         "type": "error",
         "error": {"type": "rate_limit_error", "message": "queue full"},
     }
-    overflow = error_response(ContextOverflowError("needs 9000 tokens"))
+    overflow = ANTHROPIC.error_response(ContextOverflowError("needs 9000 tokens"))
     assert overflow.content["error"]["message"] == "prompt is too long: needs 9000 tokens"
-    assert sse_error(KronkError("boom")) == (
+    assert ANTHROPIC.stream_error(KronkError("boom")) == (
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
         b'"message": "internal: the server could not serve this request; see its log"}}\n\n'
     )

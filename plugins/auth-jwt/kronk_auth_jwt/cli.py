@@ -12,12 +12,14 @@ from typing import Any
 
 import click
 
+from kronk_api.options import setting_option
 from kronk_auth_jwt.keys import KeyStore
+from kronk_auth_jwt.settings import AuthSettings
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_endpoints
 from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
 
-_TARGET_OPTIONS = ("local", "base_path", "auth_issuer", "api_host", "token")
+_TARGET_OPTIONS = ("local", "base_path", "auth_jwt_issuer", "api_host", "token")
 
 
 def _on_target(command: Callable[..., None]) -> Callable[..., None]:
@@ -38,26 +40,15 @@ def _on_target(command: Callable[..., None]) -> Callable[..., None]:
     for option in reversed(
         [
             click.option("--local", is_flag=True, help="Work on the key files, not the server"),
-            click.option(
-                "--base-path",
-                envvar="KRONK_BASE_PATH",
+            setting_option(
+                "base_path",
                 type=click.Path(path_type=Path),
                 help="With --local: the server's base directory [~/.kronk]",
             ),
-            click.option(
-                "--auth-issuer",
-                envvar="KRONK_AUTH_ISSUER",
-                default="kronk",
-                show_default=True,
-                help="With --local: the issuer (iss) the server checks",
+            setting_option(
+                "auth-jwt.issuer", help="With --local: the issuer (iss) the server checks [kronk]"
             ),
-            click.option(
-                "--api-host",
-                envvar="KRONK_WEB_API_HOST",
-                default="127.0.0.1:8080",
-                show_default=True,
-                help="The running server, HOST:PORT",
-            ),
+            setting_option("api_host", help="The running server, HOST:PORT [127.0.0.1:8080]"),
             click.option("--token", envvar="KRONK_TOKEN", help="Admin token for the server"),
         ]
     ):
@@ -70,14 +61,14 @@ class _Target:
         self,
         local: bool,
         base_path: Path | None,
-        auth_issuer: str,
-        api_host: str,
+        auth_jwt_issuer: str | None,
+        api_host: str | None,
         token: str | None,
     ) -> None:
         self.local = local
-        self.issuer = auth_issuer
+        self.issuer = auth_jwt_issuer or AuthSettings().issuer
         self._base = (base_path or default_base_path()).expanduser()
-        self._api_host = api_host
+        self._api_host = api_host or "127.0.0.1:8080"
         self._token = token
 
     def keys(self) -> KeyStore:

@@ -12,10 +12,11 @@ from litestar.handlers import BaseRouteHandler
 
 from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
 from kronk_auth_jwt.keys import KeyStore
+from kronk_auth_jwt.limits import LimitStore
+from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import Claims, Grant, verify
 from kronk_auth_jwt.windows import window_bounds
 from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
-from kronk_core.limits import LimitStore
 
 STATE_KEY = "kronk_auth"
 
@@ -63,9 +64,9 @@ def _credentials(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
 async def authorize(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
-    """Litestar guard. Does nothing unless the server runs with auth_enabled."""
+    """Litestar guard. Does nothing unless the server runs with auth-jwt.enabled."""
     if (
-        not connection.app.state.settings.auth_enabled
+        not SETTINGS.of(connection.app.state.settings).enabled
         or connection.scope.get("method") == "OPTIONS"
     ):
         return  # OPTIONS: CORS preflights never carry credentials

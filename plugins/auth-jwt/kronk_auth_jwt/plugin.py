@@ -2,45 +2,61 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+import pluggy
 from litestar import Litestar
+from litestar.types import ControllerRouterHandler, Guard
 
+from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
 from kronk_auth_jwt.guard import STATE_KEY, Authenticator, authorize
+from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.redis_store import RedisLimitStore
 from kronk_auth_jwt.routes import router
+from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
 from kronk_core import Kronk, hookimpl
 from kronk_core.errors import ConfigError
-from kronk_core.limits import LimitStore
+from kronk_core.registry import Register
+from kronk_core.sections import Section
 
 
 @hookimpl
-def kronk_guards(kronk: Kronk) -> Sequence[Callable[..., Any]]:
+def kronk_addhooks(plugin_manager: pluggy.PluginManager) -> None:
+    plugin_manager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def kronk_settings() -> Sequence[Section[Any]]:
+    return [SETTINGS]
+
+
+@hookimpl
+def kronk_guards(kronk: Kronk) -> Sequence[Guard]:
     return [authorize]
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[Any]:
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
     return [router()]
 
 
 @hookimpl
 def kronk_startup(kronk: Kronk, app: Litestar) -> None:
-    settings = app.state.settings
-    if not settings.auth_enabled:
+    settings = SETTINGS.of(app.state.settings)
+    if not settings.enabled:
         return
-    base = settings.base_path.expanduser()
-    keys = open_key_store(base / "keys", settings.auth_issuer)
-    store = kronk.hook.kronk_limit_store(url=settings.auth_limit_store, base_path=base)
-    if store is None:
-        raise ConfigError("auth_limit_store", f"no plugin opens {settings.auth_limit_store!r}")
-    app.state[STATE_KEY] = Authenticator(keys=keys, issuer=settings.auth_issuer, store=store)
+    base = app.state.settings.base_path.expanduser()
+    keys = open_key_store(base / "keys", settings.issuer)
+    scheme = settings.limit_store.partition("://")[0]
+    factory = kronk.registry("limit_stores").get(scheme, f"{SETTINGS.name}.limit_store")
+    store = factory(settings.limit_store, base)
+    app.state[STATE_KEY] = Authenticator(keys=keys, issuer=settings.issuer, store=store)
 
 
 @hookimpl
@@ -50,15 +66,25 @@ def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
         auth.store.close()
 
 
-@hookimpl(trylast=True)
-def kronk_limit_store(url: str, base_path: Path) -> LimitStore | None:
+def sqlite_store(url: str, base_path: Path) -> LimitStore:
     if url == "sqlite":
         return SqliteLimitStore(base_path / "limits.db")
     if url.startswith("sqlite:///"):
         return SqliteLimitStore(Path(url.removeprefix("sqlite://")))
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisLimitStore(url)
-    return None
+    raise ConfigError(
+        f"{SETTINGS.name}.limit_store", f"expected sqlite or sqlite:///ABSOLUTE/PATH, got {url!r}"
+    )
+
+
+def redis_store(url: str, base_path: Path) -> LimitStore:
+    return RedisLimitStore(url)
+
+
+@hookimpl
+def kronk_register_limit_stores(register: Register[LimitStoreFactory]) -> None:
+    register("sqlite", sqlite_store)
+    for scheme in ("redis", "rediss", "unix"):
+        register(scheme, redis_store)
 
 
 @hookimpl

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_auth_jwt.guard import STATE_KEY, Authenticator
+from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
 from kronk_core.errors import InvalidRequestError, KronkError
 
@@ -30,7 +31,7 @@ class TokenRequest(BaseModel):
 
 
 def _auth(request: Request[Any, Any, Any]) -> Authenticator:
-    if not request.app.state.settings.auth_enabled:
+    if not SETTINGS.of(request.app.state.settings).enabled:
         raise AuthDisabledError("authentication is not enabled on this server")
     auth: Authenticator = request.app.state[STATE_KEY]
     return auth

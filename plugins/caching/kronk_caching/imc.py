@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore
-from kronk_caching.none import clear
+from kronk_caching.none import PromptsAsGiven, clear
 from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
 from kronk_core.slots import CachePlan, Slot
@@ -49,7 +49,7 @@ class Reuse:
     checkpoint: Checkpoint | None = None
 
 
-class IncrementalCache(Counted):
+class IncrementalCache(Counted, PromptsAsGiven):
     name = "imc"
 
     def __init__(

@@ -5,11 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kronk_core.backend import TextModel
-from kronk_core.slots import CacheCounters, CachePlan, Slot
-from kronk_core.types import GenerationRequest
+from kronk_core.slots import CacheCounters, CachePlan, PromptScope, Slot
+from kronk_core.types import ChatMessage, GenerationRequest
 
 
-class NoCache:
+class PromptsAsGiven:
+    """The prompt side of a strategy that adds nothing to prompts."""
+
+    needs_system_tokens = False
+
+    def prompt_messages(
+        self, messages: Sequence[ChatMessage], scope: PromptScope
+    ) -> Sequence[ChatMessage]:
+        return messages
+
+
+class NoCache(PromptsAsGiven):
     name = "none"
 
     def select_slot(

@@ -1,45 +1,43 @@
-"""Hook implementations of the caching plugin: none, spc and imc."""
+"""Hook implementations of the caching plugin: the none, spc and imc strategies."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
 
 from kronk_caching.host_store import HostStore
 from kronk_caching.imc import IncrementalCache
 from kronk_caching.none import NoCache
+from kronk_caching.settings import SETTINGS
 from kronk_caching.spc import SystemPromptCache
 from kronk_core import hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
-from kronk_core.slots import CacheStrategy
+from kronk_core.registry import Register
+from kronk_core.sections import Section
+from kronk_core.slots import CacheStrategy, CacheStrategyFactory
 
 log = logging.getLogger(__name__)
 
-# Settings that shape a sequence's KV state: a saved state is only valid under the same ones.
-_KV_SHAPING = (
-    "context_window",
-    "n_seq_max",
-    "cache_type_k",
-    "cache_type_v",
-    "swa_full",
-    "rope_scaling",
-    "rope_freq_base",
-    "rope_freq_scale",
-    "yarn_ext_factor",
-    "yarn_attn_factor",
-    "yarn_beta_fast",
-    "yarn_beta_slow",
-    "yarn_orig_ctx",
-    "flash_attention",
-)
-
-
 def state_fingerprint(model_config: ModelConfig, model_info: ModelInfo) -> str:
-    """Identifies model file + KV layout, so a disk entry never restores into the wrong one."""
+    """Identifies model file + KV layout, so a disk entry never restores into the wrong one.
+
+    The layout is the core keys that shape a sequence's KV plus every other
+    plugin's settings of the model (the backend's among them): a change of an
+    unrelated setting then drops entries needlessly, but never restores a wrong one.
+    """
     path = model_config.model_path
     stat = path.stat() if path is not None else None
+    sections = {
+        name: section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+        for name, section in model_config.sections.items()
+        if name != SETTINGS.name
+    }
     identity = {
         # 2: token files start with the state's trim floor.
         "format": 2,
@@ -47,36 +45,49 @@ def state_fingerprint(model_config: ModelConfig, model_info: ModelInfo) -> str:
         "size": stat.st_size if stat else 0,
         "mtime_ns": stat.st_mtime_ns if stat else 0,
         "n_ctx_per_seq": model_info.n_ctx_per_seq,
-        **model_config.model_dump(mode="json", include=set(_KV_SHAPING)),
+        **model_config.model_dump(mode="json", include={"context_window", "n_seq_max"}),
+        "sections": sections,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
-@hookimpl
-def kronk_cache_strategy(
-    name: str, model_config: ModelConfig, model_info: ModelInfo
-) -> CacheStrategy | None:
-    if name == "none":
-        return NoCache()
-    if name == "spc":
-        return SystemPromptCache(min_tokens=model_config.cache_min_tokens)
-    if name == "imc":
-        store = None
-        if model_config.host_cache_bytes or model_config.host_cache_dir:
-            store = HostStore(
-                max_bytes=model_config.host_cache_bytes,
-                directory=model_config.host_cache_dir,
-                fingerprint=state_fingerprint(model_config, model_info),
-            )
-        if not model_info.kv_trimmable:
-            log.info(
-                "%s: KV cannot be cut at any position (sliding window without swa_full, or "
-                "recurrent state); IMC checkpoints each prompt's end to cut back further",
-                model_info.id,
-            )
-        return IncrementalCache(
-            min_tokens=model_config.cache_min_tokens,
-            trimmable=model_info.kv_trimmable,
-            store=store,
+def no_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
+    return NoCache()
+
+
+def system_prompt_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
+    return SystemPromptCache(min_tokens=SETTINGS.of(model_config).cache_min_tokens)
+
+
+def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
+    settings = SETTINGS.of(model_config)
+    store = None
+    if settings.host_cache_bytes or settings.host_cache_dir:
+        store = HostStore(
+            max_bytes=settings.host_cache_bytes,
+            directory=settings.host_cache_dir,
+            fingerprint=state_fingerprint(model_config, model_info),
         )
-    return None
+    if not model_info.kv_trimmable:
+        log.info(
+            "%s: KV cannot be cut at any position (sliding window without swa_full, or "
+            "recurrent state); IMC checkpoints each prompt's end to cut back further",
+            model_info.id,
+        )
+    return IncrementalCache(
+        min_tokens=settings.cache_min_tokens,
+        trimmable=model_info.kv_trimmable,
+        store=store,
+    )
+
+
+@hookimpl
+def kronk_settings() -> Sequence[Section[Any]]:
+    return [SETTINGS]
+
+
+@hookimpl
+def kronk_register_cache_strategies(register: Register[CacheStrategyFactory]) -> None:
+    register("none", no_cache)
+    register("spc", system_prompt_cache)
+    register("imc", incremental_cache)

@@ -5,6 +5,9 @@ usual; when it finishes, its slot is trimmed back to the system prompt
 (exact with a full-size SWA cache) and that state is exported to RAM. Later
 requests restore it and prefill only the rest. Entries are keyed by the
 exact system-prompt tokens and bounded (LRU).
+
+Before rendering (on the event loop), the strategy remembers the system
+prompts it sees, and a request without one gets the only one remembered.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from kronk_caching.counting import Counted
 from kronk_caching.none import NoCache, clear
 from kronk_caching.prefix import token_key
 from kronk_core.backend import TextModel
-from kronk_core.slots import CachePlan, Slot
-from kronk_core.types import GenerationRequest
+from kronk_core.slots import CachePlan, PromptScope, Slot
+from kronk_core.types import ChatMessage, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +30,32 @@ class SystemPromptCache(Counted, NoCache):
     """Slots are chosen as without a cache (least recently used); prepare and release differ."""
 
     name = "spc"
+    needs_system_tokens = True
 
     def __init__(self, *, min_tokens: int, max_entries: int = 8) -> None:
         self._min_tokens = min_tokens
         self._max_entries = max_entries
+        # Engine thread: states by system-prompt tokens, and what each slot exports at release.
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
-        self._to_export: dict[int, int] = {}  # slot id → system-prompt length to export at release
+        self._to_export: dict[int, int] = {}
+        # Event loop: the system prompts seen, most recent last.
+        self.system_prompts: OrderedDict[str, None] = OrderedDict()
+
+    def prompt_messages(
+        self, messages: Sequence[ChatMessage], scope: PromptScope
+    ) -> Sequence[ChatMessage]:
+        """Remember system prompts; prepend the single known one when a request has none."""
+        first = messages[0]
+        if first.role in ("system", "developer") and first.content:
+            if scope.remember:
+                self.system_prompts[first.content] = None
+                self.system_prompts.move_to_end(first.content)
+                while len(self.system_prompts) > self._max_entries:
+                    self.system_prompts.popitem(last=False)
+            return messages
+        if len(self.system_prompts) == 1:
+            return [ChatMessage(role="system", content=next(iter(self.system_prompts))), *messages]
+        return messages
 
     def prepare(
         self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from litestar.types import ControllerRouterHandler
 
 from kronk_core import Kronk, hookimpl
 from kronk_embeddings.routes import router
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[Any]:
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
     return [router()]

@@ -6,12 +6,11 @@ import base64
 import struct
 from typing import Any
 
-from litestar import Request, Response, Router, post
+from litestar import Request, Router, post
 
 from kronk_api.http import kronk_of, parse_body
-from kronk_core.errors import KronkError
 from kronk_embeddings.schemas import EmbeddingsRequest, RerankRequest
-from kronk_openai.errors import error_response
+from kronk_openai.errors import OPENAI
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -66,13 +65,9 @@ async def rerank(request: Request[Any, Any, Any]) -> dict[str, Any]:
     }
 
 
-def _handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
-    return error_response(exc)
-
-
 def router() -> Router:
     return Router(
         path="/",
         route_handlers=[embeddings, rerank],
-        exception_handlers={KronkError: _handle_kronk_error},
+        exception_handlers=OPENAI.exception_handlers(),
     )

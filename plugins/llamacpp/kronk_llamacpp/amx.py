@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from typing import Any
 
 import llama_cpp
 
@@ -23,7 +24,7 @@ _CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 _ExtraBufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 
 
-def _ggml(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def _ggml(name: str, restype: object, *argtypes: object) -> Any:
     # libllama's handle also resolves symbols of the ggml libraries it links.
     function = getattr(llama_cpp.llama_cpp._lib, name)
     function.restype = restype

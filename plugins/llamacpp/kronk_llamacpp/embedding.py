@@ -22,6 +22,7 @@ from kronk_core.backend import Capability, ModelInfo, Pooling
 from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, ModelLoadError
 from kronk_llamacpp.params import context_params
+from kronk_llamacpp.settings import SETTINGS
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import metadata
 
@@ -119,7 +120,7 @@ class LlamaEmbeddingModel:
         params.embeddings = True
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # the GGUF's own
         # The contexts run at once: share the cores instead of oversubscribing them.
-        threads = config.n_threads or max(1, (os.cpu_count() or 1) // config.n_seq_max)
+        threads = SETTINGS.of(config).n_threads or max(1, (os.cpu_count() or 1) // config.n_seq_max)
         params.n_threads = params.n_threads_batch = threads
         for _ in range(config.n_seq_max):
             context = _Context(model, params)

@@ -18,7 +18,7 @@ _initialised = False
 _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
 
-@llama_cpp.llama_log_callback  # type: ignore[misc]
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
 def _route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     python_level = _LEVELS.get(level, logging.DEBUG)
     if log.isEnabledFor(python_level):

@@ -10,12 +10,13 @@ import llama_cpp
 import numpy as np
 
 from kronk_core.backend import Batch, ModelInfo
-from kronk_core.config import ModelConfig, RopeScaling
+from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
 from kronk_llamacpp.sampler import DryPrototypes, NativeSampler, build_sampler
+from kronk_llamacpp.settings import SETTINGS, RopeScaling
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import load_weights, metadata
 
@@ -40,12 +41,13 @@ class LlamaTextModel:
 
     def _open_context(self, config: ModelConfig) -> None:
         model = self._model
+        llama = SETTINGS.of(config)
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         found = metadata(model)
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         context_window = config.context_window or min(n_ctx_train, DEFAULT_CONTEXT_WINDOW)
-        if context_window > n_ctx_train and config.rope_scaling is RopeScaling.none:
+        if context_window > n_ctx_train and llama.rope_scaling is RopeScaling.none:
             log.warning(
                 "context_window %d of %s is beyond the model's training length %d and "
                 "rope_scaling is none: expect degraded output past %d tokens "
@@ -89,8 +91,8 @@ class LlamaTextModel:
             n_layer
             * n_head_kv
             * (
-                key_len * GGML_TYPE_BYTES[config.cache_type_k]
-                + value_len * GGML_TYPE_BYTES[config.cache_type_v]
+                key_len * GGML_TYPE_BYTES[llama.cache_type_k]
+                + value_len * GGML_TYPE_BYTES[llama.cache_type_v]
             )
         )
         self.info = ModelInfo(
@@ -105,7 +107,7 @@ class LlamaTextModel:
             eos_token=self.token_text(llama_cpp.llama_vocab_eos(self._vocab)),
             chat_template=template.decode("utf-8") if template else None,
             kv_bytes_per_token=int(kv_bytes),
-            kv_trimmable=not (self._recurrent or (n_swa > 0 and not config.swa_full)),
+            kv_trimmable=not (self._recurrent or (n_swa > 0 and not llama.swa_full)),
             n_swa=n_swa,
             metadata=found,
             n_embd=llama_cpp.llama_model_n_embd(model),

@@ -6,7 +6,8 @@ import os
 
 import llama_cpp
 
-from kronk_core.config import CacheType, FlashAttention, ModelConfig, RopeScaling, SplitMode
+from kronk_core.config import ModelConfig
+from kronk_llamacpp.settings import SETTINGS, CacheType, FlashAttention, RopeScaling, SplitMode
 
 # enum ggml_type values (stable in ggml.h; the Python bindings export only some).
 GGML_TYPES = {
@@ -53,20 +54,22 @@ ROPE_SCALING = {
 
 
 def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
+    llama = SETTINGS.of(config)
     params = llama_cpp.llama_model_default_params()
     # Kronk: 0 = all layers, -1 = none, N = N. llama.cpp: -1 = all, 0 = none.
-    if config.n_gpu_layers == 0:
+    if llama.n_gpu_layers == 0:
         params.n_gpu_layers = -1
-    elif config.n_gpu_layers == -1:
+    elif llama.n_gpu_layers == -1:
         params.n_gpu_layers = 0
     else:
-        params.n_gpu_layers = config.n_gpu_layers
-    params.split_mode = SPLIT_MODES[config.split_mode]
-    params.main_gpu = config.main_gpu
+        params.n_gpu_layers = llama.n_gpu_layers
+    params.split_mode = SPLIT_MODES[llama.split_mode]
+    params.main_gpu = llama.main_gpu
     return params
 
 
 def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_context_params:
+    llama = SETTINGS.of(config)
     params = llama_cpp.llama_context_default_params()
     # One unified KV pool of context_window x n_seq_max cells; the engine keeps each
     # slot within context_window, so the pool never overflows. Unified is what makes
@@ -74,33 +77,33 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
     # 1.75x with per-sequence KV streams.
     params.n_ctx = n_ctx_per_seq * config.n_seq_max
     params.n_batch = config.n_batch
-    params.n_ubatch = config.n_ubatch
+    params.n_ubatch = llama.n_ubatch
     params.n_seq_max = config.n_seq_max
     params.kv_unified = True
-    threads = config.n_threads or os.cpu_count() or 1
+    threads = llama.n_threads or os.cpu_count() or 1
     params.n_threads = threads
     params.n_threads_batch = threads
-    params.type_k = GGML_TYPES[config.cache_type_k]
-    params.type_v = GGML_TYPES[config.cache_type_v]
-    params.flash_attn_type = FLASH_ATTENTION[config.flash_attention]
-    params.offload_kqv = config.offload_kqv
-    params.op_offload = config.op_offload
-    params.swa_full = config.swa_full
+    params.type_k = GGML_TYPES[llama.cache_type_k]
+    params.type_v = GGML_TYPES[llama.cache_type_v]
+    params.flash_attn_type = FLASH_ATTENTION[llama.flash_attention]
+    params.offload_kqv = llama.offload_kqv
+    params.op_offload = llama.op_offload
+    params.swa_full = llama.swa_full
     params.no_perf = True
-    if config.rope_scaling is not RopeScaling.none:
-        params.rope_scaling_type = ROPE_SCALING[config.rope_scaling]
-    if config.rope_freq_base is not None:
-        params.rope_freq_base = config.rope_freq_base
-    if config.rope_freq_scale is not None:
-        params.rope_freq_scale = config.rope_freq_scale
-    if config.yarn_ext_factor is not None:
-        params.yarn_ext_factor = config.yarn_ext_factor
-    if config.yarn_attn_factor is not None:
-        params.yarn_attn_factor = config.yarn_attn_factor
-    if config.yarn_beta_fast is not None:
-        params.yarn_beta_fast = config.yarn_beta_fast
-    if config.yarn_beta_slow is not None:
-        params.yarn_beta_slow = config.yarn_beta_slow
-    if config.yarn_orig_ctx is not None:
-        params.yarn_orig_ctx = config.yarn_orig_ctx
+    if llama.rope_scaling is not RopeScaling.none:
+        params.rope_scaling_type = ROPE_SCALING[llama.rope_scaling]
+    if llama.rope_freq_base is not None:
+        params.rope_freq_base = llama.rope_freq_base
+    if llama.rope_freq_scale is not None:
+        params.rope_freq_scale = llama.rope_freq_scale
+    if llama.yarn_ext_factor is not None:
+        params.yarn_ext_factor = llama.yarn_ext_factor
+    if llama.yarn_attn_factor is not None:
+        params.yarn_attn_factor = llama.yarn_attn_factor
+    if llama.yarn_beta_fast is not None:
+        params.yarn_beta_fast = llama.yarn_beta_fast
+    if llama.yarn_beta_slow is not None:
+        params.yarn_beta_slow = llama.yarn_beta_slow
+    if llama.yarn_orig_ctx is not None:
+        params.yarn_orig_ctx = llama.yarn_orig_ctx
     return params

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,11 +10,12 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.disconnect import ClientDisconnected, unless_disconnected
-from kronk_api.http import CLIENT_CLOSED_REQUEST, SSE_HEADERS, chain, kronk_of, parse_body
+from kronk_api.dialect import sse_frame
+from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
+from kronk_openai.errors import OPENAI
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
 from kronk_openai.responses_schemas import ResponsesRequest, TextFormat
@@ -87,22 +87,13 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
             stored = StoredResponse(builder.response, (*conversation, builder.assistant_message()))
             store.put(builder.response["id"], stored)
 
-    deltas = aiter(stream)
-    try:
-        # Wait for the first delta so errors at start still get a status code.
-        first = await unless_disconnected(request, anext(deltas))
-    except ClientDisconnected:
-        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
     if body.stream:
-        return Stream(
-            _sse(stream, builder, chain(first, deltas), keep),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
+        return await OPENAI.open_stream(
+            request, aiter(stream), lambda deltas: _sse(stream, builder, deltas, keep)
         )
-    try:
-        await unless_disconnected(request, _run(builder, chain(first, deltas)))
-    except ClientDisconnected:
-        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+    ran = await OPENAI.respond(request, _run(builder, aiter(stream)))
+    if isinstance(ran, Response):
+        return ran
     keep()
     return Response(builder.response)
 
@@ -122,7 +113,7 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     try:
         for name, payload in builder.start():
-            yield _frame(name, payload)
+            yield sse_frame(payload, name)
         async for delta in deltas:
             if delta.finish_reason is not None:
                 events = builder.finish(delta)
@@ -130,16 +121,12 @@ async def _sse(
             else:
                 events = builder.feed(delta)
             for name, payload in events:
-                yield _frame(name, payload)
+                yield sse_frame(payload, name)
     except KronkError as exc:
         name, payload = builder.error(exc)
-        yield _frame(name, payload)
+        yield sse_frame(payload, name)
     finally:
         stream.cancel()
-
-
-def _frame(name: str, payload: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
 @get("/v1/responses/{response_id:str}", opt=RESPONSES)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,19 +11,13 @@ from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
-from kronk_api.http import (
-    CLIENT_CLOSED_REQUEST,
-    SSE_HEADERS,
-    chain,
-    kronk_of,
-    parse_body,
-)
+from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
-from kronk_openai.errors import error_response, sse_error
+from kronk_openai.errors import OPENAI
 from kronk_openai.objects import (
     FINISH_REASONS,
     delta_dicts,
@@ -44,21 +37,14 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        deltas = aiter(stream)
-        # Wait for the first event so errors at start (a bad grammar) still get a status code.
-        try:
-            first = await unless_disconnected(request, anext(deltas))
-        except ClientDisconnected:
-            return Response(None, status_code=CLIENT_CLOSED_REQUEST)
-        return Stream(
-            _sse(stream, deltas, first, completion_id, include_usage),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
+        return await OPENAI.open_stream(
+            request,
+            aiter(stream),
+            lambda deltas: _sse(stream, deltas, completion_id, include_usage),
         )
-    try:
-        result = await unless_disconnected(request, collect(stream))
-    except ClientDisconnected:
-        return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+    result = await OPENAI.respond(request, collect(stream))
+    if isinstance(result, Response):
+        return result
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
@@ -84,11 +70,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
 
 
 async def _sse(
-    stream: ChatStream,
-    deltas: AsyncIterator[ChatDelta],
-    first: ChatDelta,
-    completion_id: str,
-    include_usage: bool,
+    stream: ChatStream, deltas: AsyncIterator[ChatDelta], completion_id: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     base = {
         "id": completion_id,
@@ -101,12 +83,12 @@ async def _sse(
         payload: dict[str, Any] = {**base, "choices": [choice] if choice else []}
         if include_usage:
             payload["usage"] = usage
-        return f"data: {json.dumps(payload)}\n\n".encode()
+        return sse_frame(payload)
 
     yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
     calls = 0
     try:
-        async for delta in chain(first, deltas):
+        async for delta in deltas:
             if delta.finish_reason is not None:
                 yield chunk(
                     {"index": 0, "delta": {}, "finish_reason": FINISH_REASONS[delta.finish_reason]}
@@ -121,7 +103,7 @@ async def _sse(
                 yield chunk(choice)
             calls += len(delta.tool_calls)
     except KronkError as exc:
-        yield sse_error(exc)
+        yield OPENAI.stream_error(exc)
         return
     yield b"data: [DONE]\n\n"
 
@@ -165,13 +147,10 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"object": "tokenize", "created": int(time.time()), "model": body.model, "tokens": count}
 
 
-def _handle_kronk_error(_: Request[Any, Any, Any], exc: KronkError) -> Response[Any]:
-    return error_response(exc)
-
-
 def router() -> Router:
     return Router(
         path="/",
         route_handlers=[chat_completions, list_models, get_model, tokenize, *RESPONSES_ROUTES],
-        exception_handlers={KronkError: _handle_kronk_error},
+        # Router-level, so guards' errors on these routes come out in this shape too.
+        exception_handlers=OPENAI.exception_handlers(),
     )

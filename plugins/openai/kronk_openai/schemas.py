@@ -135,8 +135,10 @@ class NamedToolChoice(BaseModel):
 def tool_choice(value: str | NamedToolChoice | None) -> ToolChoice:
     if isinstance(value, NamedToolChoice):
         return ToolChoice("function", value.function.name)
-    if value in ("none", "required"):
-        return ToolChoice(value)
+    if value == "none":
+        return ToolChoice("none")
+    if value == "required":
+        return ToolChoice("required")
     return ToolChoice()
 
 

@@ -79,5 +79,5 @@ def default_stages(params: SamplingParams) -> list[SamplerStage]:
 
 
 @hookimpl(trylast=True)
-def kronk_sampler_stages(params: SamplingParams, model: ModelInfo) -> list[SamplerStage]:
+def kronk_sampler_stages(params: SamplingParams, model_info: ModelInfo) -> list[SamplerStage]:
     return default_stages(params)

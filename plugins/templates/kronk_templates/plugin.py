@@ -1,28 +1,36 @@
-"""Hook implementation: the generic jinja template processor (most general, so trylast)."""
+"""Hook implementations of the templates plugin: the jinja processor and the tool formats."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from kronk_core import hookimpl
+import pluggy
+
+from kronk_core import Kronk, hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import ConfigError
-from kronk_core.templates import TemplateProcessor
-from kronk_templates.formats import FORMATS, detect_format, uses_think
+from kronk_core.registry import Register, Registry
+from kronk_core.sections import Section
+from kronk_core.templates import TemplateProcessor, TemplateProcessorFactory
+from kronk_templates import hookspecs
+from kronk_templates.formats import FORMATS, ToolFormat, detect_format, uses_think
 from kronk_templates.jinja import BUNDLED, JinjaTemplateProcessor, bundled_source
+from kronk_templates.settings import SETTINGS
 
 
 def choose_template(model_info: ModelInfo, model_config: ModelConfig) -> tuple[str, str]:
-    """(name, jinja source): config `template:` first, then GGUF metadata, then by architecture."""
-    chosen = model_config.template
+    """(name, jinja source): `templates.template` first, then GGUF metadata, then architecture."""
+    chosen = SETTINGS.of(model_config).template
     if chosen:
         if chosen in BUNDLED:
             return chosen, bundled_source(chosen)
         path = Path(chosen).expanduser()
         if not path.is_file():
             raise ConfigError(
-                "template",
+                f"{model_config.section_key(SETTINGS.name)}.template",
                 f"{chosen!r} is neither a bundled template ({', '.join(BUNDLED)}) "
                 "nor a readable .jinja file",
             )
@@ -36,17 +44,15 @@ def choose_template(model_info: ModelInfo, model_config: ModelConfig) -> tuple[s
     return "chatml", bundled_source("chatml")
 
 
-@hookimpl(trylast=True)
-def kronk_template_processor(
-    model_info: ModelInfo, model_config: ModelConfig
-) -> TemplateProcessor | None:
+def jinja_processor(
+    formats: Registry[ToolFormat], *, model_config: ModelConfig, model_info: ModelInfo
+) -> TemplateProcessor:
     name, source = choose_template(model_info, model_config)
-    format_name = model_config.tool_format or detect_format(source, model_info.architecture)
-    tool_format = FORMATS.get(format_name)
-    if tool_format is None:
-        raise ConfigError(
-            "tool_format", f"unknown tool format {format_name!r}; known: {', '.join(FORMATS)}"
-        )
+    chosen = SETTINGS.of(model_config).tool_format
+    tool_format = formats.get(
+        chosen or detect_format(source, model_info.architecture),
+        f"{model_config.section_key(SETTINGS.name)}.tool_format",
+    )
     return JinjaTemplateProcessor(
         name,
         source,
@@ -55,3 +61,31 @@ def kronk_template_processor(
         tool_format,
         think=uses_think(source),
     )
+
+
+@hookimpl
+def kronk_addhooks(plugin_manager: pluggy.PluginManager) -> None:
+    plugin_manager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def kronk_settings() -> Sequence[Section[Any]]:
+    return [SETTINGS]
+
+
+@hookimpl
+def kronk_register_tool_formats(register: Register[ToolFormat]) -> None:
+    for name, tool_format in FORMATS.items():
+        register(name, tool_format)
+
+
+@hookimpl
+def kronk_register_template_processors(
+    register: Register[TemplateProcessorFactory], kronk: Kronk
+) -> None:
+    def jinja(*, model_config: ModelConfig, model_info: ModelInfo) -> TemplateProcessor:
+        return jinja_processor(
+            kronk.registry("tool_formats"), model_config=model_config, model_info=model_info
+        )
+
+    register("jinja", jinja)

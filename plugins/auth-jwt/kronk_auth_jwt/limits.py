@@ -1,7 +1,8 @@
-"""The rate-limit counter store protocol (what `kronk_limit_store` returns)."""
+"""The rate-limit counter store protocol, and what `kronk_register_limit_stores` registers."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 
@@ -25,4 +26,13 @@ class LimitStore(Protocol):
 
     def close(self) -> None:
         """Release connections; called once when the server shuts down."""
+        ...
+
+
+class LimitStoreFactory(Protocol):
+    """Opens the store a `limit_store` URL names (its scheme is the registered name)."""
+
+    def __call__(self, url: str, base_path: Path) -> LimitStore:
+        """`url` is the whole setting (`sqlite`, `sqlite:///PATH`, `redis://HOST:PORT/DB`);
+        `base_path` the server's data directory. Raise ConfigError for a URL it cannot use."""
         ...

@@ -1,0 +1,1 @@
+"""An example third-party Kronk plugin, installed and tested like a built-in."""

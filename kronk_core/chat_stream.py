@@ -1,0 +1,156 @@
+"""Engine events to chat deltas: a started generation, parsed as it streams."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from kronk_core.engine import GenerationStream
+from kronk_core.errors import KronkError
+from kronk_core.templates import OutputParser
+from kronk_core.types import (
+    ChatDelta,
+    ChatResult,
+    Finished,
+    FinishReason,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+)
+
+
+class ChatStream:
+    """A started chat generation: prompt already checked and queued; iterate for deltas."""
+
+    def __init__(
+        self,
+        model_id: str,
+        stream: GenerationStream,
+        parser: OutputParser,
+        prompt_tokens: int,
+        dropped_tokens: int = 0,
+        parallel_tool_calls: bool = True,
+    ) -> None:
+        self._stream = stream
+        self._dropped_tokens = dropped_tokens
+        self._parser = parser
+        self._parallel_tool_calls = parallel_tool_calls
+        self.prompt_tokens = prompt_tokens
+        self.model_id = model_id
+        self.created = time.time()
+
+    def __aiter__(self) -> AsyncIterator[ChatDelta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChatDelta]:
+        calls = 0
+        counter = _ReasoningCounter()
+        async for event in self._stream:
+            if isinstance(event, Finished):
+                break
+            parts = self._parser.feed(event.text) if event.text else []
+            counter.add(event.token_count, parts)
+            if event.logprobs:
+                head = parts[0] if parts else ChatDelta()
+                parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
+            for part in parts:
+                part, calls = self._limit_calls(part, calls)
+                yield part
+        else:
+            raise KronkError("generation ended without a finish event")
+        if event.reason is FinishReason.error:
+            raise event.error or KronkError("generation failed")
+        parts = self._parser.finish(truncated=event.reason is FinishReason.length)
+        counter.add(0, parts)
+        counter.close()
+        for part in parts:
+            part, calls = self._limit_calls(part, calls)
+            yield part
+        event.usage.dropped_tokens = self._dropped_tokens
+        event.usage.reasoning_tokens = counter.reasoning_tokens
+        reason = event.reason
+        if calls and reason is FinishReason.stop:
+            reason = FinishReason.tool_calls
+        yield ChatDelta(finish_reason=reason, usage=event.usage, stop_sequence=event.stop_sequence)
+
+    def _limit_calls(self, part: ChatDelta, calls: int) -> tuple[ChatDelta, int]:
+        """parallel_tool_calls false: only the first call goes out."""
+        if not part.tool_calls:
+            return part, calls
+        keep = part.tool_calls
+        if not self._parallel_tool_calls:
+            keep = keep[: max(0, 1 - calls)]
+        return replace(part, tool_calls=keep), calls + len(keep)
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
+class _ReasoningCounter:
+    """Counts generated tokens whose text came out as reasoning.
+
+    Tokens whose text the parser still holds back count as whatever it
+    becomes once released; text it never releases (trailing whitespace) as
+    what came before.
+    """
+
+    def __init__(self) -> None:
+        self.reasoning_tokens = 0
+        self._undecided = 0
+        self._in_reasoning = False
+
+    def add(self, tokens: int, parts: Sequence[ChatDelta]) -> None:
+        self._undecided += tokens
+        if not parts:
+            return
+        self._in_reasoning = any(part.reasoning for part in parts) and not any(
+            part.content or part.tool_calls for part in parts
+        )
+        self.close()
+
+    def close(self) -> None:
+        if self._in_reasoning:
+            self.reasoning_tokens += self._undecided
+        self._undecided = 0
+
+
+def _with_logprobs(delta: ChatDelta, logprobs: tuple[TokenLogprob, ...]) -> ChatDelta:
+    return ChatDelta(
+        content=delta.content,
+        reasoning=delta.reasoning,
+        tool_calls=delta.tool_calls,
+        logprobs=delta.logprobs + logprobs,
+        finish_reason=delta.finish_reason,
+        usage=delta.usage,
+    )
+
+
+async def collect(stream: ChatStream) -> ChatResult:
+    """Drain a ChatStream into a ChatResult."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[ToolCall] = []
+    logprobs: list[TokenLogprob] = []
+    finish = FinishReason.stop
+    usage = Usage()
+    stop_sequence = None
+    async for delta in stream:
+        content.append(delta.content)
+        reasoning.append(delta.reasoning)
+        tool_calls.extend(delta.tool_calls)
+        logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            finish = delta.finish_reason
+        if delta.usage is not None:
+            usage = delta.usage
+            stop_sequence = delta.stop_sequence
+    return ChatResult(
+        content="".join(content),
+        reasoning="".join(reasoning),
+        finish_reason=finish,
+        usage=usage,
+        tool_calls=tool_calls,
+        logprobs=logprobs,
+        stop_sequence=stop_sequence,
+    )

@@ -1,0 +1,141 @@
+"""Input coercion: the SDK's keyword arguments and dicts into checked core types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from kronk_core.config import SamplingConfig
+from kronk_core.embeddings import EmbeddingInput
+from kronk_core.errors import InvalidRequestError
+from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
+
+
+def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
+    """A ChatMessage, or a dict with its keys."""
+    if isinstance(value, ChatMessage):
+        return value
+    role = value.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise InvalidRequestError(f"unknown message role {role!r}", param="messages")
+    keys = ("content", "name", "tool_call_id", "reasoning_content")
+    texts = {key: value.get(key) for key in keys}
+    for key, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise InvalidRequestError(f"message {key} must be a string", param="messages")
+    calls = value.get("tool_calls") or ()
+    if not all(isinstance(call, ToolCall) for call in calls):
+        raise InvalidRequestError("message tool_calls must be ToolCall objects", param="messages")
+    return ChatMessage(
+        role=role,
+        content=texts["content"],
+        name=texts["name"],
+        tool_calls=tuple(calls),
+        tool_call_id=texts["tool_call_id"],
+        reasoning_content=texts["reasoning_content"],
+    )
+
+
+def as_tool_choice(value: ToolChoice | str) -> ToolChoice:
+    """"auto", "none", "required", or the name of the one function to call."""
+    if isinstance(value, ToolChoice):
+        return value
+    if value in ("auto", "none", "required"):
+        return ToolChoice(value)  # type: ignore[arg-type]
+    return ToolChoice("function", value)
+
+
+def chat_request(
+    messages: Sequence[ChatMessage | Mapping[str, Any]],
+    *,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    grammar: str | None = None,
+    json_schema: str | None = None,
+    enable_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
+    chat_template_kwargs: Mapping[str, str | int | float | bool | None] | None = None,
+    tools: Sequence[ToolSpec] = (),
+    tool_choice: ToolChoice | str = "auto",
+    parallel_tool_calls: bool = True,
+    **sampling: Any,
+) -> ChatRequest:
+    """A ChatRequest from keyword arguments; sampling keys as in the manual.
+
+    `tool_choice` is "auto", "none", "required" or the name of one of `tools`.
+    """
+    try:
+        overrides = SamplingConfig.model_validate(sampling)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise InvalidRequestError(f"{key}: {first['msg']}", param=key) from None
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+    if not 0 <= top_logprobs <= 5:
+        raise InvalidRequestError("top_logprobs must be between 0 and 5", param="top_logprobs")
+    return ChatRequest(
+        messages=tuple(as_message(item) for item in messages),
+        model=model,
+        sampling=overrides,
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        grammar=grammar,
+        json_schema=json_schema,
+        enable_thinking=enable_thinking,
+        reasoning_effort=reasoning_effort,
+        template_kwargs=tuple((chat_template_kwargs or {}).items()),
+        tools=tuple(tools),
+        tool_choice=as_tool_choice(tool_choice),
+        parallel_tool_calls=parallel_tool_calls,
+    )
+
+
+def forces_call(request: ChatRequest) -> bool:
+    return request.tool_choice.mode in ("required", "function")
+
+
+def check_chat(request: ChatRequest) -> None:
+    """What a request must satisfy whatever the model: messages, and a forced call's tools."""
+    if not request.messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    choice = request.tool_choice
+    if not forces_call(request):
+        return
+    if not request.tools:
+        raise InvalidRequestError(
+            f"tool_choice {choice.mode!r} needs at least one tool in tools", param="tool_choice"
+        )
+    if choice.mode == "function" and choice.name not in {tool.name for tool in request.tools}:
+        raise InvalidRequestError(
+            f"tool_choice names {choice.name!r}, which is not among the tools",
+            param="tool_choice",
+        )
+    if request.grammar or request.json_schema:
+        raise InvalidRequestError(
+            "a forced tool call cannot be combined with a grammar or a JSON schema output",
+            param="tool_choice",
+        )
+
+
+def embedding_inputs(value: EmbeddingInput | Sequence[EmbeddingInput]) -> list[EmbeddingInput]:
+    """One text, one token list, or a list of either → the list of inputs."""
+    if isinstance(value, str):
+        return [value]
+    items = list(value)
+    if not items:
+        raise InvalidRequestError("input must not be empty", param="input")
+    if all(isinstance(item, int) for item in items):
+        return [items]  # type: ignore[list-item]
+    if all(isinstance(item, str | Sequence) for item in items):
+        return items  # type: ignore[return-value]
+    raise InvalidRequestError(
+        "input must be a string, a list of strings, or token ids", param="input"
+    )

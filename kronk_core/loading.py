@@ -1,0 +1,172 @@
+"""Model loading and wiring: a model's settings into a backend model, engine and template."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kronk_core.backend import ModelInfo, TextModel
+from kronk_core.config import ModelConfig
+from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
+from kronk_core.engine import Engine
+from kronk_core.errors import CapabilityError, ModelLoadError
+from kronk_core.events import RequestRecord
+from kronk_core.models import resolve_model_config
+from kronk_core.plugins import PluginManager
+from kronk_core.pool import Lease
+from kronk_core.sampling import SamplerStage
+from kronk_core.sections import ModelSection, bind, declared_sections
+from kronk_core.slots import CacheStrategy
+from kronk_core.templates import RenderOptions, TemplateProcessor
+from kronk_core.types import ChatMessage, SamplingParams
+
+if TYPE_CHECKING:
+    from kronk_core.sdk import Kronk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model with its engine, cache strategy and template processor, ready for requests."""
+
+    config: ModelConfig
+    model: TextModel
+    engine: Engine
+    template: TemplateProcessor
+    cache: CacheStrategy
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model.info
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.busy
+
+    @property
+    def active_requests(self) -> int:
+        stats = self.engine.stats()
+        return stats.active + stats.queued
+
+    def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> list[int]:
+        """Template then tokenize; the template supplies BOS and other special tokens itself."""
+        return self.tokenize_prompt(self.template.render(messages, options))
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        return self.model.tokenize(prompt, add_special=False, parse_special=True)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.model.close()
+
+
+PooledModel = LoadedModel | LoadedEmbeddingModel
+
+
+def model_sections(manager: PluginManager) -> list[ModelSection[Any]]:
+    """The sections of a model's entry that the active plugins declare."""
+    declared = declared_sections(manager, ModelSection, set(ModelConfig.model_fields))
+    return [section for _, section in declared.values()]
+
+
+def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
+    """`config` with every plugin section validated (ConfigError naming the key)."""
+    sections = bind(config, kronk.model_sections, kronk.plugins.disabled)
+    return config.model_copy(update={"sections": sections})
+
+
+def load_model(
+    kronk: Kronk, model_id: str, on_finished: Callable[[RequestRecord], None]
+) -> PooledModel:
+    """Resolve, bind and load a model; a text model gets its engine, cache and template."""
+    config = bind_model_settings(kronk, resolve_model_config(kronk.config, model_id))
+    backend = kronk.hook.kronk_backend(model_config=config)
+    if backend is None:
+        raise ModelLoadError(f"no backend plugin can load {config.model_path}")
+    started = time.monotonic()
+    model = backend.load_model(config)
+    if not isinstance(model, TextModel):
+        log.info(
+            "loaded %s in %.2fs: backend=%s %s contexts=%d ctx=%d",
+            model_id,
+            time.monotonic() - started,
+            backend.name,
+            describe_capabilities(model_id, model.info),
+            model.info.n_seq_max,
+            model.info.n_ctx_per_seq,
+        )
+        return LoadedEmbeddingModel(config, model)
+    info = model.info
+    try:
+        key = config.section_key
+        cache_factory = kronk.registry("cache_strategies").get(config.cache, key("cache"))
+        template_factory = kronk.registry("template_processors").get(
+            config.template_processor, key("template_processor")
+        )
+        cache: CacheStrategy = cache_factory(model_config=config, model_info=info)
+        template: TemplateProcessor = template_factory(model_config=config, model_info=info)
+
+        def stages(params: SamplingParams) -> list[SamplerStage]:
+            return list(kronk.hook.kronk_sampler_stages(params=params, model_info=info) or [])
+
+        if not stages(SamplingParams()):
+            raise ModelLoadError("no plugin provides sampler stages")
+        engine = Engine(
+            model,
+            n_batch=config.n_batch,
+            queue_depth=config.queue_depth,
+            cache=cache,
+            sampler_stages=stages,
+            on_finished=on_finished,
+        )
+    except BaseException:
+        model.close()
+        raise
+    log.info(
+        "loaded %s in %.2fs: backend=%s template=%s cache=%s slots=%d ctx/slot=%d",
+        model_id,
+        time.monotonic() - started,
+        backend.name,
+        template.name,
+        cache.name,
+        info.n_seq_max,
+        info.n_ctx_per_seq,
+    )
+    return LoadedModel(config=config, model=model, engine=engine, template=template, cache=cache)
+
+
+def release_if_leased(future: asyncio.Future[Lease[PooledModel]]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+
+
+def text_model(lease: Lease[PooledModel]) -> Lease[LoadedModel]:
+    """The lease, if its model can chat; else release it and raise CapabilityError."""
+    if isinstance(lease.model, LoadedModel):
+        return lease  # type: ignore[return-value]
+    lease.release()
+    raise CapabilityError(
+        f"{describe_capabilities(lease.model.id, lease.model.info)}, not chat", param="model"
+    )
+
+
+def embedding_model(lease: Lease[PooledModel]) -> Lease[LoadedEmbeddingModel]:
+    """The lease, if its model is an embedding model; else release it and raise CapabilityError."""
+    if isinstance(lease.model, LoadedEmbeddingModel):
+        return lease  # type: ignore[return-value]
+    lease.release()
+    raise CapabilityError(
+        f"{describe_capabilities(lease.model.id, lease.model.info)}; it is not an embedding "
+        "or reranking model",
+        param="model",
+    )
+

@@ -1,0 +1,161 @@
+"""Prompt preparation: a chat request into the tokens, limits and sampling the engine runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kronk_core.config import ContextOverflow
+from kronk_core.errors import ContextOverflowError
+from kronk_core.inputs import forces_call
+from kronk_core.loading import LoadedModel
+from kronk_core.sampling import resolve_sampling
+from kronk_core.slots import PromptScope
+from kronk_core.templates import OutputParser, RenderOptions
+from kronk_core.types import (
+    DEFAULT_MAX_TOKENS,
+    ChatMessage,
+    ChatRequest,
+    GenerationRequest,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """What the engine runs for one chat request, and how to read its output."""
+
+    generation: GenerationRequest
+    parser: OutputParser
+    dropped_tokens: int
+
+
+def render_options(request: ChatRequest, *, add_generation_prompt: bool = True) -> RenderOptions:
+    thinking = request.enable_thinking
+    if request.grammar or request.json_schema or forces_call(request):
+        thinking = False  # a grammar applies from the first generated token
+    return RenderOptions(
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=True if thinking is None else thinking,
+        reasoning_effort=request.reasoning_effort,
+        tools=() if request.tool_choice.mode == "none" else request.tools,
+        template_kwargs=dict(request.template_kwargs),
+    )
+
+
+def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) -> PreparedChat:
+    """Render, fit into the context and resolve sampling; everything that can fail does here."""
+    options = render_options(request)
+    messages = loaded.cache.prompt_messages(request.messages, scope)
+    prompt_text = loaded.template.render(messages, options)
+    prompt = loaded.tokenize_prompt(prompt_text)
+    dropped = 0
+    if loaded.config.context_overflow is ContextOverflow.trim:
+        messages, trimmed = _trim_to_fit(loaded, messages, options, request, len(prompt))
+        if trimmed is not None:
+            dropped, prompt = len(prompt) - len(trimmed), trimmed
+    system_tokens = 0
+    if loaded.cache.needs_system_tokens:
+        system_tokens = _system_tokens(loaded, messages, options, prompt)
+    sampling = resolve_sampling(request.sampling, loaded.config.sampling)
+    if request.grammar or request.json_schema:
+        sampling = replace(sampling, grammar=request.grammar, json_schema=request.json_schema)
+    elif forces_call(request):
+        # A named function is one call; "required" may make several when allowed.
+        several = request.parallel_tool_calls and request.tool_choice.mode == "required"
+        constraint = loaded.template.tool_constraint(request.tools, request.tool_choice, several)
+        if isinstance(constraint, str):
+            sampling = replace(sampling, grammar=constraint)
+        else:
+            sampling = replace(sampling, structured=constraint)
+    generation = GenerationRequest(
+        prompt_tokens=tuple(prompt),
+        sampling=sampling,
+        max_tokens=_max_tokens(loaded, request, len(prompt)),
+        stop=request.stop,
+        logprobs=request.logprobs or request.top_logprobs > 0,
+        top_logprobs=request.top_logprobs,
+        system_tokens=system_tokens,
+        special_tokens_as_text=loaded.template.special_tokens_as_text,
+    )
+    return PreparedChat(generation, loaded.template.parser(options, prompt_text), dropped)
+
+
+def count_prompt(loaded: LoadedModel, request: ChatRequest, *, add_generation_prompt: bool) -> int:
+    """The prompt's length as a chat would run it (the cache strategy's additions included)."""
+    options = render_options(request, add_generation_prompt=add_generation_prompt)
+    messages = loaded.cache.prompt_messages(request.messages, PromptScope(remember=False))
+    return len(loaded.render(messages, options))
+
+
+def _trim_to_fit(
+    loaded: LoadedModel,
+    messages: Sequence[ChatMessage],
+    options: RenderOptions,
+    request: ChatRequest,
+    prompt_len: int,
+) -> tuple[Sequence[ChatMessage], list[int] | None]:
+    """context_overflow: trim — drop the oldest non-system messages until the request fits.
+
+    Returns the kept messages and their prompt, or (messages, None) when
+    nothing had to go. The last message is never dropped.
+    """
+    wanted = request.max_tokens or 1
+    limit = loaded.model.info.n_ctx_per_seq
+    if prompt_len + wanted <= limit:
+        return messages, None
+    kept = list(messages)
+    head = 1 if kept[0].role in ("system", "developer") else 0
+    prompt: list[int] | None = None
+    while len(kept) - head > 1:
+        del kept[head]
+        prompt = loaded.render(kept, options)
+        if len(prompt) + wanted <= limit:
+            return kept, prompt
+    return kept, prompt
+
+
+def _system_tokens(
+    loaded: LoadedModel,
+    messages: Sequence[ChatMessage],
+    options: RenderOptions,
+    prompt: Sequence[int],
+) -> int:
+    """How many leading prompt tokens belong to the system prompt.
+
+    Templates place the system text differently (Gemma folds it into the
+    first user turn), so render the system message before two different
+    probe turns: the tokens they share, and share with the prompt, are it.
+    """
+    if messages[0].role not in ("system", "developer"):
+        return 0
+    probe = RenderOptions(add_generation_prompt=False, template_kwargs=options.template_kwargs)
+    first, second = (
+        loaded.render([messages[0], ChatMessage(role="user", content=text)], probe)
+        for text in ("A", "Z")
+    )
+    return min(_shared_prefix(first, second), _shared_prefix(first, prompt))
+
+
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    size = min(len(a), len(b))
+    for index in range(size):
+        if a[index] != b[index]:
+            return index
+    return size
+
+
+def _max_tokens(loaded: LoadedModel, request: ChatRequest, prompt_len: int) -> int:
+    """The request's max_tokens must fit; a default (model config or 4096) is capped."""
+    limit = loaded.model.info.n_ctx_per_seq
+    explicit = request.max_tokens
+    room = limit - prompt_len
+    if room < 1 or (explicit is not None and explicit > room):
+        wanted = explicit or 1
+        raise ContextOverflowError(
+            f"this request needs {prompt_len + wanted} tokens ({prompt_len} in the prompt "
+            f"+ {wanted} to generate) but the context window of {loaded.id} is {limit} tokens",
+            param="messages",
+        )
+    if explicit is not None:
+        return explicit
+    return min(loaded.config.sampling.max_tokens or DEFAULT_MAX_TOKENS, room)

@@ -1,0 +1,23 @@
+"""The auth-jwt plugin's section of the server settings (`auth-jwt`, flags `--auth-jwt-*`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kronk_core.sections import ServerSection
+
+
+class AuthSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=False, description="Require a bearer token on every endpoint but health checks"
+    )
+    issuer: str = Field(default="kronk", description="The JWT issuer (iss) issued and accepted")
+    limit_store: str = Field(
+        default="sqlite",
+        description="Rate-limit counters: sqlite, sqlite:///PATH or redis://HOST:PORT/DB",
+    )
+
+
+SETTINGS = ServerSection("auth-jwt", AuthSettings)

@@ -1,0 +1,88 @@
+"""The llamacpp plugin's section of each model's entry (`models.<id>.llamacpp`)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from kronk_core.sections import ModelSection
+
+
+class CacheType(StrEnum):
+    """KV cache element types llama.cpp accepts for cache_type_k / cache_type_v."""
+
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    q8_0 = "q8_0"
+    q4_0 = "q4_0"
+    q4_1 = "q4_1"
+    iq4_nl = "iq4_nl"
+    q5_0 = "q5_0"
+    q5_1 = "q5_1"
+
+
+class FlashAttention(StrEnum):
+    enabled = "enabled"
+    disabled = "disabled"
+    auto = "auto"
+
+
+class SplitMode(StrEnum):
+    none = "none"
+    layer = "layer"
+    row = "row"
+
+
+class RopeScaling(StrEnum):
+    none = "none"
+    linear = "linear"
+    yarn = "yarn"
+
+
+class LlamaCppSettings(BaseModel):
+    """How llama.cpp loads one model and builds its context."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_ubatch: Annotated[int, Field(gt=0)] = 512
+    n_threads: Annotated[int, Field(ge=0)] = 0
+    cache_type_k: CacheType = CacheType.f16
+    cache_type_v: CacheType = CacheType.f16
+    flash_attention: FlashAttention = FlashAttention.auto
+    n_gpu_layers: Annotated[int, Field(ge=-1)] = 0
+    offload_kqv: bool = True
+    op_offload: bool = True
+    split_mode: SplitMode = SplitMode.layer
+    main_gpu: Annotated[int, Field(ge=0)] = 0
+    # Sliding-window layers keep only their window (as llama-server does): full-size SWA
+    # caches make every token attend over the whole context. IMC checkpoints instead.
+    swa_full: bool = False
+    rope_scaling: RopeScaling = RopeScaling.none
+    rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
+    rope_freq_scale: Annotated[float, Field(gt=0.0)] | None = None
+    yarn_ext_factor: float | None = None
+    yarn_attn_factor: Annotated[float, Field(gt=0.0)] | None = None
+    yarn_beta_fast: float | None = None
+    yarn_beta_slow: float | None = None
+    yarn_orig_ctx: Annotated[int, Field(ge=0)] | None = None
+
+    @field_validator("cache_type_k", "cache_type_v", mode="before")
+    @classmethod
+    def _lower_cache_type(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("n_ubatch")
+    @classmethod
+    def _ubatch_within_batch(cls, value: int, info: ValidationInfo) -> int:
+        # n_batch is the model's core key: the section is validated in its context.
+        owner = (info.context or {}).get("owner")
+        n_batch = getattr(owner, "n_batch", None)
+        if n_batch is not None and value > n_batch:
+            raise ValueError(f"must be less than or equal to n_batch ({n_batch}), got {value}")
+        return value
+
+
+SETTINGS = ModelSection("llamacpp", LlamaCppSettings)

@@ -1,0 +1,51 @@
+"""docs/plugins.md states every hook spec's signature, as the spec has it (as datasette checks)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kronk_auth_jwt import hookspecs as auth_jwt_hookspecs
+from kronk_core import hookspecs as core_hookspecs
+from kronk_templates import hookspecs as templates_hookspecs
+
+DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
+# The core's hooks, and those the built-in plugins define for other plugins.
+SPEC_MODULES: list[ModuleType] = [core_hookspecs, templates_hookspecs, auth_jwt_hookspecs]
+DOCUMENTED = re.compile(r"^### `(kronk_\w+)\(", re.MULTILINE)
+
+
+def specs() -> Iterator[tuple[str, Callable[..., Any]]]:
+    for module in SPEC_MODULES:
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if name.startswith("kronk_") and hasattr(function, "kronk_spec"):
+                yield name, function
+
+
+def heading(function: Callable[..., Any]) -> str:
+    """The heading the docs must have: the signature as written in the spec."""
+    signature = inspect.signature(function)  # annotations stay strings (postponed)
+    parameters = ", ".join(
+        f"{parameter.name}: {parameter.annotation}" for parameter in signature.parameters.values()
+    )
+    text = f"### `{function.__name__}({parameters}) -> {signature.return_annotation}`"
+    return text + (" (firstresult)" if function.kronk_spec["firstresult"] else "")
+
+
+@pytest.mark.parametrize(("name", "function"), list(specs()), ids=[name for name, _ in specs()])
+def test_every_hook_spec_is_documented_with_its_signature(
+    name: str, function: Callable[..., Any]
+) -> None:
+    expected = heading(function)
+    documented = [line for line in DOCS.splitlines() if line.startswith(f"### `{name}(")]
+    assert documented == [expected], f"docs/plugins.md must have exactly: {expected}"
+
+
+def test_every_documented_hook_has_a_spec() -> None:
+    assert set(DOCUMENTED.findall(DOCS)) == {name for name, _ in specs()}
