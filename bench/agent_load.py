@@ -183,8 +183,7 @@ class Client:
         self, count: int, turns: int, system: str
     ) -> tuple[float, list[list[tuple[Messages, Turn]]]]:
         """`count` agents at once; returns the wall time and every agent's turns."""
-        limits = httpx.Limits(max_connections=count + 4, max_keepalive_connections=count + 4)
-        async with httpx.AsyncClient(limits=limits, timeout=self.timeout) as http:
+        async with _client(count, self.timeout) as http:
             began = time.perf_counter()
             runs = await asyncio.gather(
                 *(self.agent(http, index, turns, system) for index in range(count))
@@ -192,9 +191,16 @@ class Client:
             return time.perf_counter() - began, list(runs)
 
     async def single(self, messages: Messages, max_tokens: int) -> Turn:
-        async with httpx.AsyncClient(timeout=self.timeout) as http:
+        async with _client(1, self.timeout) as http:
             saved, self.max_tokens = self.max_tokens, max_tokens
             try:
                 return await self.turn(http, messages)
             finally:
                 self.max_tokens = saved
+
+
+def _client(connections: int, timeout: float) -> httpx.AsyncClient:
+    # A connection per request: llama-server (cpp-httplib) closes a kept-alive
+    # connection after a few requests, and a request sent on it as it closes fails.
+    limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=0)
+    return httpx.AsyncClient(limits=limits, timeout=timeout)

@@ -124,12 +124,18 @@ class ColdReplay:
         self.model.close()
 
 
-def assert_same_first_token(result: ChatResult, reference: list[tuple[str, float]]) -> None:
-    """The first token's top-5 log-probs are the reference's (within 0.02 nats)."""
-    ours = [(t.token, t.logprob) for t in result.logprobs[0].top_logprobs]
-    assert [token for token, _ in ours] == [token for token, _ in reference]
-    for (_, mine), (_, theirs) in zip(ours, reference, strict=True):
-        assert abs(mine - theirs) < 0.02
+def assert_same_first_token(
+    result: ChatResult, reference: list[tuple[str, float]], tolerance: float = 0.02
+) -> None:
+    """The first token's top-5 log-probs are the reference's (within `tolerance` nats)."""
+    ours = {t.token: t.logprob for t in result.logprobs[0].top_logprobs}
+    theirs = dict(reference)
+    best = max(ours, key=lambda token: ours[token])
+    assert best == max(theirs, key=lambda token: theirs[token])
+    for token in ours.keys() & theirs.keys():
+        assert abs(ours[token] - theirs[token]) < tolerance, (ours, theirs)
+    if tolerance <= 0.02:
+        assert list(ours) == [token for token, _ in reference]
 
 
 def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
@@ -291,7 +297,9 @@ async def test_simultaneous_new_conversations_get_different_slots(
 
 async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: Kronk) -> None:
     """The "tart" case: what the client sends back is not what the model generated."""
-    messages = [{"role": "system", "content": SYSTEM}, user_turn(0)]
+    # A system prompt of its own: sharing the other tests' prefix would copy it from their
+    # slot, whose cells lie elsewhere than a cold run's (rounding differs).
+    messages = [{"role": "system", "content": AGENT_SYSTEMS[2]}, user_turn(0)]
     first = await ask(models, "imc", messages)
     # A client that strips or reformats the answer: its tokens now differ from the KV.
     messages.append({"role": "assistant", "content": "  " + first.content.upper() + "\n\n"})
@@ -418,15 +426,20 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         cold.close()
 
 
+@pytest.mark.parametrize("repeats", [1, 5], ids=["short-prefix", "prefix-beyond-window"])
 async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
-    gemma_path: str, tmp_path: Path
+    gemma_path: str, tmp_path: Path, repeats: int
 ) -> None:
-    """Two agents of one tool: the second one's system prompt comes from the first one's slot."""
+    """Two agents of one tool: the second one's system prompt comes from the first one's slot.
+
+    A prefix of ~1,500 tokens outgrows the two slots' window cache (1,536
+    cells): the copy must bring the window cells the next token attends to.
+    """
     kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
-    replay = ColdReplay(model_config(Path(gemma_path), llamacpp={"swa_full": True}))
+    replay = ColdReplay(model_config(Path(gemma_path)))
     try:
-        first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
-        second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
+        first = [{"role": "system", "content": SYSTEM * repeats}, user_turn(0)]
+        second = [{"role": "system", "content": SYSTEM * repeats}, user_turn(5)]
         await ask(kronk, "m", first)
         copied = await ask(kronk, "m", second)
         engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
@@ -435,13 +448,41 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
         first_prompt = await prompt_tokens(kronk, first)
         shared = common_prefix(first_prompt, await prompt_tokens(kronk, second))
         assert copied.usage.cached_tokens == shared > 100
-        # The copied cells are the first prompt's: replay that prefill, cut, then the rest.
+        # The copied cells are the first prompt's: replay that prefill, then the rest. The
+        # copy gets window cells of its own, which moves them: move the replay's the same way.
         replay.prefill(first_prompt, 0)
+        replay.model.restore_checkpoint(0, shared, replay.model.checkpoint(0))
         reference = replay.prefill(await prompt_tokens(kronk, second), shared)
-        assert_same_first_token(copied, reference)
+        # Beyond the window the copies land in other cells than the replay's (the donor's
+        # own window holds the first ones): that rounding differs by up to ~0.2 nats.
+        assert_same_first_token(copied, reference, 0.02 if repeats == 1 else 0.3)
         assert replay.generate(copied.usage.completion_tokens) == copied.content
     finally:
         replay.close()
+        kronk.close()
+
+
+async def test_agents_sharing_a_long_prefix_keep_the_window_cache_usable(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Four agents, one ~1,500-token system prompt, turns at once: copies never fill the window.
+
+    llama.cpp recycles a window cell only while a single sequence holds it; copies
+    that shared window cells left no room for the next batch (decode failed).
+    """
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=4)
+    try:
+        conversations = [[{"role": "system", "content": SYSTEM * 5}] for _ in range(4)]
+        for turn in range(3):
+            for index, messages in enumerate(conversations):
+                messages.append(user_turn(turn * 4 + index))
+            results = await asyncio.gather(*(ask(kronk, "m", m) for m in conversations))
+            for messages, result in zip(conversations, results, strict=True):
+                assert result.usage.completion_tokens > 0
+                messages.append({"role": "assistant", "content": result.content})
+        counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
+        assert counters.shared_prefixes == 3 and counters.hits >= 8
+    finally:
         kronk.close()
 
 

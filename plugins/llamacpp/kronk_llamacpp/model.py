@@ -199,6 +199,14 @@ class LlamaTextModel:
 
     def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+        if self.info.n_swa and not self.info.kv_trimmable and not self._recurrent:
+            # llama.cpp recycles a window cell that left the window only while one
+            # sequence holds it: cells shared by a copy would stay until both sequences
+            # cut them, and the small window cache fills up. Give dst its own window
+            # cells (the full-attention cells stay shared), then drop those past `end`.
+            copied = self._set_partial_state(dst, self.checkpoint(src))
+            if not copied or (end >= 0 and not self.seq_remove(dst, end, -1)):
+                raise KronkError(f"could not copy the window cache of sequence {src} to {dst}")
 
     def seq_keep(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
@@ -232,14 +240,17 @@ class LlamaTextModel:
         return ctypes.string_at(buffer, written)
 
     def restore_checkpoint(self, seq_id: int, length: int, state: bytes) -> bool:
+        # The partial state replaces the window cells; the full-attention cells
+        # beyond the checkpoint still have to go.
+        return self._set_partial_state(seq_id, state) and self.seq_remove(seq_id, length, -1)
+
+    def _set_partial_state(self, seq_id: int, state: bytes) -> bool:
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         read = llama_cpp.llama_state_seq_set_data_ext(
             self._ctx, buffer, len(state), seq_id, flags
         )
-        # The partial state replaced the window cells; the full-attention cells
-        # beyond the checkpoint still have to go.
-        return read > 0 and self.seq_remove(seq_id, length, -1)
+        return bool(read > 0)
 
     def close(self) -> None:
         if self._dry is not None:
