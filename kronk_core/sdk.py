@@ -452,6 +452,8 @@ class Kronk:
         if not request.messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         _check_tool_choice(request)
+        if "" in request.stop:
+            raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
         # The lease keeps the model loaded until the request is queued; from then
         # on the engine's work keeps the pool from unloading it.
         with _text_model(await self.lease(request.model)) as loaded:
