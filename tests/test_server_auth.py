@@ -7,10 +7,13 @@ import base64
 import hashlib
 import hmac
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +23,11 @@ import jwt
 import openai
 import pytest
 from click.testing import CliRunner
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from jwt.algorithms import RSAAlgorithm
 from litestar import Litestar, Request, Response, Router, get
 from litestar.routes import HTTPRoute
 
@@ -140,7 +146,10 @@ def _claims(**overrides: Any) -> dict[str, Any]:
         "admin": False,
         "endpoints": {"chat-completions": {"limit": 0, "window": "unlimited"}},
     }
-    return {**claims, **overrides}
+    return {key: value for key, value in {**claims, **overrides}.items() if value is not _DROP}
+
+
+_DROP = object()  # a claim left out
 
 
 def _signing_key(base: Path) -> tuple[str, rsa.RSAPrivateKey]:
@@ -150,10 +159,85 @@ def _signing_key(base: Path) -> tuple[str, rsa.RSAPrivateKey]:
     return path.stem, key
 
 
-def forged_tokens(base: Path) -> dict[str, str]:
+@dataclass
+class Stranger:
+    """Someone else's RSA key, and a local HTTP server that would hand it out (jku, x5u)."""
+
+    key: rsa.RSAPrivateKey
+    url: str
+    fetched: list[str]
+
+    @property
+    def jwk(self) -> dict[str, Any]:
+        jwk: dict[str, Any] = RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
+        return jwk
+
+    @property
+    def certificate(self) -> str:
+        """Its self-signed certificate, base64 DER as in an x5c header."""
+        pem = _self_signed_certificate(self.key)
+        der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+        return base64.b64encode(der).decode()
+
+
+def _self_signed_certificate(key: rsa.RSAPrivateKey) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stranger")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[Stranger]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    fetched: list[str] = []
+    documents = {
+        "/jwks.json": json.dumps({"keys": [RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)]}),
+        "/cert.pem": _self_signed_certificate(key).decode(),
+    }
+
+    class KeyHandler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            fetched.append(self.path)
+            body = documents.get(self.path, "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), KeyHandler)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Stranger(key=key, url=f"http://127.0.0.1:{http.server_address[1]}", fetched=fetched)
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
     kid, key = _signing_key(base)
-    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    valid = jwt.encode(_claims(), key, algorithm="RS256", headers={"kid": kid})
+    now = int(time.time())
+
+    def signed(signer: rsa.RSAPrivateKey = key, algorithm: str = "RS256", **claims: Any) -> str:
+        return jwt.encode(_claims(**claims), signer, algorithm=algorithm, headers={"kid": kid})
+
+    def with_header(signer: rsa.RSAPrivateKey, **header: Any) -> str:
+        return jwt.encode(_claims(), signer, algorithm="RS256", headers=header)
+
+    valid = signed()
     header, _, signature = valid.split(".")
     granted_more = _b64(json.dumps(_claims(admin=True)).encode())
     public_pem = key.public_key().public_bytes(
@@ -165,22 +249,43 @@ def forged_tokens(base: Path) -> dict[str, str]:
     )
     hs_signature = hmac.new(public_pem, hs_signing_input.encode(), hashlib.sha256).digest()
     none_header = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": kid}).encode())
+    # Outside the key directory: a kid that climbs out of it must not reach this key.
+    outside = base / "planted.pem"
+    outside.write_bytes(
+        stranger.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return {
         "malformed": "not-a-jwt",
-        "bad_signature": jwt.encode(_claims(), stranger, algorithm="RS256", headers={"kid": kid}),
+        "bad_signature": signed(stranger.key),
         "tampered_claims": f"{header}.{granted_more}.{signature}",
-        "unknown_kid": jwt.encode(
-            _claims(), stranger, algorithm="RS256", headers={"kid": str(uuid.uuid4())}
-        ),
+        "unknown_kid": with_header(stranger.key, kid=str(uuid.uuid4())),
         "no_kid": jwt.encode(_claims(), key, algorithm="RS256"),
-        "expired": jwt.encode(
-            _claims(exp=int(time.time()) - 60), key, algorithm="RS256", headers={"kid": kid}
-        ),
-        "wrong_issuer": jwt.encode(
-            _claims(iss="someone-else"), key, algorithm="RS256", headers={"kid": kid}
-        ),
+        "expired": signed(exp=now - 60),
+        "wrong_issuer": signed(iss="someone-else"),
         "alg_none": f"{none_header}.{_b64(json.dumps(_claims()).encode())}.",
         "hs256_with_public_key": f"{hs_signing_input}.{_b64(hs_signature)}",
+        "missing_exp": signed(exp=_DROP),
+        "missing_sub": signed(sub=_DROP),
+        "empty_sub": signed(sub=""),
+        "exp_as_string": signed(exp=str(now + 3600)),
+        "exp_not_a_number": signed(exp="soon"),
+        "future_nbf": signed(nbf=now + 3600),
+        "future_iat": signed(iat=now + 3600),
+        "rs512_with_the_real_key": signed(algorithm="RS512"),
+        "ps256_with_the_real_key": signed(algorithm="PS256"),
+        "admin_signed_by_a_user_key": signed(admin=True),
+        "admin_as_string": signed(admin="true", endpoints={}),
+        "kid_path_traversal": with_header(stranger.key, kid="../planted"),
+        "kid_absolute_path": with_header(stranger.key, kid=str(outside.with_suffix(""))),
+        "jwk_header_names_the_signer": with_header(stranger.key, kid=kid, jwk=stranger.jwk),
+        "jwk_header_without_kid": with_header(stranger.key, jwk=stranger.jwk),
+        "jku_header": with_header(stranger.key, kid=kid, jku=f"{stranger.url}/jwks.json"),
+        "x5u_header": with_header(stranger.key, kid=kid, x5u=f"{stranger.url}/cert.pem"),
+        "x5c_header": with_header(stranger.key, kid=kid, x5c=[stranger.certificate]),
     }
 
 
@@ -194,18 +299,66 @@ FORGERIES = [
     "wrong_issuer",
     "alg_none",
     "hs256_with_public_key",
+    "missing_exp",
+    "missing_sub",
+    "empty_sub",
+    "exp_as_string",
+    "exp_not_a_number",
+    "future_nbf",
+    "future_iat",
+    "rs512_with_the_real_key",
+    "ps256_with_the_real_key",
+    "admin_signed_by_a_user_key",
+    "admin_as_string",
+    "kid_path_traversal",
+    "kid_absolute_path",
+    "jwk_header_names_the_signer",
+    "jwk_header_without_kid",
+    "jku_header",
+    "x5u_header",
+    "x5c_header",
 ]
 
 
 @pytest.mark.parametrize("forgery", FORGERIES)
-def test_forged_token_is_401(auth_server: AuthServer, forgery: str) -> None:
-    token = forged_tokens(auth_server.base)[forgery]
+def test_forged_token_is_401(auth_server: AuthServer, stranger: Stranger, forgery: str) -> None:
+    token = forged_tokens(auth_server.base, stranger)[forgery]
     client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
     with pytest.raises(openai.AuthenticationError) as caught:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
     assert caught.value.status_code == 401
     body = caught.value.response.json()
     assert body["error"]["type"] == "authentication_error", body
+    assert stranger.fetched == []  # no header made the server fetch a key
+
+
+def test_admin_tokens_need_the_master_key(auth_server: AuthServer) -> None:
+    """An admin claim signed by a user key is refused outright, not downgraded."""
+    kid, key = _signing_key(auth_server.base)
+    forged = jwt.encode(_claims(admin=True), key, algorithm="RS256", headers={"kid": kid})
+    with httpx.Client(base_url=auth_server.base_url) as http:
+        refused = http.get("/v1/kronk/slots", headers=bearer(forged))
+        assert_openai_error(refused, 401, "authentication_error")
+        assert refused.json()["error"]["message"] == "admin tokens must be signed by the master key"
+        assert http.get("/v1/kronk/slots", headers=bearer(auth_server.admin)).status_code == 200
+
+
+def test_key_headers_are_ignored_on_a_genuine_token(
+    auth_server: AuthServer, stranger: Stranger
+) -> None:
+    """jku, jwk and x5u neither choose the key nor make a good token fail."""
+    kid, key = _signing_key(auth_server.base)
+    header = {
+        "kid": kid,
+        "jwk": stranger.jwk,
+        "jku": f"{stranger.url}/jwks.json",
+        "x5u": f"{stranger.url}/cert.pem",
+    }
+    token = jwt.encode(_claims(), key, algorithm="RS256", headers=header)
+    client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
+    completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    assert completion.choices[0].finish_reason in ("length", "stop")
+    assert stranger.fetched == []
 
 
 @pytest.mark.parametrize(
