@@ -7,6 +7,9 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +37,7 @@ from litestar.routes import HTTPRoute
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
 from kronk_core.errors import ConfigError, KronkError
@@ -385,6 +389,43 @@ def test_an_untampered_copy_of_a_forgery_base_is_accepted(auth_server: AuthServe
     assert completion.choices[0].finish_reason in ("length", "stop")
 
 
+# ---- bodies are read only for callers let in ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_body_server(
+    tmp_path_factory: pytest.TempPathFactory, serve: Serve
+) -> Iterator[AuthServer]:
+    base = tmp_path_factory.mktemp("small-body-home")
+    app = auth_app(base, max_request_bytes=4096)
+    with serve(app) as base_url:
+        admin = (base / "keys" / "master.jwt").read_text()
+        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+
+
+def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: AuthServer) -> None:
+    big = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x" * 65536}]}
+    ).encode()
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length
+        for start in range(0, len(big), 4096):
+            yield big[start : start + 4096]
+
+    json_type = {"content-type": "application/json"}
+    with httpx.Client(base_url=small_body_server.base_url, timeout=30) as http:
+        for credentials in ({}, bearer("not-a-jwt"), {"x-api-key": "nope"}):
+            sized = http.post(CHAT, content=big, headers={**json_type, **credentials})
+            assert_openai_error(sized, 401, "authentication_error")
+            streamed = http.post(CHAT, content=chunks(), headers={**json_type, **credentials})
+            assert_openai_error(streamed, 401, "authentication_error")
+        admitted = http.post(
+            CHAT, content=big, headers={**json_type, **bearer(small_body_server.admin)}
+        )
+        assert_openai_error(admitted, 413, "invalid_request_error")
+        assert admitted.json()["error"]["code"] == "request_too_large"
+
+
 # ---- grants: every route the app has -------------------------------------------
 
 
@@ -482,7 +523,7 @@ def test_anthropic_clients_authenticate_with_x_api_key(auth_server: AuthServer) 
 def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) -> None:
     with httpx.Client(base_url=auth_server.base_url) as http:
         assert http.get("/v1/liveness").status_code == 200
-        assert http.get("/v1/readiness").status_code in (200, 503)
+        assert http.get("/v1/readiness").status_code == 200
         admin = bearer(auth_server.admin)
         assert http.get("/probe/ping", headers=admin).status_code == 200
         assert http.get("/v1/kronk/slots", headers=admin).status_code == 200
@@ -511,6 +552,59 @@ async def test_hundred_concurrent_requests_admit_exactly_the_quota(auth_server: 
             assert_openai_error(response, 429, "rate_limit_error")
             assert response.json()["error"]["code"] == "rate_limit_exceeded"
             assert 0 < int(response.headers["retry-after"]) <= 86400
+
+
+def test_validation_failures_count_against_the_quota(auth_server: AuthServer) -> None:
+    """The call is counted when it passes the grant check, before its body is validated."""
+    token = mint(auth_server, "chat-completions:2/day")
+    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
+            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
+        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
+
+
+@dataclass
+class SettableClock:
+    """The guard's clock, moved by the test instead of waiting for midnight."""
+
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
+    auth: Authenticator = auth_server.app.state[STATE_KEY]
+    settable = SettableClock(datetime(2031, 1, 31, 23, 59, 59, tzinfo=UTC))
+    auth.clock = settable
+    try:
+        yield settable
+    finally:
+        auth.clock = utc_now
+
+
+def test_quota_windows_roll_over_in_the_running_server(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    token = mint(auth_server, "tokenize:1/day,chat-completions:1/month")
+    tokenize = {"model": MODEL, "input": "hi"}
+    # Counted, then answered 404: no model has to run for the quota to be used.
+    chat = {"model": "no-such-model", "messages": MESSAGES}
+
+    def calls() -> list[tuple[int, str | None]]:
+        with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+            responses = [http.post(TOKENIZE, json=tokenize), http.post(CHAT, json=chat)]
+        return [(r.status_code, r.headers.get("retry-after")) for r in responses]
+
+    assert calls() == [(200, None), (404, None)]  # 23:59:59 on 31 January
+    assert calls() == [(429, "1"), (429, "1")]  # one second to the next day and month
+    clock.now = datetime(2031, 2, 1, tzinfo=UTC)
+    assert calls() == [(200, None), (404, None)]  # a new day and a new month
+    assert calls() == [(429, str(86400)), (429, str(28 * 86400))]
+    clock.now = datetime(2031, 2, 2, 12, tzinfo=UTC)
+    assert calls() == [(200, None), (429, str(26 * 86400 + 12 * 3600))]
 
 
 # ---- keys --------------------------------------------------------------------------
@@ -557,7 +651,14 @@ def test_master_key_refuses_deletion(auth_server: AuthServer) -> None:
     ).is_success
 
 
-def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> None:
+def test_a_key_deleted_by_another_process_stops_verifying_at_once(
+    auth_server: AuthServer,
+) -> None:
+    """Revocation does not hang on the directory's timestamp.
+
+    The key is deleted by a second process, and the directory's modification
+    time is then put back, as a file system with coarse timestamps would leave it.
+    """
     local = ["--local", "--base-path", str(auth_server.base)]
     runner = CliRunner()
     created = runner.invoke(main, ["security", "key", "create", *local])
@@ -572,9 +673,23 @@ def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> 
     url = f"{auth_server.base_url}{TOKENIZE}"
     body = {"model": MODEL, "input": "hi"}
     assert httpx.post(url, json=body, headers=bearer(token)).status_code == 200
-    deleted = runner.invoke(main, ["security", "key", "delete", "--keyid", key_id, *local])
-    assert deleted.exit_code == 0, deleted.output
-    assert httpx.post(url, json=body, headers=bearer(token)).status_code == 401
+
+    directory = (auth_server.base / "keys").stat()
+    environment = {key: value for key, value in os.environ.items() if key != "KRONK_TOKEN"}
+    deleted = subprocess.run(
+        [sys.executable, "-m", "kronk_api.cli", "security", "key", "delete"]
+        + ["--keyid", key_id, *local],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    os.utime(auth_server.base / "keys", ns=(directory.st_atime_ns, directory.st_mtime_ns))
+    assert (auth_server.base / "keys").stat().st_mtime_ns == directory.st_mtime_ns
+    refused = httpx.post(url, json=body, headers=bearer(token))
+    assert_openai_error(refused, 401, "authentication_error")
+    assert "unknown or deleted key" in refused.json()["error"]["message"]
 
 
 def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) -> None:
@@ -582,6 +697,22 @@ def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) 
     kronk = Kronk(KronkConfig(base_path=tmp_path, plugins=selection))
     with pytest.raises(ConfigError, match="no active plugin authenticates"):
         create_app(ServerSettings(base_path=tmp_path, auth_enabled=True), kronk=kronk)
+
+
+def test_model_ps_sends_the_token(auth_server: AuthServer) -> None:
+    """`kronk model ps` against a server with auth on: KRONK_TOKEN or --token, as `security`."""
+    runner = CliRunner()
+    ps = ["model", "ps", "--api-host", auth_server.api_host]
+    anonymous = runner.invoke(main, ps, env={"KRONK_TOKEN": None})
+    assert anonymous.exit_code == 1
+    assert "401: missing bearer token" in anonymous.output
+    user = mint(auth_server, "tokenize")
+    denied = runner.invoke(main, [*ps, "--token", user], env={"KRONK_TOKEN": None})
+    assert denied.exit_code == 1
+    assert "403: this endpoint needs an admin token" in denied.output
+    listed = runner.invoke(main, ps, env={"KRONK_TOKEN": auth_server.admin})
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.startswith("ID ") and "places in use" in listed.output
 
 
 def test_key_files_are_private(auth_server: AuthServer) -> None:
