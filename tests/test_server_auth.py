@@ -210,7 +210,7 @@ def stranger() -> Iterator[Stranger]:
     }
 
     class KeyHandler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             fetched.append(self.path)
             body = documents.get(self.path, "").encode()
             self.send_response(200 if body else 404)
@@ -676,9 +676,9 @@ def test_a_key_deleted_by_another_process_stops_verifying_at_once(
 
     directory = (auth_server.base / "keys").stat()
     environment = {key: value for key, value in os.environ.items() if key != "KRONK_TOKEN"}
+    delete = ["security", "key", "delete", "--keyid", key_id, *local]
     deleted = subprocess.run(
-        [sys.executable, "-m", "kronk_api.cli", "security", "key", "delete"]
-        + ["--keyid", key_id, *local],
+        [sys.executable, "-m", "kronk_api.cli", *delete],
         env=environment,
         capture_output=True,
         text=True,
