@@ -8,6 +8,8 @@ import threading
 
 import llama_cpp
 
+from kronk_llamacpp.amx import drop_amx_buffer_type
+
 log = logging.getLogger("kronk.llama")
 _lock = threading.Lock()
 _initialised = False
@@ -30,4 +32,5 @@ def ensure_initialised() -> None:
             return
         llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+        drop_amx_buffer_type()
         _initialised = True
