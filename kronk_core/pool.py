@@ -26,6 +26,9 @@ from kronk_core.errors import PoolBusyError
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05  # how often a waiting request re-checks whether a busy model finished
+# How many models' failed loads are remembered (for `state`). Bounded: requests may name
+# any number of models that do not exist.
+_REMEMBERED_FAILURES = 16
 
 
 class Poolable(Protocol):
@@ -106,7 +109,7 @@ class ModelPool(Generic[M]):
         self.capacity = capacity
         self.ttl = ttl
         self._entries: dict[str, _Entry[M]] = {}
-        self._failures: dict[str, BaseException] = {}  # the last failed load of each model
+        self._failures: dict[str, BaseException] = {}  # the last failed loads, oldest first
         self._cond = threading.Condition()
         self._closed = False
         self._sweeper: threading.Thread | None = None
@@ -167,7 +170,7 @@ class ModelPool(Generic[M]):
             with self._cond:
                 entry.error = exc
                 del self._entries[entry.model_id]
-                self._failures[entry.model_id] = exc
+                self._remember_failure(entry.model_id, exc)
                 self._cond.notify_all()
             raise
         with self._cond:
@@ -177,6 +180,12 @@ class ModelPool(Generic[M]):
             lease = self._lease(entry)
             self._cond.notify_all()
         return lease
+
+    def _remember_failure(self, model_id: str, error: BaseException) -> None:
+        self._failures.pop(model_id, None)
+        self._failures[model_id] = error
+        if len(self._failures) > _REMEMBERED_FAILURES:
+            del self._failures[next(iter(self._failures))]
 
     def _lease(self, entry: _Entry[M]) -> Lease[M]:
         entry.leases += 1
@@ -201,7 +210,10 @@ class ModelPool(Generic[M]):
         return None if entry is None else entry.model
 
     def state(self, model_id: str) -> tuple[LoadState, BaseException | None]:
-        """The model's load state, and for `failed` the error its last load raised."""
+        """The model's load state, and for `failed` the error its last load raised.
+
+        Only the last 16 models whose load failed are remembered as `failed`.
+        """
         with self._cond:
             entry = self._entries.get(model_id)
             if entry is not None:

@@ -15,8 +15,9 @@ import pytest
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.engine import StepRecord
-from kronk_core.errors import ModelLoadError, PoolBusyError
+from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
 from kronk_core.events import RequestRecord
+from kronk_core.pool import LoadState
 from kronk_core.sdk import LoadedModel
 
 
@@ -208,6 +209,23 @@ async def test_failed_load_releases_its_place_and_says_why(
         assert kronk.pool.entries() == []
         # The place it held is free again: a good model loads into the one-model pool.
         assert (await kronk.embed("fine", model="minilm")).vectors
+
+
+def test_failed_loads_are_remembered_within_a_bound(
+    tmp_path: Path, models: dict[str, ModelConfig]
+) -> None:
+    """Requests may name any number of missing models; the pool's memory of failures stays small."""
+    with _kronk(tmp_path, models) as kronk:
+        for n in range(20):
+            with pytest.raises(ModelNotFoundError):
+                kronk.load(f"missing-{n}")
+        state, error = kronk.pool.state("missing-19")
+        assert state is LoadState.failed and isinstance(error, ModelNotFoundError)
+        assert kronk.pool.state("missing-0") == (LoadState.not_loaded, None)
+        remembered = [kronk.pool.state(f"missing-{n}")[0] for n in range(20)]
+        assert remembered.count(LoadState.failed) == 16
+        kronk.load("tiny")
+        assert kronk.pool.state("tiny") == (LoadState.loaded, None)
 
 
 def test_failed_context_frees_the_weights(tmp_path: Path, minilm_path: Path) -> None:
