@@ -19,6 +19,8 @@ from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings, bind_sections
 from kronk_core import Kronk, __version__
+from kronk_core.errors import KronkError
+from kronk_core.pool import LoadState
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,28 @@ async def liveness() -> dict[str, Any]:
 
 @get("/v1/readiness", opt={ENDPOINT_OPT: PUBLIC})
 async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """200 while the server accepts requests, whether or not its default model is loaded yet.
+
+    503 only when it cannot serve the default model: it is shutting down, the
+    model's engine has stopped, or the model's last load failed.
+    """
     kronk: Kronk = request.app.state.kronk
-    loaded = kronk.get_loaded()
-    if loaded is None or not loaded.engine.alive:
-        return Response(
-            {"status": "not ready", "model": kronk.config.default_model}, status_code=503
-        )
-    return Response({"status": "ready", "model": loaded.id})
+    model_id = kronk.config.default_model
+    state, failure = kronk.pool.state(model_id)
+    body: dict[str, Any] = {"status": "ready", "model": model_id, "model_state": state.value}
+    if kronk.pool.closed:
+        body["status"] = "shutting down"
+    elif state is LoadState.failed:
+        body["status"] = "not ready"
+        body["error"] = failure.code if isinstance(failure, KronkError) else "model_load_failed"
+    elif state is LoadState.loaded and not _engine_running(kronk, model_id):
+        body.update(status="not ready", model_state="stopped")
+    return Response(body, status_code=200 if body["status"] == "ready" else 503)
+
+
+def _engine_running(kronk: Kronk, model_id: str) -> bool:
+    loaded = kronk.get_loaded(model_id)
+    return loaded is None or loaded.engine.alive  # an embedding model has no engine
 
 
 def _flatten(results: Iterable[Iterable[Any]]) -> list[Any]:

@@ -12,14 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
+from kronk_api.client import call_server
 from kronk_api.logs import configure_logging
 from kronk_api.options import ServerStartCommand, cli_plugins, setting_option
 from kronk_api.plugin_list import describe_plugins
@@ -290,14 +289,12 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
 
 @model.command("ps")
 @api_host_option
-def model_ps(api_host: str | None) -> None:
+@click.option(
+    "--token", envvar="KRONK_TOKEN", help="Admin token, for a server with authentication on"
+)
+def model_ps(api_host: str | None, token: str | None) -> None:
     """List the models a running server has loaded: memory, slots, activity, TTL left."""
-    url = f"http://{api_host or '127.0.0.1:8080'}/v1/kronk/models"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            pool = json.load(response)
-    except (urllib.error.URLError, OSError) as exc:
-        raise click.ClickException(f"cannot reach the server at {url}: {exc}") from None
+    pool = call_server(api_host or "127.0.0.1:8080", "GET", "/v1/kronk/models", token=token)
     rows = [("ID", "CAPABILITIES", "MEMORY", "SLOTS", "ACTIVE", "TTL LEFT")]
     for entry in pool["data"]:
         ttl = entry["ttl_left_seconds"]

@@ -103,9 +103,11 @@ def forces_call(request: ChatRequest) -> bool:
 
 
 def check_chat(request: ChatRequest) -> None:
-    """What a request must satisfy whatever the model: messages, and a forced call's tools."""
+    """What a request must satisfy whatever the model: messages, stop strings, forced calls."""
     if not request.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
+    if "" in request.stop:
+        raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
     choice = request.tool_choice
     if not forces_call(request):
         return

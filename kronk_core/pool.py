@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Generic, Protocol, TypeVar
 
 from kronk_core.errors import PoolBusyError
@@ -25,6 +26,9 @@ from kronk_core.errors import PoolBusyError
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05  # how often a waiting request re-checks whether a busy model finished
+# How many models' failed loads are remembered (for `state`). Bounded: requests may name
+# any number of models that do not exist.
+_REMEMBERED_FAILURES = 16
 
 
 class Poolable(Protocol):
@@ -38,6 +42,15 @@ class Poolable(Protocol):
 
 
 M = TypeVar("M", bound=Poolable)
+
+
+class LoadState(StrEnum):
+    """Where a model stands in the pool (what `/v1/readiness` reports)."""
+
+    not_loaded = "not_loaded"
+    loading = "loading"
+    loaded = "loaded"
+    failed = "failed"  # its last load failed; the next request for it tries again
 
 
 @dataclass(eq=False)
@@ -96,6 +109,7 @@ class ModelPool(Generic[M]):
         self.capacity = capacity
         self.ttl = ttl
         self._entries: dict[str, _Entry[M]] = {}
+        self._failures: dict[str, BaseException] = {}  # the last failed loads, oldest first
         self._cond = threading.Condition()
         self._closed = False
         self._sweeper: threading.Thread | None = None
@@ -156,14 +170,22 @@ class ModelPool(Generic[M]):
             with self._cond:
                 entry.error = exc
                 del self._entries[entry.model_id]
+                self._remember_failure(entry.model_id, exc)
                 self._cond.notify_all()
             raise
         with self._cond:
+            self._failures.pop(entry.model_id, None)
             entry.model = model
             entry.loaded_at = time.monotonic()
             lease = self._lease(entry)
             self._cond.notify_all()
         return lease
+
+    def _remember_failure(self, model_id: str, error: BaseException) -> None:
+        self._failures.pop(model_id, None)
+        self._failures[model_id] = error
+        if len(self._failures) > _REMEMBERED_FAILURES:
+            del self._failures[next(iter(self._failures))]
 
     def _lease(self, entry: _Entry[M]) -> Lease[M]:
         entry.leases += 1
@@ -186,6 +208,22 @@ class ModelPool(Generic[M]):
         """The loaded model, without leasing it (for reports; it may unload at any time)."""
         entry = self._entries.get(model_id)
         return None if entry is None else entry.model
+
+    def state(self, model_id: str) -> tuple[LoadState, BaseException | None]:
+        """The model's load state, and for `failed` the error its last load raised.
+
+        Only the last 16 models whose load failed are remembered as `failed`.
+        """
+        with self._cond:
+            entry = self._entries.get(model_id)
+            if entry is not None:
+                return (LoadState.loading if entry.model is None else LoadState.loaded), None
+            failure = self._failures.get(model_id)
+            return (LoadState.not_loaded if failure is None else LoadState.failed), failure
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def models(self) -> list[M]:
         return [entry.model for entry in list(self._entries.values()) if entry.model is not None]

@@ -91,7 +91,7 @@ def kronk(
         models={
             # A small queue (8 places) that the 429 test can fill.
             DEFAULT_MODEL_ID: ModelConfig.model_validate(
-                {**DEFAULT_MODEL_SETTINGS, "incremental_cache": False, "queue_depth": 2}
+                {**DEFAULT_MODEL_SETTINGS, "cache": "none", "queue_depth": 2}
             ),
             IMC_MODEL_ID: ModelConfig.model_validate(imc),
             "minilm": ModelConfig(model_path=minilm_path, n_seq_max=2, matryoshka=True),
@@ -186,33 +186,68 @@ def _redis_server_binary() -> str:
     return binary
 
 
+@dataclass
+class RedisServer:
+    """A real redis-server on a loopback port, without persistence; stop() and start() again."""
+
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import redis
+
+        options = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
+        options += ["--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [_redis_server_binary(), *options],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        client = redis.Redis.from_url(self.url)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or self.process.poll() is not None:
+                        raise RuntimeError("redis-server did not start") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@contextlib.contextmanager
+def running_redis(directory: Path) -> Iterator[RedisServer]:
+    server = RedisServer(port=free_port(), directory=directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server on a free loopback port, started for the session, no persistence."""
-    import redis
+    """A real redis-server for the whole session."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
 
-    port = free_port()
-    directory = tmp_path_factory.mktemp("redis")
-    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen(
-        [_redis_server_binary(), *options, "--dir", str(directory)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield url
-    finally:
-        client.close()
-        process.terminate()
-        process.wait(timeout=10)
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server of the test's own, which the test may stop and start again."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server

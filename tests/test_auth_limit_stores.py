@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, hookimpl
 from kronk_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from conftest import RedisServer, Serve
 
 MODEL = DEFAULT_MODEL_ID
 TOKENIZE = "/v1/tokenize"
@@ -86,6 +87,44 @@ def test_sqlite_count_survives_a_restart(tmp_path: Path, serve: Serve) -> None:
     assert (tmp_path / "limits.db").exists()
     with serve(app()) as base_url:
         assert sorted(asyncio.run(hammer([base_url], token, 3))) == [200, 429, 429]
+
+
+@get("/probe/counted", opt={ENDPOINT_OPT: "probe"})
+async def counted() -> dict[str, bool]:
+    return {"ok": True}
+
+
+class CountedRoute:
+    """A limited endpoint that needs no model."""
+
+    @hookimpl
+    def kronk_routes(self, kronk: Kronk) -> list[Any]:
+        return [counted]
+
+
+def test_sqlite_store_at_a_path_of_its_own(tmp_path: Path, serve: Serve) -> None:
+    counters = tmp_path / "elsewhere" / "quota.db"
+    token = local_token(tmp_path, "probe:2/day")
+
+    def app() -> Any:
+        kronk = Kronk(KronkConfig(base_path=tmp_path), plugins={"counted": CountedRoute()})
+        settings = ServerSettings(
+            base_path=tmp_path,
+            sections={"auth-jwt": {"enabled": True, "limit_store": f"sqlite://{counters}"}},
+        )
+        return create_app(settings, kronk=kronk)
+
+    def probe(base_url: str) -> int:
+        return httpx.get(f"{base_url}/probe/counted", headers=bearer(token)).status_code
+
+    with serve(app()) as base_url:
+        assert [probe(base_url), probe(base_url)] == [200, 200]
+    assert not (tmp_path / "limits.db").exists()
+    with sqlite3.connect(counters) as db:
+        rows = db.execute("SELECT key, count FROM counters").fetchall()
+    assert len(rows) == 1 and rows[0][1] == 2 and ":probe:day:" in rows[0][0], rows
+    with serve(app()) as base_url:  # the count lives in that file, across a restart
+        assert probe(base_url) == 429
 
 
 # ---- Redis: several servers ------------------------------------------------------------
@@ -183,6 +222,54 @@ def test_two_servers_sharing_redis_admit_exactly_the_quota(
     assert not (tmp_path / "limits.db").exists()
 
 
+def test_a_stopped_redis_makes_limited_calls_503(
+    tmp_path: Path, serve: Serve, redis_server: RedisServer
+) -> None:
+    """Redis stopped under a running server: limited calls get 503 in their dialect's shape,
+    the rest is served, and the store is used again once Redis is back."""
+    limited = local_token(tmp_path, "chat-completions:100/day,messages:100/day")
+    unlimited = local_token(tmp_path, "chat-completions")
+    admin = (tmp_path / "keys" / "master.jwt").read_text()
+    settings = ServerSettings(
+        base_path=tmp_path,
+        sections={"auth-jwt": {"enabled": True, "limit_store": redis_server.url}},
+    )
+    # Answered 404 once past the guard: no model has to load.
+    chat = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+    messages = {**chat, "max_tokens": 1}
+    with (
+        serve(create_app(settings, kronk=Kronk(KronkConfig(base_path=tmp_path)))) as base_url,
+        httpx.Client(base_url=base_url, timeout=30) as http,
+    ):
+        assert (
+            http.post("/v1/chat/completions", json=chat, headers=bearer(limited)).status_code == 404
+        )
+        redis_server.stop()
+
+        refused = http.post("/v1/chat/completions", json=chat, headers=bearer(limited))
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"] == {
+            "message": "the rate-limit store is unavailable; retry later",
+            "type": "service_unavailable",
+            "code": "unavailable",
+            "param": None,
+        }
+        anthropic = http.post("/v1/messages", json=messages, headers={"x-api-key": limited})
+        assert anthropic.status_code == 503, anthropic.text
+        assert anthropic.json()["type"] == "error"
+        assert anthropic.json()["error"]["type"] == "overloaded_error"
+        for token in (unlimited, admin):  # nothing to count: served as before
+            response = http.post("/v1/chat/completions", json=chat, headers=bearer(token))
+            assert response.status_code == 404, response.text
+        assert http.get("/v1/liveness").status_code == 200
+        assert http.get("/v1/readiness").status_code == 200
+
+        redis_server.start()
+        assert (
+            http.post("/v1/chat/completions", json=chat, headers=bearer(limited)).status_code == 404
+        )
+
+
 # ---- the limit-store registry (auth-jwt's own hook) --------------------------------
 
 
@@ -201,11 +288,6 @@ class MemoryStore:
 
     def close(self) -> None:
         self.closed = True
-
-
-@get("/probe/counted", opt={ENDPOINT_OPT: "probe"})
-async def counted() -> dict[str, bool]:
-    return {"ok": True}
 
 
 class MemoryStorePlugin:

@@ -325,7 +325,11 @@ def test_server_start_logs_stop(tmp_path: Path) -> None:
             assert _alive(pid), (base / "logs" / "server.log").read_text(errors="replace")
             time.sleep(0.2)
         assert ready is not None and ready.status_code == 200, "server not ready within 60 s"
-        assert ready.json() == {"status": "ready", "model": DEFAULT_MODEL_ID}
+        assert ready.json() == {
+            "status": "ready",
+            "model": DEFAULT_MODEL_ID,
+            "model_state": "loaded",  # --preload: loaded before the server answers at all
+        }
         assert not _answers(env_port), "the environment's port answers although a flag was given"
         assert (base / "server.pid").read_text().strip() == str(pid)
 

@@ -14,8 +14,11 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.config import ModelConfig
-from kronk_core.errors import ModelLoadError, PoolBusyError
+from kronk_core.engine import StepRecord
+from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
 from kronk_core.events import RequestRecord
+from kronk_core.pool import LoadState
+from kronk_core.sdk import LoadedModel
 
 
 @contextmanager
@@ -40,12 +43,50 @@ def models(tiny_llama_path: Path, minilm_path: Path) -> dict[str, ModelConfig]:
     }
 
 
+class EngineGate:
+    """Holds a model's engine after its next decode step until `release()`: a request is then
+    running, for as long as the test needs, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self._open = threading.Event()
+
+    def __call__(self, _: StepRecord) -> None:  # a step listener, on the engine thread
+        self.held.set()
+        self._open.wait()
+
+    def release(self) -> None:
+        self._open.set()
+
+
+@contextmanager
+def gated(loaded: LoadedModel) -> Iterator[EngineGate]:
+    gate = EngineGate()
+    loaded.engine.add_step_listener(gate)
+    try:
+        yield gate
+    finally:
+        gate.release()  # never leave the engine blocked, whatever the test did
+        loaded.engine.remove_step_listener(gate)
+
+
+def spy_leases(kronk: Kronk, model_id: str) -> threading.Event:
+    """An event set when a request asks the pool for `model_id` (before it waits for room)."""
+    asked = threading.Event()
+    lease = kronk.pool.lease
+
+    def spying(wanted: str, **options: Any) -> Any:
+        if wanted == model_id:
+            asked.set()
+        return lease(wanted, **options)
+
+    kronk.pool.lease = spying  # type: ignore[method-assign]
+    return asked
+
+
 async def test_full_pool_waits_for_the_active_stream(
-    tmp_path: Path, models: dict[str, ModelConfig], gemma_path: str
+    tmp_path: Path, models: dict[str, ModelConfig]
 ) -> None:
-    # Gemma, not the tiny model: its stream must outlast the checks below (~30 tokens/s here).
-    gemma = ModelConfig(model_path=Path(gemma_path), context_window=512)
-    models = {**models, "gemma": gemma}
     finished: list[float] = []
 
     class Probe:
@@ -63,40 +104,52 @@ async def test_full_pool_waits_for_the_active_stream(
             return real_load(model_id)
 
         kronk.pool._load = timed
-        deltas = aiter(
-            kronk.chat_stream(
-                [{"role": "user", "content": "Count to fifty."}],
-                model="gemma",
-                max_tokens=40,
-                temperature=0,
+        loaded = kronk.load("tiny")
+        assert isinstance(loaded, LoadedModel)
+        asked = spy_leases(kronk, "minilm")
+        with gated(loaded) as gate:
+            stream = await kronk.start_chat(
+                kronk.chat_request(
+                    [{"role": "user", "content": "Count to fifty."}],
+                    model="tiny",
+                    max_tokens=8,
+                    temperature=0,
+                )
             )
-        )
-        await anext(deltas)  # the stream is running on "gemma"
-        embedding = asyncio.ensure_future(kronk.embed("wait for me", model="minilm"))
-        await asyncio.sleep(0.3)
-        assert not embedding.done()
-        assert kronk.get_loaded("gemma") is not None
-        finish = None
-        async for delta in deltas:
-            finish = delta.finish_reason or finish
-        assert finish is not None and finish.value == "length"  # the stream was not cut short
+            assert await asyncio.to_thread(gate.held.wait, 60)  # running, held after one step
+            embedding = asyncio.ensure_future(kronk.embed("wait for me", model="minilm"))
+            assert await asyncio.to_thread(asked.wait, 60)  # minilm's request is at the pool
+            assert gate.held.is_set() and not finished
+            assert not embedding.done()
+            assert [model_id for model_id, _ in loads] == ["tiny"]
+            gate.release()
+            finish = None
+            async for delta in stream:
+                finish = delta.finish_reason or finish
+        assert finish is not None and finish.value in ("length", "stop")  # not cut short
         assert len((await embedding).vectors[0]) == 384
-        assert [model_id for model_id, _ in loads] == ["gemma", "minilm"]
-        assert loads[1][1] >= finished[0]  # minilm loaded only after gemma's request ended
-        assert kronk.pool.get("gemma") is None and kronk.pool.get("minilm") is not None
+        assert [model_id for model_id, _ in loads] == ["tiny", "minilm"]
+        assert loads[1][1] >= finished[0]  # minilm loaded only after tiny's request ended
+        assert kronk.pool.get("tiny") is None and kronk.pool.get("minilm") is not None
 
 
 async def test_full_pool_gives_up_after_the_wait(
     tmp_path: Path, models: dict[str, ModelConfig]
 ) -> None:
     with _kronk(tmp_path, models, models_in_cache=1, queue_wait_seconds=0.3) as kronk:
-        stream = await kronk.start_chat(
-            kronk.chat_request([{"role": "user", "content": "hi"}], model="tiny", max_tokens=200)
-        )
-        with pytest.raises(PoolBusyError, match="models_in_cache") as caught:
-            await kronk.embed("no room", model="minilm")
-        assert caught.value.status == 503
-        stream.cancel()
+        loaded = kronk.load("tiny")
+        assert isinstance(loaded, LoadedModel)
+        with gated(loaded) as gate:
+            stream = await kronk.start_chat(
+                kronk.chat_request(
+                    [{"role": "user", "content": "hi"}], model="tiny", max_tokens=8, temperature=0
+                )
+            )
+            assert await asyncio.to_thread(gate.held.wait, 60)  # running, and held there
+            with pytest.raises(PoolBusyError, match="models_in_cache") as caught:
+                await kronk.embed("no room", model="minilm")
+            assert caught.value.status == 503
+            stream.cancel()
 
 
 async def test_idle_model_expires_after_the_ttl(
@@ -105,7 +158,7 @@ async def test_idle_model_expires_after_the_ttl(
     with _kronk(tmp_path, models, cache_ttl="300ms") as kronk:
         await kronk.embed("short lived", model="minilm")
         assert kronk.pool.get("minilm") is not None
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a safety net: the loop ends when it unloads
         while kronk.pool.get("minilm") is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert kronk.pool.get("minilm") is None
@@ -116,21 +169,30 @@ async def test_idle_model_expires_after_the_ttl(
 async def test_concurrent_first_requests_load_once(
     tmp_path: Path, models: dict[str, ModelConfig]
 ) -> None:
+    requests = 5
     with _kronk(tmp_path, models) as kronk:
         loads: list[str] = []
+        arrived = threading.Semaphore(0)
         real_load = kronk.pool._load
+        lease = kronk.pool.lease
 
-        def counting(model_id: str) -> Any:
+        def counting(model_id: str, **options: Any) -> Any:
+            arrived.release()
+            return lease(model_id, **options)
+
+        def loading(model_id: str) -> Any:
             loads.append(model_id)
-            time.sleep(0.2)  # widen the window in which the others arrive
+            for _ in range(requests):  # every request has reached the pool: none finds it loaded
+                assert arrived.acquire(timeout=60)
             return real_load(model_id)
 
-        kronk.pool._load = counting
+        kronk.pool.lease = counting  # type: ignore[method-assign]
+        kronk.pool._load = loading
         results = await asyncio.gather(
-            *(kronk.embed(f"text {i}", model="minilm") for i in range(5))
+            *(kronk.embed(f"text {i}", model="minilm") for i in range(requests))
         )
         assert loads == ["minilm"]
-        assert len({tuple(r.vectors[0]) for r in results}) == 5
+        assert len({tuple(r.vectors[0]) for r in results}) == requests
 
 
 async def test_failed_load_releases_its_place_and_says_why(
@@ -149,6 +211,23 @@ async def test_failed_load_releases_its_place_and_says_why(
         assert kronk.pool.entries() == []
         # The place it held is free again: a good model loads into the one-model pool.
         assert (await kronk.embed("fine", model="minilm")).vectors
+
+
+def test_failed_loads_are_remembered_within_a_bound(
+    tmp_path: Path, models: dict[str, ModelConfig]
+) -> None:
+    """Requests may name any number of missing models; the pool's memory of failures stays small."""
+    with _kronk(tmp_path, models) as kronk:
+        for n in range(20):
+            with pytest.raises(ModelNotFoundError):
+                kronk.load(f"missing-{n}")
+        state, error = kronk.pool.state("missing-19")
+        assert state is LoadState.failed and isinstance(error, ModelNotFoundError)
+        assert kronk.pool.state("missing-0") == (LoadState.not_loaded, None)
+        remembered = [kronk.pool.state(f"missing-{n}")[0] for n in range(20)]
+        assert remembered.count(LoadState.failed) == 16
+        kronk.load("tiny")
+        assert kronk.pool.state("tiny") == (LoadState.loaded, None)
 
 
 def test_failed_context_frees_the_weights(tmp_path: Path, minilm_path: Path) -> None:

@@ -199,6 +199,17 @@ def test_stop_sequences(client: anthropic.Anthropic, greedy: Message) -> None:
     assert _text(message) == full[: full.index(stop)]
 
 
+@pytest.mark.parametrize("stop_sequences", [[""], ["END", ""]], ids=["alone", "among_others"])
+def test_empty_stop_sequence_is_400_naming_the_field(
+    client: anthropic.Anthropic, stop_sequences: list[str]
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        _ask(client, stop_sequences=stop_sequences)
+    error = caught.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("stop_sequences"), error
+
+
 def test_count_tokens(client: anthropic.Anthropic, greedy: Message) -> None:
     counted = client.messages.count_tokens(
         model=MODEL, messages=[{"role": "user", "content": PROMPT}]

@@ -7,10 +7,16 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +26,18 @@ import jwt
 import openai
 import pytest
 from click.testing import CliRunner
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from jwt.algorithms import RSAAlgorithm
 from litestar import Litestar, Request, Response, Router, get
 from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
 from kronk_core.errors import ConfigError, KronkError
@@ -78,12 +88,12 @@ class AuthServer:
         return self.base_url.removeprefix("http://")
 
 
-def auth_app(base: Path) -> Litestar:
+def auth_app(base: Path, **settings: Any) -> Litestar:
     kronk = Kronk(
         KronkConfig(base_path=base, models=SMALL_MODEL), plugins={"probe": ProbeDialect()}
     )
-    settings = ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}})
-    return create_app(settings, kronk=kronk)
+    server = ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}}, **settings)
+    return create_app(server, kronk=kronk)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +151,10 @@ def _claims(**overrides: Any) -> dict[str, Any]:
         "admin": False,
         "endpoints": {"chat-completions": {"limit": 0, "window": "unlimited"}},
     }
-    return {**claims, **overrides}
+    return {key: value for key, value in {**claims, **overrides}.items() if value is not _DROP}
+
+
+_DROP = object()  # a claim left out
 
 
 def _signing_key(base: Path) -> tuple[str, rsa.RSAPrivateKey]:
@@ -151,10 +164,85 @@ def _signing_key(base: Path) -> tuple[str, rsa.RSAPrivateKey]:
     return path.stem, key
 
 
-def forged_tokens(base: Path) -> dict[str, str]:
+@dataclass
+class Stranger:
+    """Someone else's RSA key, and a local HTTP server that would hand it out (jku, x5u)."""
+
+    key: rsa.RSAPrivateKey
+    url: str
+    fetched: list[str]
+
+    @property
+    def jwk(self) -> dict[str, Any]:
+        jwk: dict[str, Any] = RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
+        return jwk
+
+    @property
+    def certificate(self) -> str:
+        """Its self-signed certificate, base64 DER as in an x5c header."""
+        pem = _self_signed_certificate(self.key)
+        der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+        return base64.b64encode(der).decode()
+
+
+def _self_signed_certificate(key: rsa.RSAPrivateKey) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stranger")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[Stranger]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    fetched: list[str] = []
+    documents = {
+        "/jwks.json": json.dumps({"keys": [RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)]}),
+        "/cert.pem": _self_signed_certificate(key).decode(),
+    }
+
+    class KeyHandler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            body = documents.get(self.path, "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), KeyHandler)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Stranger(key=key, url=f"http://127.0.0.1:{http.server_address[1]}", fetched=fetched)
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
     kid, key = _signing_key(base)
-    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    valid = jwt.encode(_claims(), key, algorithm="RS256", headers={"kid": kid})
+    now = int(time.time())
+
+    def signed(signer: rsa.RSAPrivateKey = key, algorithm: str = "RS256", **claims: Any) -> str:
+        return jwt.encode(_claims(**claims), signer, algorithm=algorithm, headers={"kid": kid})
+
+    def with_header(signer: rsa.RSAPrivateKey, **header: Any) -> str:
+        return jwt.encode(_claims(), signer, algorithm="RS256", headers=header)
+
+    valid = signed()
     header, _, signature = valid.split(".")
     granted_more = _b64(json.dumps(_claims(admin=True)).encode())
     public_pem = key.public_key().public_bytes(
@@ -166,22 +254,43 @@ def forged_tokens(base: Path) -> dict[str, str]:
     )
     hs_signature = hmac.new(public_pem, hs_signing_input.encode(), hashlib.sha256).digest()
     none_header = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": kid}).encode())
+    # Outside the key directory: a kid that climbs out of it must not reach this key.
+    outside = base / "planted.pem"
+    outside.write_bytes(
+        stranger.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return {
         "malformed": "not-a-jwt",
-        "bad_signature": jwt.encode(_claims(), stranger, algorithm="RS256", headers={"kid": kid}),
+        "bad_signature": signed(stranger.key),
         "tampered_claims": f"{header}.{granted_more}.{signature}",
-        "unknown_kid": jwt.encode(
-            _claims(), stranger, algorithm="RS256", headers={"kid": str(uuid.uuid4())}
-        ),
+        "unknown_kid": with_header(stranger.key, kid=str(uuid.uuid4())),
         "no_kid": jwt.encode(_claims(), key, algorithm="RS256"),
-        "expired": jwt.encode(
-            _claims(exp=int(time.time()) - 60), key, algorithm="RS256", headers={"kid": kid}
-        ),
-        "wrong_issuer": jwt.encode(
-            _claims(iss="someone-else"), key, algorithm="RS256", headers={"kid": kid}
-        ),
+        "expired": signed(exp=now - 60),
+        "wrong_issuer": signed(iss="someone-else"),
         "alg_none": f"{none_header}.{_b64(json.dumps(_claims()).encode())}.",
         "hs256_with_public_key": f"{hs_signing_input}.{_b64(hs_signature)}",
+        "missing_exp": signed(exp=_DROP),
+        "missing_sub": signed(sub=_DROP),
+        "empty_sub": signed(sub=""),
+        "exp_as_string": signed(exp=str(now + 3600)),
+        "exp_not_a_number": signed(exp="soon"),
+        "future_nbf": signed(nbf=now + 3600),
+        "future_iat": signed(iat=now + 3600),
+        "rs512_with_the_real_key": signed(algorithm="RS512"),
+        "ps256_with_the_real_key": signed(algorithm="PS256"),
+        "admin_signed_by_a_user_key": signed(admin=True),
+        "admin_as_string": signed(admin="true", endpoints={}),
+        "kid_path_traversal": with_header(stranger.key, kid="../planted"),
+        "kid_absolute_path": with_header(stranger.key, kid=str(outside.with_suffix(""))),
+        "jwk_header_names_the_signer": with_header(stranger.key, kid=kid, jwk=stranger.jwk),
+        "jwk_header_without_kid": with_header(stranger.key, jwk=stranger.jwk),
+        "jku_header": with_header(stranger.key, kid=kid, jku=f"{stranger.url}/jwks.json"),
+        "x5u_header": with_header(stranger.key, kid=kid, x5u=f"{stranger.url}/cert.pem"),
+        "x5c_header": with_header(stranger.key, kid=kid, x5c=[stranger.certificate]),
     }
 
 
@@ -195,18 +304,66 @@ FORGERIES = [
     "wrong_issuer",
     "alg_none",
     "hs256_with_public_key",
+    "missing_exp",
+    "missing_sub",
+    "empty_sub",
+    "exp_as_string",
+    "exp_not_a_number",
+    "future_nbf",
+    "future_iat",
+    "rs512_with_the_real_key",
+    "ps256_with_the_real_key",
+    "admin_signed_by_a_user_key",
+    "admin_as_string",
+    "kid_path_traversal",
+    "kid_absolute_path",
+    "jwk_header_names_the_signer",
+    "jwk_header_without_kid",
+    "jku_header",
+    "x5u_header",
+    "x5c_header",
 ]
 
 
 @pytest.mark.parametrize("forgery", FORGERIES)
-def test_forged_token_is_401(auth_server: AuthServer, forgery: str) -> None:
-    token = forged_tokens(auth_server.base)[forgery]
+def test_forged_token_is_401(auth_server: AuthServer, stranger: Stranger, forgery: str) -> None:
+    token = forged_tokens(auth_server.base, stranger)[forgery]
     client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
     with pytest.raises(openai.AuthenticationError) as caught:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
     assert caught.value.status_code == 401
     body = caught.value.response.json()
     assert body["error"]["type"] == "authentication_error", body
+    assert stranger.fetched == []  # no header made the server fetch a key
+
+
+def test_admin_tokens_need_the_master_key(auth_server: AuthServer) -> None:
+    """An admin claim signed by a user key is refused outright, not downgraded."""
+    kid, key = _signing_key(auth_server.base)
+    forged = jwt.encode(_claims(admin=True), key, algorithm="RS256", headers={"kid": kid})
+    with httpx.Client(base_url=auth_server.base_url) as http:
+        refused = http.get("/v1/kronk/slots", headers=bearer(forged))
+        assert_openai_error(refused, 401, "authentication_error")
+        assert refused.json()["error"]["message"] == "admin tokens must be signed by the master key"
+        assert http.get("/v1/kronk/slots", headers=bearer(auth_server.admin)).status_code == 200
+
+
+def test_key_headers_are_ignored_on_a_genuine_token(
+    auth_server: AuthServer, stranger: Stranger
+) -> None:
+    """jku, jwk and x5u neither choose the key nor make a good token fail."""
+    kid, key = _signing_key(auth_server.base)
+    header = {
+        "kid": kid,
+        "jwk": stranger.jwk,
+        "jku": f"{stranger.url}/jwks.json",
+        "x5u": f"{stranger.url}/cert.pem",
+    }
+    token = jwt.encode(_claims(), key, algorithm="RS256", headers=header)
+    client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
+    completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    assert completion.choices[0].finish_reason in ("length", "stop")
+    assert stranger.fetched == []
 
 
 @pytest.mark.parametrize(
@@ -231,6 +388,43 @@ def test_an_untampered_copy_of_a_forgery_base_is_accepted(auth_server: AuthServe
     client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
     completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
     assert completion.choices[0].finish_reason in ("length", "stop")
+
+
+# ---- bodies are read only for callers let in ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_body_server(
+    tmp_path_factory: pytest.TempPathFactory, serve: Serve
+) -> Iterator[AuthServer]:
+    base = tmp_path_factory.mktemp("small-body-home")
+    app = auth_app(base, max_request_bytes=4096)
+    with serve(app) as base_url:
+        admin = (base / "keys" / "master.jwt").read_text()
+        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+
+
+def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: AuthServer) -> None:
+    big = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x" * 65536}]}
+    ).encode()
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length
+        for start in range(0, len(big), 4096):
+            yield big[start : start + 4096]
+
+    json_type = {"content-type": "application/json"}
+    with httpx.Client(base_url=small_body_server.base_url, timeout=30) as http:
+        for credentials in ({}, bearer("not-a-jwt"), {"x-api-key": "nope"}):
+            sized = http.post(CHAT, content=big, headers={**json_type, **credentials})
+            assert_openai_error(sized, 401, "authentication_error")
+            streamed = http.post(CHAT, content=chunks(), headers={**json_type, **credentials})
+            assert_openai_error(streamed, 401, "authentication_error")
+        admitted = http.post(
+            CHAT, content=big, headers={**json_type, **bearer(small_body_server.admin)}
+        )
+        assert_openai_error(admitted, 413, "invalid_request_error")
+        assert admitted.json()["error"]["code"] == "request_too_large"
 
 
 # ---- grants: every route the app has -------------------------------------------
@@ -330,7 +524,7 @@ def test_anthropic_clients_authenticate_with_x_api_key(auth_server: AuthServer) 
 def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) -> None:
     with httpx.Client(base_url=auth_server.base_url) as http:
         assert http.get("/v1/liveness").status_code == 200
-        assert http.get("/v1/readiness").status_code in (200, 503)
+        assert http.get("/v1/readiness").status_code == 200
         admin = bearer(auth_server.admin)
         assert http.get("/probe/ping", headers=admin).status_code == 200
         assert http.get("/v1/kronk/slots", headers=admin).status_code == 200
@@ -359,6 +553,59 @@ async def test_hundred_concurrent_requests_admit_exactly_the_quota(auth_server: 
             assert_openai_error(response, 429, "rate_limit_error")
             assert response.json()["error"]["code"] == "rate_limit_exceeded"
             assert 0 < int(response.headers["retry-after"]) <= 86400
+
+
+def test_validation_failures_count_against_the_quota(auth_server: AuthServer) -> None:
+    """The call is counted when it passes the grant check, before its body is validated."""
+    token = mint(auth_server, "chat-completions:2/day")
+    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
+            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
+        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
+
+
+@dataclass
+class SettableClock:
+    """The guard's clock, moved by the test instead of waiting for midnight."""
+
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
+    auth: Authenticator = auth_server.app.state[STATE_KEY]
+    settable = SettableClock(datetime(2031, 1, 31, 23, 59, 59, tzinfo=UTC))
+    auth.clock = settable
+    try:
+        yield settable
+    finally:
+        auth.clock = utc_now
+
+
+def test_quota_windows_roll_over_in_the_running_server(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    token = mint(auth_server, "tokenize:1/day,chat-completions:1/month")
+    tokenize = {"model": MODEL, "input": "hi"}
+    # Counted, then answered 404: no model has to run for the quota to be used.
+    chat = {"model": "no-such-model", "messages": MESSAGES}
+
+    def calls() -> list[tuple[int, str | None]]:
+        with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+            responses = [http.post(TOKENIZE, json=tokenize), http.post(CHAT, json=chat)]
+        return [(r.status_code, r.headers.get("retry-after")) for r in responses]
+
+    assert calls() == [(200, None), (404, None)]  # 23:59:59 on 31 January
+    assert calls() == [(429, "1"), (429, "1")]  # one second to the next day and month
+    clock.now = datetime(2031, 2, 1, tzinfo=UTC)
+    assert calls() == [(200, None), (404, None)]  # a new day and a new month
+    assert calls() == [(429, str(86400)), (429, str(28 * 86400))]
+    clock.now = datetime(2031, 2, 2, 12, tzinfo=UTC)
+    assert calls() == [(200, None), (429, str(26 * 86400 + 12 * 3600))]
 
 
 # ---- keys --------------------------------------------------------------------------
@@ -405,7 +652,14 @@ def test_master_key_refuses_deletion(auth_server: AuthServer) -> None:
     ).is_success
 
 
-def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> None:
+def test_a_key_deleted_by_another_process_stops_verifying_at_once(
+    auth_server: AuthServer,
+) -> None:
+    """Revocation does not hang on the directory's timestamp.
+
+    The key is deleted by a second process, and the directory's modification
+    time is then put back, as a file system with coarse timestamps would leave it.
+    """
     local = ["--local", "--base-path", str(auth_server.base)]
     runner = CliRunner()
     created = runner.invoke(main, ["security", "key", "create", *local])
@@ -420,9 +674,23 @@ def test_local_key_changes_reach_the_running_server(auth_server: AuthServer) -> 
     url = f"{auth_server.base_url}{TOKENIZE}"
     body = {"model": MODEL, "input": "hi"}
     assert httpx.post(url, json=body, headers=bearer(token)).status_code == 200
-    deleted = runner.invoke(main, ["security", "key", "delete", "--keyid", key_id, *local])
-    assert deleted.exit_code == 0, deleted.output
-    assert httpx.post(url, json=body, headers=bearer(token)).status_code == 401
+
+    directory = (auth_server.base / "keys").stat()
+    environment = {key: value for key, value in os.environ.items() if key != "KRONK_TOKEN"}
+    delete = ["security", "key", "delete", "--keyid", key_id, *local]
+    deleted = subprocess.run(
+        [sys.executable, "-m", "kronk_api.cli", *delete],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    os.utime(auth_server.base / "keys", ns=(directory.st_atime_ns, directory.st_mtime_ns))
+    assert (auth_server.base / "keys").stat().st_mtime_ns == directory.st_mtime_ns
+    refused = httpx.post(url, json=body, headers=bearer(token))
+    assert_openai_error(refused, 401, "authentication_error")
+    assert "unknown or deleted key" in refused.json()["error"]["message"]
 
 
 def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) -> None:
@@ -433,6 +701,22 @@ def test_auth_without_an_authenticating_plugin_refuses_to_start(tmp_path: Path) 
         create_app(settings, kronk=kronk)
     assert info.value.key == "auth-jwt"
     assert "'auth-jwt' is disabled" in str(info.value)
+
+
+def test_model_ps_sends_the_token(auth_server: AuthServer) -> None:
+    """`kronk model ps` against a server with auth on: KRONK_TOKEN or --token, as `security`."""
+    runner = CliRunner()
+    ps = ["model", "ps", "--api-host", auth_server.api_host]
+    anonymous = runner.invoke(main, ps, env={"KRONK_TOKEN": None})
+    assert anonymous.exit_code == 1
+    assert "401: missing bearer token" in anonymous.output
+    user = mint(auth_server, "tokenize")
+    denied = runner.invoke(main, [*ps, "--token", user], env={"KRONK_TOKEN": None})
+    assert denied.exit_code == 1
+    assert "403: this endpoint needs an admin token" in denied.output
+    listed = runner.invoke(main, ps, env={"KRONK_TOKEN": auth_server.admin})
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.startswith("ID ") and "places in use" in listed.output
 
 
 def test_key_files_are_private(auth_server: AuthServer) -> None:

@@ -9,9 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.errors import InvalidRequestError
+from kronk_core.types import ChatMessage, ChatRequest
 
 MODEL = DEFAULT_MODEL_ID
 CHAT = "/v1/chat/completions"
@@ -225,6 +228,38 @@ def test_error_answers(
     expected_type = {400: "invalid_request_error", 404: "not_found_error"}.get(status)
     if expected_type is not None:
         assert error["type"] == expected_type
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("stop", ["", [""], ["END", ""]], ids=["string", "list", "among_others"])
+def test_empty_stop_string_is_400_naming_stop(
+    server: Any, stop: str | list[str], stream: bool
+) -> None:
+    """An empty stop sequence would match everywhere; it is refused, not silently dropped."""
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=2,
+            stop=stop,
+            stream=stream,
+        )
+    error = caught.value.body
+    assert isinstance(error, dict), error
+    assert error["param"] == "stop", error
+    assert error["code"] == "invalid_argument", error
+    assert error["message"] == "stop: a stop sequence must not be empty", error
+
+
+async def test_sdk_refuses_an_empty_stop_string(server: Any) -> None:
+    kronk = server.kronk
+    with pytest.raises(InvalidRequestError, match="stop sequence must not be empty") as caught:
+        await kronk.chat(MESSAGES, stop=[""], max_tokens=2)
+    assert caught.value.param == "stop"
+    request = ChatRequest(messages=(ChatMessage(role="user", content="hi"),), stop=("",))
+    with pytest.raises(InvalidRequestError, match="stop sequence must not be empty"):
+        await kronk.start_chat(request)
 
 
 def _prompt_tokens(http: httpx.Client) -> int:

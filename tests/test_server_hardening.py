@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar import Litestar
@@ -168,15 +172,15 @@ def test_server_errors_keep_paths_in_the_log(
     assert "broken.gguf" in caplog.text
 
 
-# ---- fuzz: every POST endpoint of the app ------------------------------------------------
+# ---- fuzz: every POST endpoint of the app, with and without credentials ------------------
 
 
 def post_paths(app: Litestar) -> list[str]:
-    """Every POST route the app has, path parameters filled in, whichever plugin added it."""
+    """Every POST route the app has, as its path template, whichever plugin added it."""
     paths = set()
     for route in app.routes:
         if isinstance(route, HTTPRoute) and "POST" in route.methods:
-            paths.add(route.path_format.replace("{", "").replace("}", ""))
+            paths.add(route.path_format)
     return sorted(paths)
 
 
@@ -189,106 +193,360 @@ JSON = st.recursive(
 )
 
 
-def sometimes_wrong(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Mostly `valid`, one time in four any JSON value."""
-    return st.integers(0, 3).flatmap(lambda pick: JSON if pick == 0 else valid)
-
-
-def mutated(
+@st.composite
+def near_valid(
+    draw: st.DrawFn,
     required: dict[str, st.SearchStrategy[Any]],
-    optional: dict[str, st.SearchStrategy[Any]],
+    optional: dict[str, st.SearchStrategy[Any]] | None = None,
     fixed: dict[str, st.SearchStrategy[Any]] | None = None,
-) -> st.SearchStrategy[dict[str, Any]]:
-    """A valid body whose fields are sometimes wrong, plus some optional fields."""
-    mapping = {key: sometimes_wrong(strategy) for key, strategy in required.items()}
-    return st.fixed_dictionaries(
-        {**mapping, **(fixed or {})},
-        optional={key: sometimes_wrong(strategy) for key, strategy in optional.items()},
-    )
+) -> dict[str, Any]:
+    """A valid body (the required fields, some optional ones), as it is or with one change:
+    a field replaced by any JSON value, a field dropped, or an unknown field added.
+
+    `fixed` fields are never replaced or dropped (their strategy holds the wrong values
+    worth trying): a body must not ask for thousands of generated tokens.
+    """
+    body = draw(st.fixed_dictionaries(required, optional=optional or {}))
+    change = draw(st.sampled_from(["none", "none", "none", "replace", "drop", "add"]))
+    if change in ("replace", "drop") and body:
+        key = draw(st.sampled_from(sorted(body)))
+        if change == "replace":
+            body[key] = draw(JSON)
+        else:
+            del body[key]
+    elif change == "add":
+        body[draw(st.text(max_size=8))] = draw(JSON)
+    return {**body, **draw(st.fixed_dictionaries(fixed or {}))}
 
 
+TEXT = st.text(max_size=40)
+WORDS = st.text(min_size=1, max_size=40)
+NAME = st.from_regex(r"[a-z][a-z_]{0,9}", fullmatch=True)
 MESSAGES = st.lists(
     st.fixed_dictionaries(
-        {
-            "role": sometimes_wrong(st.sampled_from(["user", "system", "assistant"])),
-            "content": sometimes_wrong(st.text(max_size=40)),
-        }
+        {"role": st.sampled_from(["user", "system", "assistant"]), "content": TEXT}
     ),
     min_size=1,
     max_size=3,
 )
+OBJECT_SCHEMA = st.just({"type": "object", "properties": {"x": {"type": "string"}}})
 TOOL = st.fixed_dictionaries(
     {
         "type": st.just("function"),
-        "function": st.fixed_dictionaries({"name": st.text(max_size=10), "parameters": JSON}),
+        "function": st.fixed_dictionaries({"name": NAME, "parameters": OBJECT_SCHEMA}),
     }
 )
-# Bodies that reach past the schemas of the endpoints known today. max_tokens stays small,
-# so a body that happens to be valid generates a token or two, not thousands.
-KNOWN_BODIES = {
-    CHAT: mutated(
+# Never null or absent: a valid body must not generate thousands of tokens.
+FEW_TOKENS = st.integers(1, 3) | st.sampled_from([0, -1, "2", "x", 1.5, [], {}])
+RESPONSES_INPUT = st.one_of(
+    TEXT,
+    st.lists(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "system", "developer"]),
+                    "content": TEXT
+                    | st.lists(
+                        st.fixed_dictionaries({"type": st.just("input_text"), "text": TEXT}),
+                        min_size=1,
+                        max_size=2,
+                    ),
+                },
+                optional={"type": st.just("message")},
+            ),
+            st.fixed_dictionaries(
+                {"type": st.just("function_call_output"), "call_id": NAME, "output": TEXT}
+            ),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+ANTHROPIC_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.just("user"),
+            "content": TEXT
+            | st.lists(
+                st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),
+                min_size=1,
+                max_size=2,
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=2,
+)
+ANTHROPIC_TOOL = st.fixed_dictionaries(
+    {"name": NAME, "input_schema": OBJECT_SCHEMA}, optional={"description": TEXT}
+)
+NO_BODY = st.just({})
+# Near-valid bodies for every POST route. A route a plugin adds must get its entry here.
+KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
+    CHAT: near_valid(
         {"model": st.just(MODEL), "messages": MESSAGES},
         {
             "stream": st.booleans(),
-            "stop": st.lists(st.text(max_size=5), max_size=5),
+            "stop": st.lists(st.text(min_size=1, max_size=5), max_size=4) | st.text(max_size=3),
             "temperature": st.floats(0, 2),
             "top_k": st.integers(0, 50),
             "logprobs": st.booleans(),
-            "top_logprobs": st.integers(0, 6),
+            "top_logprobs": st.integers(0, 5),
             "seed": st.integers(),
             "tools": st.lists(TOOL, max_size=2),
-            "tool_choice": st.sampled_from(["auto", "none", "required"]),
-            "response_format": st.fixed_dictionaries(
-                {"type": st.sampled_from(["text", "json_object", "json_schema"])}
-            ),
-            "json_schema": st.just({"type": "object"}),
-            "grammar": st.sampled_from(['root ::= "a"', "root ::= (", ""]),
+            "tool_choice": st.sampled_from(["auto", "none"]),
+            "response_format": st.just({"type": "text"}),  # json_object: see "grammar"
+            "grammar": st.sampled_from(['root ::= "a"', 'root ::= [a-z]+ "."']),
         },
-        # Never null or absent: a valid body must not generate thousands of tokens.
-        fixed={"max_tokens": st.integers(-1, 3) | st.sampled_from(["2", "x", 1.5, [], {}])},
+        fixed={"max_tokens": FEW_TOKENS},
     ),
-    "/v1/tokenize": mutated(
-        {"model": st.just(MODEL), "input": st.text(max_size=40)},
+    "/v1/tokenize": near_valid(
+        {"model": st.just(MODEL), "input": TEXT},
         {"apply_template": st.booleans(), "add_generation_prompt": st.booleans()},
     ),
+    "/v1/responses": near_valid(
+        {"model": st.just(MODEL), "input": RESPONSES_INPUT},
+        {
+            "instructions": TEXT,
+            "stream": st.booleans(),
+            "temperature": st.floats(0, 2),
+            "tools": st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.just("function"), "name": st.text(max_size=10), "parameters": JSON}
+                ),
+                max_size=2,
+            ),
+            "tool_choice": st.sampled_from(["auto", "none", "required"]),
+            "text": st.fixed_dictionaries(
+                {
+                    "format": st.fixed_dictionaries(
+                        {"type": st.sampled_from(["text", "json_object"])}
+                    )
+                }
+            ),
+            "store": st.booleans(),
+            "previous_response_id": st.sampled_from(["resp_unknown", ""]),
+            "reasoning": st.fixed_dictionaries({"effort": st.sampled_from(["low", "extreme"])}),
+        },
+        fixed={"max_output_tokens": FEW_TOKENS},
+    ),
+    "/v1/messages": near_valid(
+        {"model": st.just(MODEL), "messages": ANTHROPIC_MESSAGES},
+        {
+            "system": TEXT,
+            "stop_sequences": st.lists(st.text(min_size=1, max_size=5), max_size=3),
+            "stream": st.booleans(),
+            "temperature": st.floats(0, 1),
+            "top_k": st.integers(0, 50),
+            "top_p": st.floats(0.01, 1),
+            "tools": st.lists(ANTHROPIC_TOOL, max_size=2),
+            "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "none"])}),
+            "thinking": st.fixed_dictionaries({"type": st.just("disabled")}),
+        },
+        fixed={"max_tokens": FEW_TOKENS},
+    ),
+    "/v1/messages/count_tokens": near_valid(
+        {"model": st.just(MODEL), "messages": ANTHROPIC_MESSAGES},
+        {"system": TEXT, "tools": st.lists(ANTHROPIC_TOOL, max_size=2)},
+    ),
+    "/v1/embeddings": near_valid(
+        {
+            "model": st.just("minilm"),
+            "input": WORDS | st.lists(WORDS, min_size=1, max_size=3),
+        },
+        {
+            "dimensions": st.sampled_from([32, 64, 128, 384]),
+            "encoding_format": st.sampled_from(["float", "base64"]),
+            "truncate": st.booleans(),
+        },
+    ),
+    **{
+        path: near_valid(
+            {
+                "model": st.just("tiny-reranker"),
+                "query": TEXT,
+                "documents": st.lists(
+                    TEXT | st.fixed_dictionaries({"text": TEXT}), min_size=1, max_size=3
+                ),
+            },
+            {"top_n": st.integers(1, 4), "return_documents": st.booleans()},
+        )
+        for path in ("/v1/rerank", "/v1/reranking")
+    },
+    "/v1/kronk/security/tokens": near_valid(
+        {
+            "duration": st.sampled_from(["1h", "90s", "1h30m"]),
+            "endpoints": st.sampled_from(["tokenize", "chat-completions:5/day,rerank"]),
+        },
+    ),
+    "/v1/kronk/security/keys": NO_BODY,
+    "/v1/kronk/models/{model_id}/unload": NO_BODY,
 }
 GENERIC_BODY = st.one_of(
     JSON,
     st.dictionaries(st.sampled_from(["model", "messages", "input", "max_tokens"]), JSON),
 )
+# A path parameter: a model that exists (the reranker reloads on its next use) or one that does not.
+PATH_VALUES = st.sampled_from(["tiny-reranker", "no-such-model", "%2e%2e"])
 
 
 def bodies(path: str) -> st.SearchStrategy[bytes]:
-    """Raw bytes, any JSON, and for known endpoints near-valid bodies."""
-    near_valid = KNOWN_BODIES.get(path, GENERIC_BODY)
+    """Near-valid bodies mostly, sometimes any JSON or raw bytes."""
+    near = KNOWN_BODIES[path].map(lambda body: json.dumps(body).encode())
     return st.one_of(
-        near_valid.map(lambda body: json.dumps(body).encode()),
+        near,
+        near,
+        near,
         GENERIC_BODY.map(lambda body: json.dumps(body).encode()),
         st.binary(max_size=100),
     )
 
 
-def test_fuzzed_bodies_never_get_a_5xx(server: RunningServer) -> None:
-    paths = post_paths(server.app)
-    assert {CHAT, "/v1/tokenize"} <= set(paths)
+HEADER_TEXT = st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=60
+)
 
-    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a request carries, and who the server must take it for."""
+
+    who: Literal["user", "admin", "nobody"]
+    headers: dict[str, str]
+
+
+def _altered(token: str, position: int, replacement: str) -> str:
+    """The token with one character of its claims changed: the signature no longer matches."""
+    header, claims, signature = token.split(".")
+    index = position % (len(claims) - 1)  # not the last: its low bits may not count
+    if claims[index] == replacement:
+        replacement = "A" if replacement != "A" else "B"
+    return f"{header}.{claims[:index]}{replacement}{claims[index + 1 :]}.{signature}"
+
+
+def credentials(user: str, admin: str, forged_admin: str) -> st.SearchStrategy[Credentials]:
+    valid = st.one_of(
+        st.just(Credentials("user", {"Authorization": f"Bearer {user}"})),
+        st.just(Credentials("user", {"x-api-key": user})),
+        st.just(Credentials("admin", {"Authorization": f"Bearer {admin}"})),
+    )
+    refused = st.one_of(
+        st.just(Credentials("nobody", {})),
+        st.just(Credentials("nobody", {"Authorization": f"Bearer {forged_admin}"})),
+        st.builds(
+            lambda position, char: Credentials(
+                "nobody", {"Authorization": f"Bearer {_altered(user, position, char)}"}
+            ),
+            st.integers(0, 10_000),
+            st.sampled_from("ABCxyz019-_"),
+        ),
+        HEADER_TEXT.map(lambda text: Credentials("nobody", {"Authorization": text})),
+        HEADER_TEXT.map(lambda text: Credentials("nobody", {"Authorization": f"Bearer {text}"})),
+        HEADER_TEXT.map(lambda text: Credentials("nobody", {"x-api-key": text})),
+        st.just(Credentials("nobody", {"Authorization": f"Basic {user}"})),
+    )
+    return st.one_of(valid, valid, refused)
+
+
+@dataclass
+class FuzzServer:
+    base_url: str
+    app: Litestar
+    user: str
+    admin: str
+    forged_admin: str
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    serve: Serve,
+    gemma_path: str,
+    minilm_path: Path,
+    reranker_path: Path,
+) -> Iterator[FuzzServer]:
+    """Auth on; a small default model, an embedding model and a reranker."""
+    base = tmp_path_factory.mktemp("fuzz-home")
+    models = {
+        MODEL: ModelConfig(model_path=gemma_path, template="gemma", context_window=512),
+        "minilm": ModelConfig(model_path=minilm_path, matryoshka=True),
+        "tiny-reranker": ModelConfig(model_path=reranker_path),
+    }
+    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=3))
+    app = create_app(
+        ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}}), kronk=kronk
+    )
+    with serve(app) as base_url:
+        keys = base / "keys"
+        admin = (keys / "master.jwt").read_text()
+        grants = "chat-completions,responses,messages,embeddings,rerank,tokenize"
+        minted = httpx.post(
+            f"{base_url}/v1/kronk/security/tokens",
+            json={"duration": "1h", "endpoints": grants},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert minted.status_code == 201, minted.text
+        user = minted.json()["token"]
+        signing = next(path for path in sorted(keys.glob("*.pem")) if path.stem != "master")
+        key = serialization.load_pem_private_key(signing.read_bytes(), password=None)
+        claims = jwt.decode(user, options={"verify_signature": False})
+        forged_admin = jwt.encode(
+            {**claims, "admin": True},
+            key,
+            algorithm="RS256",
+            headers={"kid": signing.stem},  # type: ignore[arg-type]
+        )
+        yield FuzzServer(base_url, app, user, admin, forged_admin)
+
+
+def test_the_fuzz_knows_every_post_route(fuzz_server: FuzzServer) -> None:
+    """Routes come from the app, so a POST route that a plugin adds must be given bodies here."""
+    assert set(post_paths(fuzz_server.app)) == set(KNOWN_BODIES)
+
+
+@pytest.mark.parametrize("route", sorted(KNOWN_BODIES))
+def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
+    fuzz_server: FuzzServer, route: str
+) -> None:
+    """Near-valid bodies with valid and broken credentials; seeded (derandomize), so a failure
+    comes back on the next run."""
+    who = credentials(fuzz_server.user, fuzz_server.admin, fuzz_server.forged_admin)
+    statuses: list[int] = []
+
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as client:
 
         @settings(
-            max_examples=60 * len(paths),
+            max_examples=60,
             deadline=None,
             database=None,
+            derandomize=True,
             suppress_health_check=[HealthCheck.too_slow],
         )
         @given(data=st.data())
         def post(data: st.DataObject) -> None:
-            path = data.draw(st.sampled_from(paths))
-            body = data.draw(bodies(path))
-            response = client.post(path, content=body, headers={"content-type": "application/json"})
-            assert response.status_code < 500, (path, body, response.text)
-            assert "Traceback" not in response.text
+            path = route.replace("{model_id}", data.draw(PATH_VALUES))
+            body = data.draw(bodies(route))
+            sent = data.draw(who)
+            headers = {"content-type": "application/json", **sent.headers}
+            response = client.post(path, content=body, headers=headers)
+            statuses.append(response.status_code)
+            where = (path, sent.who, body, response.text)
+            assert response.status_code < 500, where
+            assert "Traceback" not in response.text, where
+            if sent.who == "nobody":
+                assert response.status_code == 401, where
+            else:
+                assert response.status_code != 401, where
+            if sent.who == "admin":
+                assert response.status_code != 403, where
 
         post()
+        if not route.startswith("/v1/kronk/"):  # the near-valid bodies reached the handler
+            assert any(200 <= status < 300 for status in statuses), statuses
         assert client.get("/v1/liveness").status_code == 200
-        after = client.post(CHAT, json=chat_body(max_tokens=2, temperature=0))
+        after = client.post(
+            CHAT,
+            json=chat_body(max_tokens=2, temperature=0),
+            headers={"Authorization": f"Bearer {fuzz_server.user}"},
+        )
         assert after.status_code == 200, after.text

@@ -1,17 +1,28 @@
-"""Request ids on responses and in JSON log lines."""
+"""Request ids on responses and in JSON log lines; no token ever in the log file."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from kronk_api.logs import JsonFormatter, request_id
+from kronk_core import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer
+
+CLI = [sys.executable, "-m", "kronk_api.cli"]
 
 
 def test_request_id_is_echoed_or_made(server: RunningServer) -> None:
@@ -32,3 +43,99 @@ def test_json_log_line_carries_the_request_id() -> None:
     assert line["msg"] == 'said "hi"'
     assert line["request_id"] == "req-7"
     assert line["level"] == "INFO" and line["logger"] == "kronk"
+
+
+# ---- the log file of a real server ---------------------------------------------------------
+
+
+def _cli(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("KRONK_")}
+    return subprocess.run(
+        [*CLI, *args, "--base-path", str(base)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def logged_server(tmp_path: Path, port_finder: Callable[[], int]) -> Iterator[str]:
+    """`kronk server start -d` with auth, debug logs and insecure logging: all a log could hold."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  {DEFAULT_MODEL_ID}:\n    template: gemma\n"
+        "    context_window: 512\n    n_seq_max: 1\n"
+    )
+    host = f"127.0.0.1:{port_finder()}"
+    flags = ["--api-host", host, "--model-config-file", str(models), "--preload"]
+    flags += ["--auth-enabled", "--insecure-logging", "--log-level", "debug"]
+    started = _cli(tmp_path, "server", "start", "-d", *flags)
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://{host}/v1/readiness", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            log = tmp_path / "logs" / "server.log"
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
+        yield f"http://{host}"
+    finally:
+        stopped = _cli(tmp_path, "server", "stop")
+        pid_file = tmp_path / "server.pid"
+        if stopped.returncode != 0 and pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_bearer_tokens_never_reach_the_log_file(logged_server: str, tmp_path: Path) -> None:
+    admin = (tmp_path / "keys" / "master.jwt").read_text()
+    with httpx.Client(base_url=logged_server, timeout=120) as http:
+        minted = http.post(
+            "/v1/kronk/security/tokens",
+            json={"duration": "1h", "endpoints": "chat-completions,messages"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert minted.status_code == 201, minted.text
+        user = minted.json()["token"]
+        forged = user[:-4] + ("AAAA" if not user.endswith("AAAA") else "BBBB")
+        chat = {
+            "model": DEFAULT_MODEL_ID,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
+        asked = [
+            (user, "Bearer", "/v1/chat/completions", chat, 200),
+            (user, "x-api-key", "/v1/messages", chat, 200),
+            (user, "Bearer", "/v1/chat/completions", {**chat, "model": "no-such-model"}, 404),
+            (forged, "Bearer", "/v1/chat/completions", chat, 401),
+            (forged, "x-api-key", "/v1/messages", chat, 401),
+            (f"{user} trailing", "Bearer", "/v1/chat/completions", chat, 401),
+            (user, "Token", "/v1/chat/completions", chat, 401),
+            (user, "Bearer", "/v1/kronk/slots", None, 403),
+            (admin, "Bearer", "/v1/kronk/security/keys", None, 200),
+        ]
+        for token, scheme, path, body, status in asked:
+            headers = (
+                {"x-api-key": token}
+                if scheme == "x-api-key"
+                else {"Authorization": f"{scheme} {token}"}
+            )
+            response = (
+                http.get(path, headers=headers)
+                if body is None
+                else http.post(path, json=body, headers=headers)
+            )
+            assert response.status_code == status, (path, scheme, response.text)
+    _cli(tmp_path, "server", "stop")
+
+    log = (tmp_path / "logs" / "server.log").read_text(errors="replace")
+    # The log did record these requests, their bodies included (insecure logging).
+    assert "/v1/chat/completions" in log and "request body:" in log, log
+    for token in (admin, user, forged):
+        for part in (token, *token.split(".")[1:]):  # whole, or its claims or signature alone
+            assert part not in log, part

@@ -389,7 +389,7 @@ def test_liveness_and_readiness(server: Any) -> None:
     assert isinstance(body["host"], str) and body["host"]
     ready = httpx.get(server.base_url + "/v1/readiness", timeout=30)
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "model": MODEL}
+    assert ready.json() == {"status": "ready", "model": MODEL, "model_state": "loaded"}
 
 
 # ---- disconnects and concurrency ----------------------------------------------

@@ -283,7 +283,7 @@ async def test_keepalive_pings_during_silence_and_cancels_on_exit() -> None:
     assert seen == b"frame\n\n"
     assert await anext(items) == ping
     await items.aclose()
-    await asyncio.wait_for(finished.wait(), 1)
+    await asyncio.wait_for(finished.wait(), 10)
 
 
 # ---- errors -------------------------------------------------------------------

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import functools
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from kronk_api.client import call_server
 from kronk_api.options import setting_option
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.settings import AuthSettings
@@ -80,26 +78,9 @@ class _Target:
             raise click.ClickException(
                 "set KRONK_TOKEN (or --token) to an admin token, or use --local"
             )
-        request = urllib.request.Request(
-            f"http://{self._api_host}/v1/kronk/security/{path}",
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+        return call_server(
+            self._api_host, method, f"/v1/kronk/security/{path}", token=self._token, body=body
         )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise click.ClickException(_error_message(exc)) from None
-        except urllib.error.URLError as exc:
-            raise click.ClickException(f"cannot reach {self._api_host}: {exc.reason}") from None
-
-
-def _error_message(exc: urllib.error.HTTPError) -> str:
-    try:
-        return f"{exc.code}: {json.loads(exc.read())['error']['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"{exc.code}: {exc.reason}"
 
 
 def _echo_keys(keys: list[dict[str, str]]) -> None:

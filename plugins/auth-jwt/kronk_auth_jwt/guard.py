@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,13 +22,21 @@ from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLi
 STATE_KEY = "kronk_auth"
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 @dataclass
 class Authenticator:
-    """One server's auth state (kept on `app.state`): its keys, issuer and counters."""
+    """One server's auth state (kept on `app.state`): its keys, issuer and counters.
+
+    `clock` says which rate-limit window a request falls in.
+    """
 
     keys: KeyStore
     issuer: str
     store: LimitStore
+    clock: Callable[[], datetime] = utc_now
 
     def authenticate(self, authorization: str | None) -> Claims:
         scheme, _, token = (authorization or "").partition(" ")
@@ -41,7 +50,7 @@ class Authenticator:
         """Count one request against the grant's quota, or raise RateLimitError."""
         if grant.limit is None or grant.window is None:
             return
-        now = datetime.now(UTC)
+        now = self.clock()
         start, end = window_bounds(grant.window, now)
         key = f"{subject}:{endpoint}:{grant.window}:{start.date().isoformat()}"
         if not await self.store.acquire(key, grant.limit, end.timestamp()):

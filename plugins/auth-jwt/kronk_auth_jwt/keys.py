@@ -53,18 +53,27 @@ def _write_private(path: Path, data: bytes, *, replace: bool = False) -> None:
         temporary.unlink(missing_ok=True)
 
 
+_FileIdentity = tuple[int, int, int, int]
+
+
+def _identity(status: os.stat_result) -> _FileIdentity:
+    """What tells one key file from another written in its place."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
 class KeyStore:
     """The key directory, plus the public keys loaded from it.
 
-    The public keys are reloaded whenever the directory's modification time
-    changes (a key created or deleted by `kronk security ... --local` or another
-    server), so every verification sees the directory as it is now.
+    Each verification looks the key's file up (one `stat`), so a key deleted by
+    `kronk security ... --local` or another server stops verifying at once,
+    whatever the file system's timestamp resolution. The public key is parsed
+    again only when the file is a different one.
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._public: dict[str, rsa.RSAPublicKey] = {}
-        self._stamp: int | None = None
+        # key id -> (the file's identity when it was read, its public key)
+        self._public: dict[str, tuple[_FileIdentity, rsa.RSAPublicKey]] = {}
 
     @property
     def admin_token_path(self) -> Path:
@@ -148,21 +157,21 @@ class KeyStore:
         return ids[-1] if ids else MASTER
 
     def public_key(self, key_id: str) -> rsa.RSAPublicKey | None:
-        """The public half of a key that exists now, or None."""
+        """The public half of a key whose file exists now, or None."""
         if not _KEY_ID.fullmatch(key_id):
             return None
-        self._reload_if_changed()
-        return self._public.get(key_id)
-
-    def _reload_if_changed(self) -> None:
-        stamp = self.directory.stat().st_mtime_ns
-        if stamp == self._stamp:
-            return
-        public: dict[str, rsa.RSAPublicKey] = {}
-        for info in self.list():
-            try:
-                public[info.id] = self.private_key(info.id).public_key()
-            except (UnknownKeyError, ValueError):
-                continue  # deleted meanwhile, or not a key: it verifies nothing
-        self._public = public
-        self._stamp = stamp
+        path = self._path(key_id)
+        try:
+            identity = _identity(path.stat())
+        except FileNotFoundError:
+            self._public.pop(key_id, None)
+            return None
+        cached = self._public.get(key_id)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        try:
+            public = self.private_key(key_id).public_key()
+        except (UnknownKeyError, ValueError, OSError):
+            return None  # deleted meanwhile, unreadable or not a key: it verifies nothing
+        self._public[key_id] = (identity, public)
+        return public

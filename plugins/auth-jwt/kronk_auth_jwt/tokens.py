@@ -8,10 +8,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jwt
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kronk_auth_jwt.keys import ADMIN_TOKEN_LIFETIME, MASTER, KeyStore
 from kronk_core.errors import AuthenticationError, InvalidRequestError
@@ -22,6 +22,9 @@ WINDOWS: tuple[Window, ...] = ("day", "month", "year")
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 _SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+# How far in the future `nbf` and `iat` may lie: the clocks of servers that share a key
+# directory differ a little, and a token is used the moment another server issued it.
+CLOCK_SKEW_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,26 @@ class Claims:
     endpoints: dict[str, Grant]
 
 
+# Strict: a claim of the wrong JSON type (`"exp": "9999999999"`, `"admin": "yes"`) is refused,
+# not converted.
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+NumericDate = int | float
+
+
 class _GrantClaim(BaseModel):
+    model_config = _STRICT
+
     limit: int = 0
     window: Literal["day", "month", "year", "unlimited"] = "unlimited"
 
 
 class _TokenClaims(BaseModel):
-    sub: str
+    model_config = _STRICT
+
+    sub: Annotated[str, Field(min_length=1)]
+    exp: NumericDate
+    iat: NumericDate | None = None
+    nbf: NumericDate | None = None
     admin: bool = False
     endpoints: dict[str, _GrantClaim] = {}
 
@@ -128,7 +144,11 @@ def issue_admin_token(keys: KeyStore, issuer: str) -> str:
 
 
 def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
-    """Check in order: well-formed, RS256, known key, signature, expiry, issuer."""
+    """Check in order: well-formed, RS256, known key, signature, claims, issuer, admin's key.
+
+    Only the header's `alg` and `kid` are read: `jku`, `jwk`, `x5u` and the like never
+    choose the key.
+    """
     try:
         header = jwt.get_unverified_header(token)
     except jwt.DecodeError:
@@ -145,7 +165,8 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
             key,
             algorithms=[ALGORITHM],
             issuer=issuer,
-            options={"require": ["exp", "iss", "sub"]},
+            # nbf and iat are checked below, with the clock skew allowed.
+            options={"require": ["exp", "iss", "sub"], "verify_nbf": False, "verify_iat": False},
         )
     except jwt.InvalidSignatureError:
         raise AuthenticationError("token signature does not verify") from None
@@ -161,6 +182,12 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
         claims = _TokenClaims.model_validate(payload)
     except ValidationError:
         raise AuthenticationError("token claims are malformed") from None
+    latest = time.time() + CLOCK_SKEW_SECONDS
+    for name, value in (("nbf", claims.nbf), ("iat", claims.iat)):
+        if value is not None and value > latest:
+            raise AuthenticationError(f"token is not valid yet ({name} is in the future)")
+    if claims.admin and key_id != MASTER:
+        raise AuthenticationError("admin tokens must be signed by the master key")
     return Claims(
         subject=claims.sub,
         admin=claims.admin,

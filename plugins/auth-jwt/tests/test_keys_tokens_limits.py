@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -80,12 +82,37 @@ def test_keys_list_create_delete(tmp_path: Path) -> None:
 
 
 def test_another_process_deleting_a_key_is_seen(tmp_path: Path) -> None:
-    server = open_key_store(tmp_path / "keys", "kronk")
+    """Seen even when the directory's modification time does not change (coarse timestamps)."""
+    directory = tmp_path / "keys"
+    server = open_key_store(directory, "kronk")
     token = issue(server, "kronk", timedelta(hours=1), {"tokenize": Grant()})
     assert verify(token, server, "kronk").subject
-    KeyStore(tmp_path / "keys").delete(server.signing_key_id())
-    with pytest.raises(AuthenticationError):
+    before = directory.stat()
+    deleting = f"""
+from pathlib import Path
+from kronk_auth_jwt.keys import KeyStore
+KeyStore(Path({str(directory)!r})).delete({server.signing_key_id()!r})
+"""
+    subprocess.run([sys.executable, "-c", deleting], check=True, timeout=60)
+    os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(AuthenticationError, match="unknown or deleted key"):
         verify(token, server, "kronk")
+
+
+def test_a_key_file_replaced_is_read_again(tmp_path: Path) -> None:
+    """A key id whose file was replaced by another key verifies with the new key only."""
+    directory = tmp_path / "keys"
+    keys = open_key_store(directory, "kronk")
+    key_id = keys.signing_key_id()
+    old = issue(keys, "kronk", timedelta(hours=1), {"tokenize": Grant()})
+    assert verify(old, keys, "kronk").subject
+    other = KeyStore(tmp_path / "other")
+    other.ensure()
+    os.replace(tmp_path / "other" / "master.pem", directory / f"{key_id}.pem")
+    with pytest.raises(AuthenticationError, match="signature does not verify"):
+        verify(old, keys, "kronk")
+    new = issue(keys, "kronk", timedelta(hours=1), {"tokenize": Grant()}, key_id=key_id)
+    assert verify(new, keys, "kronk").subject
 
 
 def test_grant_specs_follow_the_manual() -> None:

@@ -190,9 +190,11 @@ class ChatCompletionRequest(SamplingConfig):
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return [value]
+            value = [value]
         if isinstance(value, list) and len(value) > 4:
             raise ValueError(f"at most 4 stop sequences are allowed, got {len(value)}")
+        if isinstance(value, list) and "" in value:
+            raise ValueError("a stop sequence must not be empty")
         return value
 
     @field_validator("enable_thinking", mode="before")

@@ -1,0 +1,134 @@
+"""/v1/readiness on a real server: ready before the default model loads, its state in the body."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from kronk_api import ServerSettings, create_app
+from kronk_core import Kronk, KronkConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from conftest import Serve
+
+TINY = "tiny"
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class LoadGate:
+    """Holds every model load until `open` is set, and says when one has begun."""
+
+    begun: threading.Event
+    open: threading.Event
+
+
+@pytest.fixture
+def tiny_server(
+    tmp_path: Path, serve: Serve, tiny_llama_path: Path
+) -> Iterator[tuple[str, Kronk, LoadGate]]:
+    """A server whose default model is the tiny chat model, not loaded at start."""
+    model = ModelConfig(model_path=tiny_llama_path, template="chatml", context_window=256)
+    kronk = Kronk(KronkConfig(base_path=tmp_path, default_model=TINY, models={TINY: model}))
+    gate = LoadGate(begun=threading.Event(), open=threading.Event())
+    load = kronk.pool._load
+
+    def gated(model_id: str) -> Any:
+        gate.begun.set()
+        gate.open.wait()
+        return load(model_id)
+
+    kronk.pool._load = gated
+    with serve(create_app(ServerSettings(base_path=tmp_path), kronk=kronk), lifespan="off") as url:
+        try:
+            yield url, kronk, gate
+        finally:
+            gate.open.set()
+            kronk.close()
+
+
+def readiness(base_url: str) -> tuple[int, dict[str, Any]]:
+    response = httpx.get(f"{base_url}/v1/readiness", timeout=30)
+    body: dict[str, Any] = response.json()
+    return response.status_code, body
+
+
+def test_ready_before_the_first_request_then_loading_then_loaded(
+    tiny_server: tuple[str, Kronk, LoadGate],
+) -> None:
+    """An orchestrator that waits for readiness before sending traffic gets a 200 at once."""
+    base_url, kronk, gate = tiny_server
+    assert readiness(base_url) == (
+        200,
+        {"status": "ready", "model": TINY, "model_state": "not_loaded"},
+    )
+    with httpx.Client(base_url=base_url, timeout=120) as http:
+        loader = threading.Thread(
+            target=http.post,
+            args=(CHAT,),
+            kwargs={"json": {"model": TINY, "messages": [{"role": "user", "content": "hi"}]}},
+        )
+        loader.start()
+        try:
+            assert gate.begun.wait(60)
+            assert readiness(base_url) == (
+                200,
+                {"status": "ready", "model": TINY, "model_state": "loading"},
+            )
+        finally:
+            gate.open.set()
+            loader.join(120)
+    assert readiness(base_url) == (200, {"status": "ready", "model": TINY, "model_state": "loaded"})
+    kronk.unload(TINY)
+    assert readiness(base_url)[1]["model_state"] == "not_loaded"
+
+
+def test_a_stopped_engine_is_503(tiny_server: tuple[str, Kronk, LoadGate]) -> None:
+    base_url, kronk, gate = tiny_server
+    gate.open.set()
+    loaded = kronk.load()
+    loaded.engine.close()  # type: ignore[union-attr]
+    assert readiness(base_url) == (
+        503,
+        {"status": "not ready", "model": TINY, "model_state": "stopped"},
+    )
+
+
+def test_shutting_down_is_503(tiny_server: tuple[str, Kronk, LoadGate]) -> None:
+    base_url, kronk, _ = tiny_server
+    kronk.close()
+    status, body = readiness(base_url)
+    assert (status, body["status"]) == (503, "shutting down")
+
+
+def test_a_failed_load_is_503_until_a_load_succeeds(
+    tmp_path: Path, serve: Serve, tiny_llama_path: Path
+) -> None:
+    """The failure is reported without its details (they name files); a request retries."""
+    model = tmp_path / "default.gguf"
+    model.write_bytes(b"GGUF but not really")
+    config = ModelConfig(model_path=model, template="chatml", context_window=256)
+    kronk = Kronk(KronkConfig(base_path=tmp_path, default_model=TINY, models={TINY: config}))
+    app = create_app(ServerSettings(base_path=tmp_path), kronk=kronk)
+    chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    with serve(app) as base_url, httpx.Client(base_url=base_url, timeout=120) as http:
+        assert readiness(base_url)[0] == 200
+        assert http.post(CHAT, json=chat).status_code == 500
+        assert readiness(base_url) == (
+            503,
+            {
+                "status": "not ready",
+                "model": TINY,
+                "model_state": "failed",
+                "error": "model_load_failed",
+            },
+        )
+        model.write_bytes(tiny_llama_path.read_bytes())  # the operator fixes the file
+        assert http.post(CHAT, json=chat).status_code == 200
+        assert readiness(base_url)[1]["model_state"] == "loaded"
