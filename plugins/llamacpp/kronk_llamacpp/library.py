@@ -8,6 +8,8 @@ import threading
 
 import llama_cpp
 
+from kronk_llamacpp import native
+
 log = logging.getLogger("kronk.llama")
 _lock = threading.Lock()
 _initialised = False
@@ -28,6 +30,7 @@ def ensure_initialised() -> None:
     with _lock:
         if _initialised:
             return
+        native.load()
         llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _initialised = True
