@@ -117,6 +117,12 @@ class ModelConfig(BaseModel):
     op_offload: bool = True
     split_mode: SplitMode = SplitMode.layer
     main_gpu: Annotated[int, Field(ge=0)] = 0
+    # Pin the model to one device by its name (`kronk devices`: CUDA0, Vulkan1, Metal, CPU).
+    device: Annotated[str, Field(min_length=1)] | None = None
+    # Share of the model each GPU gets, in the order `kronk devices` lists them.
+    tensor_split: Annotated[list[Annotated[float, Field(ge=0.0)]], Field(min_length=1)] | None = (
+        None
+    )
     swa_full: bool = True
     rope_scaling: RopeScaling = RopeScaling.none
     rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
@@ -154,6 +160,17 @@ class ModelConfig(BaseModel):
         n_batch = info.data.get("n_batch")
         if n_batch is not None and value > n_batch:
             raise ValueError(f"must be less than or equal to n_batch ({n_batch}), got {value}")
+        return value
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _one_placement(cls, value: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if value is None:
+            return value
+        if not any(value):
+            raise ValueError("needs at least one share above 0")
+        if info.data.get("device") is not None:
+            raise ValueError("device pins the model to one device; set device or tensor_split")
         return value
 
     @field_validator("incremental_cache")

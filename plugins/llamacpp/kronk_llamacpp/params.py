@@ -7,6 +7,7 @@ import os
 import llama_cpp
 
 from kronk_core.config import CacheType, FlashAttention, ModelConfig, RopeScaling, SplitMode
+from kronk_llamacpp.placement import apply_placement
 
 # enum ggml_type values (stable in ggml.h; the Python bindings export only some).
 GGML_TYPES = {
@@ -63,6 +64,7 @@ def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
         params.n_gpu_layers = config.n_gpu_layers
     params.split_mode = SPLIT_MODES[config.split_mode]
     params.main_gpu = config.main_gpu
+    apply_placement(params, config)  # device, tensor_split
     return params
 
 
