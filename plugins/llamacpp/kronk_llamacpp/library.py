@@ -9,6 +9,7 @@ import threading
 import llama_cpp
 
 from kronk_llamacpp import native
+from kronk_llamacpp.amx import drop_amx_buffer_type
 
 log = logging.getLogger("kronk.llama")
 _lock = threading.Lock()
@@ -33,4 +34,5 @@ def ensure_initialised() -> None:
         native.load()
         llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+        drop_amx_buffer_type()
         _initialised = True
