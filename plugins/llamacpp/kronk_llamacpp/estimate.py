@@ -69,13 +69,13 @@ def _gpu_targets(config: ModelConfig, devices: Sequence[Device]) -> list[Device]
             )
         return [] if pinned.type not in _GPU_TYPES else [pinned]
     gpus = [d for d in devices if d.type in _GPU_TYPES]
-    if config.n_gpu_layers == -1 or not gpus:
-        return []
     if config.tensor_split is not None and len(config.tensor_split) > len(gpus):
         raise ModelLoadError(
             f"models.{config.id}.tensor_split: {len(config.tensor_split)} shares for "
-            f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)})"
+            f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus) or 'none'})"
         )
+    if config.n_gpu_layers == -1 or not gpus:
+        return []
     if config.split_mode is SplitMode.none:
         if config.main_gpu >= len(gpus):
             raise ModelLoadError(
