@@ -27,6 +27,12 @@ _RUNTIME = re.compile(r"(libstdc\+\+|libc\.so|libm\.so|libgcc_s|ld-linux|linux-v
 class Report:
     bindings: dict[tuple[str, str], str]  # (binder, symbol) -> target, by file name
     loaded_by: dict[str, str]  # file name -> "needed by X" / "dynamically loaded by X"
+    returncode: int = 0  # the snippet's exit status (-11: it crashed with SIGSEGV)
+    output: str = ""
+
+    def bound(self, symbol: str) -> list[tuple[str, str]]:
+        """(binder, target) of every reference to `symbol`."""
+        return sorted((b, t) for (b, s), t in self.bindings.items() if s == symbol)
 
     def captured(self) -> list[tuple[str, str]]:
         """(symbol, target) of libstdc++'s own references bound outside the runtime."""
@@ -50,8 +56,17 @@ def parse(text: str) -> Report:
     return Report(bindings, loaded_by)
 
 
-def run(snippet: str, env: dict[str, str] | None = None, timeout: float = 600) -> Report:
-    """Run `python -c snippet` with LD_DEBUG on; the report of its own process."""
+def run(
+    snippet: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> Report:
+    """Run `python -c snippet ARGS` with LD_DEBUG on; the report of its own process.
+
+    The snippet must print `pid=<its pid>` first (flushed), so that its own debug file is
+    found among its children's.
+    """
     with tempfile.TemporaryDirectory() as folder:
         prefix = Path(folder) / "ld"
         environment = {
@@ -61,30 +76,25 @@ def run(snippet: str, env: dict[str, str] | None = None, timeout: float = 600) -
             "LD_DEBUG_OUTPUT": str(prefix),
         }
         done = subprocess.run(
-            [sys.executable, "-c", snippet],
+            [sys.executable, "-c", snippet, *args],
             env=environment,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"snippet failed ({done.returncode}): {done.stderr[-2000:]}")
-        # One file per process (LD_DEBUG_OUTPUT.PID); the snippet's own is the one with python.
-        ours = prefix.with_name(f"ld.{_pid_of(done.stdout)}")
-        return parse(ours.read_text(errors="replace"))
-
-
-def _pid_of(stdout: str) -> int:
-    """Snippets print `pid=N` first, so the report can find their own debug file."""
-    found = re.search(r"^pid=(\d+)$", stdout, re.MULTILINE)
-    if found is None:
-        raise RuntimeError("the snippet must print f'pid={os.getpid()}'")
-    return int(found.group(1))
+        found = re.search(r"^pid=(\d+)$", done.stdout, re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"no pid=N line from the snippet: {done.stderr[-2000:]}")
+        # One file per process (LD_DEBUG_OUTPUT.PID).
+        ours = parse(prefix.with_name(f"ld.{found.group(1)}").read_text(errors="replace"))
+        output = done.stdout + done.stderr
+        return Report(ours.bindings, ours.loaded_by, done.returncode, output)
 
 
 def main() -> None:
     report = run(sys.argv[1])
+    print("exit status:", report.returncode)
     print("libstdc++ loaded:", report.loaded_by.get("libstdc++.so.6", "not loaded"))
     captured = report.captured()
     print(f"libstdc++ references bound outside the C++ runtime: {len(captured)}")

@@ -23,13 +23,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 NUMPY_FIRST = """
-import os; print(f"pid={os.getpid()}")
+import os; print(f"pid={os.getpid()}", flush=True)
 import numpy._core._multiarray_umath
 import llama_cpp
 """
 
 KRONK = """
-import os; print(f"pid={os.getpid()}")
+import os; print(f"pid={os.getpid()}", flush=True)
 from kronk_core import Kronk
 kronk = Kronk()
 from kronk_llamacpp.library import ensure_initialised
@@ -41,6 +41,7 @@ import numpy._core._multiarray_umath  # loaded by now (caching, llama_cpp): a no
 def test_numpy_first_captures_the_cxx_runtime() -> None:
     """Without Kronk's order: libstdc++ loaded by numpy binds some of its own references to numpy."""
     report = run(NUMPY_FIRST)
+    assert report.returncode == 0, report.output
     assert report.loaded_by["libstdc++.so.6"].startswith("needed by _multiarray_umath")
     captured = report.captured()
     assert captured, "numpy no longer captures libstdc++: the mechanism changed, re-check"
@@ -50,6 +51,7 @@ def test_numpy_first_captures_the_cxx_runtime() -> None:
 def test_kronk_loads_the_cxx_runtime_first_and_it_binds_only_to_itself() -> None:
     """Kronk(): the runtime is loaded on its own before numpy and llama.cpp; nothing captures it."""
     report = run(KRONK)
+    assert report.returncode == 0, report.output
     assert report.loaded_by["libstdc++.so.6"].startswith("dynamically loaded by")
     assert report.captured() == []
     # numpy (imported by plugins after the preload) now binds its copies' names to libstdc++.
@@ -63,7 +65,7 @@ def test_kronk_loads_the_cxx_runtime_first_and_it_binds_only_to_itself() -> None
 
 def test_llama_cpp_imported_first_is_captured_by_llama_cpp_itself() -> None:
     """The order that worked on the GPU is not clean either: libllama's copies capture libstdc++."""
-    report = run('import os; print(f"pid={os.getpid()}")\nimport llama_cpp\n')
+    report = run('import os; print(f"pid={os.getpid()}", flush=True)\nimport llama_cpp\n')
     assert report.loaded_by["libstdc++.so.6"].startswith("needed by libllama")
     captured = report.captured()
     assert captured
