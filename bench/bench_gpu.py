@@ -44,11 +44,27 @@ from bench_engine import bare_loop
 from kronk_core import Kronk, KronkConfig, ModelConfig
 
 Messages = list[dict[str, str]]
-WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega file line".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "theta",
+    "kappa",
+    "lambda",
+    "sigma",
+    "omega",
+    "file",
+    "line",
+]
 
 
 def prompt(i: int, words: int) -> str:
-    return f"Stream {i}. Continue: " + " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(words))
+    return f"Stream {i}. Continue: " + " ".join(
+        WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(words)
+    )
 
 
 # ---- A. llama-batched-bench --------------------------------------------------------
@@ -170,7 +186,9 @@ def free_port() -> int:
 def running(command: list[str], url: str, log: Path, timeout: float) -> Iterator[None]:
     """Start a server, wait until `url` answers 200 (or the process dies), stop it after."""
     with log.open("w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -194,7 +212,9 @@ def running(command: list[str], url: str, log: Path, timeout: float) -> Iterator
             process.wait()
 
 
-async def agent_turns(client: httpx.AsyncClient, url: str, agent: int, turns: int, args: argparse.Namespace) -> list[float]:
+async def agent_turns(
+    client: httpx.AsyncClient, url: str, agent: int, turns: int, args: argparse.Namespace
+) -> list[float]:
     """One agent: a growing conversation, one tool result per turn; returns TTFT per turn."""
     messages: Messages = [{"role": "system", "content": system_prompt(agent, args.system_words)}]
     ttfts = []
@@ -205,7 +225,9 @@ async def agent_turns(client: httpx.AsyncClient, url: str, agent: int, turns: in
         began, first, parts = time.perf_counter(), 0.0, []
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+                raise RuntimeError(
+                    f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                )
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
@@ -222,11 +244,18 @@ async def agent_turns(client: httpx.AsyncClient, url: str, agent: int, turns: in
 async def workload(url: str, agents: int, turns: int, args: argparse.Namespace) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=args.timeout, trust_env=False) as client:
         began = time.perf_counter()
-        ttfts = await asyncio.gather(*(agent_turns(client, url, a, turns, args) for a in range(agents)))
+        ttfts = await asyncio.gather(
+            *(agent_turns(client, url, a, turns, args) for a in range(agents))
+        )
         wall = time.perf_counter() - began
     flat = [t for agent in ttfts for t in agent]
-    return {"agents": agents, "turns": turns, "wall_s": round(wall, 3),
-            "ttft_sum_s": round(sum(flat), 3), "ttft_median_s": round(statistics.median(flat), 4)}  # fmt: skip
+    return {
+        "agents": agents,
+        "turns": turns,
+        "wall_s": round(wall, 3),
+        "ttft_sum_s": round(sum(flat), 3),
+        "ttft_median_s": round(statistics.median(flat), 4),
+    }
 
 
 def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, Any]]]:
@@ -244,11 +273,20 @@ def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
             asyncio.run(workload(f"http://127.0.0.1:{port}", a, t, args)) for a, t in args.workloads
         ]
     (work / "kronk.yaml").write_text(
-        json.dumps({"models": {"bench": {
-            "model_path": str(args.model), "template": args.template, "n_seq_max": slots,
-            "context_window": args.context_window, "incremental_cache": True,
-            "n_gpu_layers": args.n_gpu_layers,
-        }}})  # fmt: skip
+        json.dumps(
+            {
+                "models": {
+                    "bench": {
+                        "model_path": str(args.model),
+                        "template": args.template,
+                        "n_seq_max": slots,
+                        "context_window": args.context_window,
+                        "incremental_cache": True,
+                        "n_gpu_layers": args.n_gpu_layers,
+                    }
+                }
+            }
+        )
     )
     port = free_port()
     kronk = [
@@ -256,7 +294,9 @@ def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
         "--model-config-file", str(work / "kronk.yaml"), "--model", "bench", "--preload",
         "--base-path", str(work / "kronk-home"), "--log-level", "warning",
     ]  # fmt: skip
-    with running(kronk, f"http://127.0.0.1:{port}/v1/readiness", work / "kronk-server.log", args.timeout):
+    with running(
+        kronk, f"http://127.0.0.1:{port}/v1/readiness", work / "kronk-server.log", args.timeout
+    ):
         results["kronk"] = [
             asyncio.run(workload(f"http://127.0.0.1:{port}", a, t, args)) for a, t in args.workloads
         ]
@@ -268,7 +308,10 @@ def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
 
 def print_report(report: dict[str, Any]) -> None:
     print("\nA. decode tok/s, kronk engine vs llama-batched-bench (S_TG)")
-    print(f"{'seqs':>6}{'kronk':>10}{'C++':>10}{'ratio':>8}{'target':>8}{'step ms':>9}{'decode ms':>11}{'python ms':>11}")
+    print(
+        f"{'seqs':>6}{'kronk':>10}{'C++':>10}{'ratio':>8}{'target':>8}{'step ms':>9}"
+        f"{'decode ms':>11}{'python ms':>11}"
+    )
     reference = report.get("batched_bench") or {}
     for run in report.get("engine", {}).get("runs", []):
         cxx = reference.get(run["streams"])
@@ -283,12 +326,16 @@ def print_report(report: dict[str, Any]) -> None:
     if "bare_tok_s" in report:
         print(f"bare ctypes greedy loop, 1 stream: {report['bare_tok_s']:.1f} tok/s")
     print("\nC. agentic workloads over HTTP (wall s; target kronk/llama-server <= 1.0)")
-    print(f"{'workload':>14}{'llama-server':>14}{'kronk':>10}{'ratio':>8}{'ttft sum C++':>14}{'ttft sum kronk':>16}")
+    print(
+        f"{'workload':>14}{'llama-server':>14}{'kronk':>10}{'ratio':>8}{'ttft sum C++':>14}"
+        f"{'ttft sum kronk':>16}"
+    )
     runs = report.get("servers", {})
     for cxx, ours in zip(runs.get("llama-server", []), runs.get("kronk", []), strict=False):
         name = f"{cxx['agents']}x{cxx['turns']} turns"
         print(
-            f"{name:>14}{cxx['wall_s']:>14.2f}{ours['wall_s']:>10.2f}{ours['wall_s'] / cxx['wall_s']:>8.2f}"
+            f"{name:>14}{cxx['wall_s']:>14.2f}{ours['wall_s']:>10.2f}"
+            f"{ours['wall_s'] / cxx['wall_s']:>8.2f}"
             f"{cxx['ttft_sum_s']:>14.2f}{ours['ttft_sum_s']:>16.2f}"
         )
     for part, error in report.get("errors", {}).items():
@@ -298,7 +345,9 @@ def print_report(report: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
-    parser.add_argument("--llama-bin", type=Path, required=True, help="llama-batched-bench and llama-server")
+    parser.add_argument(
+        "--llama-bin", type=Path, required=True, help="llama-batched-bench and llama-server"
+    )
     parser.add_argument("--streams", default="1,4,16,32")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=100)
@@ -316,7 +365,11 @@ def main() -> int:
         args.streams, args.tokens, args.prompt_words, args.context_window = [1, 2], 8, 16, 1024
         args.workloads, args.system_words, args.reply_tokens = [(1, 2), (2, 2)], 60, 4
     parts = set(args.parts.split(","))
-    report: dict[str, Any] = {"model": str(args.model), "args": {k: str(v) for k, v in vars(args).items()}, "errors": {}}
+    report: dict[str, Any] = {
+        "model": str(args.model),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "errors": {},
+    }
     steps: list[tuple[str, str, Callable[[], Any]]] = [
         ("a", "batched_bench", lambda: batched_bench(args)),
         ("a", "engine", lambda: kronk_engine(args)),

@@ -121,7 +121,7 @@ def test_device_pin_and_tensor_split_are_validated(tmp_path: Path, tiny_llama_pa
         split={"model_path": tiny_llama_path, "tensor_split": [1.0, 1.0]},
         cpu={"model_path": tiny_llama_path, "device": "CPU"},
     )
-    with pytest.raises(ModelLoadError, match="unknown device 'CUDA0'.*has: CPU"):
+    with pytest.raises(ModelLoadError, match=r"unknown device 'CUDA0'.*has: CPU"):
         kronk.load("gpu")
     with pytest.raises(ModelLoadError, match="tensor_split: 2 shares for 0 GPU"):
         kronk.load("split")

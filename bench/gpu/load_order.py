@@ -46,8 +46,10 @@ def main() -> int:
     chosen = sys.argv[2:] or list(CASES)
     for name in chosen:
         report = run(HEAD + CASES[name], model, timeout=300)
-        print(f"== {name}: exit status {report.returncode}"
-              f"{' (SIGSEGV)' if report.returncode in (-11, 139) else ''}")
+        print(
+            f"== {name}: exit status {report.returncode}"
+            f"{' (SIGSEGV)' if report.returncode in (-11, 139) else ''}"
+        )
         print(f"   libstdc++: {report.loaded_by.get('libstdc++.so.6', 'not loaded')}")
         captured = report.captured()
         print(f"   libstdc++ references bound outside the C++ runtime: {len(captured)}")

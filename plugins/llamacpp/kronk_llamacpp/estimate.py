@@ -144,7 +144,7 @@ def _gib(count: int) -> str:
 
 
 def refuse_if_too_large(config: ModelConfig, found: MemoryEstimate) -> None:
-    """InsufficientMemoryError naming what to lower, when a share exceeds its device's free memory."""
+    """InsufficientMemoryError saying what to lower, when a share exceeds its device's memory."""
     for share in found.placement:
         if share.fits:
             continue

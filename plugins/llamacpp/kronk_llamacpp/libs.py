@@ -81,7 +81,7 @@ def _nvcc() -> str | None:
 def _cuda_roots(nvcc: str) -> list[Path]:
     roots = [Path(os.environ[name]) for name in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(name)]
     roots.append(Path(nvcc).resolve().parent.parent)
-    roots += sorted(Path("/usr/local").glob("cuda*")) + [Path("/usr")]
+    roots += [*sorted(Path("/usr/local").glob("cuda*")), Path("/usr")]
     return roots
 
 

@@ -39,7 +39,7 @@ import numpy._core._multiarray_umath  # loaded by now (caching, llama_cpp): a no
 
 
 def test_numpy_first_captures_the_cxx_runtime() -> None:
-    """Without Kronk's order: libstdc++ loaded by numpy binds some of its own references to numpy."""
+    """Without Kronk's order: libstdc++, loaded by numpy, binds some references to numpy."""
     report = run(NUMPY_FIRST)
     assert report.returncode == 0, report.output
     assert report.loaded_by["libstdc++.so.6"].startswith("needed by _multiarray_umath")
