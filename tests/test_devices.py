@@ -99,7 +99,7 @@ def test_a_load_that_cannot_fit_is_refused_before_llama_cpp(tmp_path: Path) -> N
     with pytest.raises(InsufficientMemoryError) as refused:
         kronk.load("big")
     message = refused.value.message
-    assert refused.value.status == 503
+    assert (refused.value.status, refused.value.code) == (503, "insufficient_memory")
     assert "on CPU" in message and "context_window 262144 x n_seq_max 64" in message
     assert "lower context_window or n_seq_max" in message and "q8_0" in message
     assert kronk.pool.entries() == []
