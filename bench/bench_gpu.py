@@ -77,7 +77,7 @@ def batched_bench(args: argparse.Namespace) -> dict[int, float]:
         "-ngl", "99" if args.n_gpu_layers == 0 else str(max(args.n_gpu_layers, 0)),
         "-c", str(max(args.streams) * (args.prompt_words * 2 + args.tokens + 64)), "-kvu",
         "-npp", str(args.prompt_words), "-ntg", str(args.tokens),
-        "-npl", ",".join(map(str, args.streams)), "--output-format", "jsonl",
+        "-npl", ",".join(map(str, args.streams)), "--output-format", "jsonl", *args.llama_arg,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
@@ -106,34 +106,25 @@ class DecodeTimer:
         model.decode = timed
 
 
-async def engine_streams(kronk: Kronk, streams: int, tokens: int, words: int) -> dict[str, Any]:
-    async def one(i: int) -> tuple[int, float, float]:
-        produced, first = 0, 0.0
+async def engine_streams(kronk: Kronk, streams: int, tokens: int, words: int) -> int:
+    """`streams` concurrent greedy chats of at most `tokens` tokens; returns tokens produced."""
+
+    async def one(i: int) -> int:
+        produced = 0
         async for delta in kronk.chat_stream(
             [{"role": "user", "content": prompt(i, words)}],
             model="bench", max_tokens=tokens, temperature=0, dry_multiplier=0,
         ):  # fmt: skip
-            if not first and (delta.content or delta.reasoning):
-                first = time.perf_counter()
             if delta.usage is not None:
                 produced = delta.usage.completion_tokens
-        return produced, first, time.perf_counter()
+        return produced
 
-    began = time.perf_counter()
-    results = await asyncio.gather(*(one(i) for i in range(streams)))
-    produced = sum(r[0] for r in results)
-    last_first, end = max(r[1] or r[2] for r in results), max(r[2] for r in results)
-    window = end - last_first
-    return {
-        "streams": streams,
-        "completion_tokens": produced,
-        "wall_s": round(end - began, 3),
-        "decode_tok_s": round((produced - streams) / window, 2) if window > 0 else None,
-        "decode_window_s": window,
-    }
+    return sum(await asyncio.gather(*(one(i) for i in range(streams))))
 
 
 def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
+    """Decode throughput and per-step split, by difference: a run of --tokens tokens minus
+    the same run of one token (prefill and first token cancel out, as in S_TG)."""
     config = ModelConfig(
         model_path=args.model, template=args.template, context_window=args.context_window,
         n_seq_max=max(args.streams), n_gpu_layers=args.n_gpu_layers,
@@ -143,21 +134,34 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
     loaded = kronk.load("bench")
     report: dict[str, Any] = {"load_s": round(time.perf_counter() - began, 3), "runs": []}
     timer = DecodeTimer(loaded.model)
-    asyncio.run(engine_streams(kronk, max(args.streams), 8, args.prompt_words))  # warm-up
-    for streams in args.streams:
+
+    def measure(streams: int, tokens: int) -> tuple[float, int, int, int, float]:
         before = (loaded.engine.stats().steps, timer.calls, timer.seconds)
-        run = asyncio.run(engine_streams(kronk, streams, args.tokens, args.prompt_words))
+        started = time.perf_counter()
+        produced = asyncio.run(engine_streams(kronk, streams, tokens, args.prompt_words))
+        wall = time.perf_counter() - started
         steps = loaded.engine.stats().steps - before[0]
-        calls, seconds = timer.calls - before[1], timer.seconds - before[2]
-        step_ms = run["wall_s"] * 1000 / max(steps, 1)
-        decode_ms = seconds * 1000 / calls if calls else None
-        run.update(
-            steps=steps,
-            step_ms=round(step_ms, 3),
-            decode_ms=None if decode_ms is None else round(decode_ms, 3),
+        return wall, produced, steps, timer.calls - before[1], timer.seconds - before[2]
+
+    measure(max(args.streams), 8)  # warm-up
+    for streams in args.streams:
+        short, full = measure(streams, 1), measure(streams, args.tokens)
+        wall, produced, steps, calls, seconds = (f - s for f, s in zip(full, short, strict=True))
+        step_ms = wall * 1000 / steps if steps > 0 else None
+        decode_ms = seconds * 1000 / calls if calls > 0 else None
+        run = {
+            "streams": streams,
+            "completion_tokens": full[1],
+            "wall_s": round(full[0], 3),
+            "decode_tok_s": round(produced / wall, 2) if wall > 0 and produced > 0 else None,
+            "steps": steps,
+            "step_ms": None if step_ms is None else round(step_ms, 3),
+            "decode_ms": None if decode_ms is None else round(decode_ms, 3),
             # Everything a step does outside llama_decode: scheduling, sampling, detokenizing.
-            overhead_ms=None if decode_ms is None else round(step_ms - decode_ms, 3),
-        )
+            "overhead_ms": None
+            if step_ms is None or decode_ms is None
+            else round(step_ms - decode_ms, 3),
+        }
         report["runs"].append(run)
         print(json.dumps(run), flush=True)
     kronk.close()
@@ -204,12 +208,13 @@ def running(command: list[str], url: str, log: Path, timeout: float) -> Iterator
             time.sleep(0.2)
         yield
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 async def agent_turns(
@@ -267,6 +272,7 @@ def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
         "99" if args.n_gpu_layers == 0 else str(max(args.n_gpu_layers, 0)),
         "-np", str(slots), "-c", str(slots * args.context_window),
         "--chat-template", args.template, "--host", "127.0.0.1", "--port", str(port), "-a", "bench",
+        *args.llama_arg,
     ]  # fmt: skip
     with running(llama, f"http://127.0.0.1:{port}/health", work / "llama-server.log", args.timeout):
         results["llama-server"] = [
@@ -306,6 +312,10 @@ def servers(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, An
 # ---- report --------------------------------------------------------------------------
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def print_report(report: dict[str, Any]) -> None:
     print("\nA. decode tok/s, kronk engine vs llama-batched-bench (S_TG)")
     print(
@@ -319,9 +329,8 @@ def print_report(report: dict[str, Any]) -> None:
         target = "0.95" if run["streams"] == 1 else "0.90" if run["streams"] >= 32 else ""
         print(
             f"{run['streams']:>6}{run['decode_tok_s'] or 0:>10.1f}{cxx or 0:>10.1f}"
-            f"{ratio or 0:>8.2f}{target:>8}{run['step_ms']:>9.3f}"
-            f"{run['decode_ms'] if run['decode_ms'] is not None else float('nan'):>11.3f}"
-            f"{run['overhead_ms'] if run['overhead_ms'] is not None else float('nan'):>11.3f}"
+            f"{ratio or 0:>8.2f}{target:>8}{_ms(run['step_ms']):>9}"
+            f"{_ms(run['decode_ms']):>11}{_ms(run['overhead_ms']):>11}"
         )
     if "bare_tok_s" in report:
         print(f"bare ctypes greedy loop, 1 stream: {report['bare_tok_s']:.1f} tok/s")
@@ -354,9 +363,17 @@ def main() -> int:
     parser.add_argument("--context-window", type=int, default=8192, help="per slot")
     parser.add_argument("--template", default="chatml")
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="Kronk's meaning: 0 = all")
+    parser.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        help="extra argument for llama-batched-bench and llama-server, repeatable "
+        "(e.g. --llama-arg=-nr where llama.cpp's tools die with SIGILL on AMX CPUs)",
+    )
     parser.add_argument("--parts", default="a,b,c")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--work", type=Path, help="server logs and config [a new temp folder]")
     parser.add_argument("--smoke", action="store_true", help="tiny numbers: checks it end to end")
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -375,18 +392,21 @@ def main() -> int:
         ("a", "engine", lambda: kronk_engine(args)),
         ("b", "bare_tok_s", lambda: bare(args)),
     ]
-    with tempfile.TemporaryDirectory(prefix="kronk-bench-gpu-") as folder:
-        steps.append(("c", "servers", lambda: servers(args, Path(folder))))
-        for part, key, step in steps:
-            if part not in parts and not (part == "a" and "b" in parts and key == "engine"):
-                continue
-            try:
-                report[key] = step()
-            except Exception as exc:  # one failed part must not lose the others' numbers
-                report["errors"][key] = f"{type(exc).__name__}: {exc}"
-            if args.json:
-                args.json.write_text(json.dumps(report, indent=1))
+    work = args.work or Path(tempfile.mkdtemp(prefix="kronk-bench-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report["logs"] = str(work)  # the servers' logs stay there
+    steps.append(("c", "servers", lambda: servers(args, work)))
+    for part, key, step in steps:
+        if part not in parts and not (part == "a" and "b" in parts and key == "engine"):
+            continue
+        try:
+            report[key] = step()
+        except Exception as exc:  # one failed part must not lose the others' numbers
+            report["errors"][key] = f"{type(exc).__name__}: {exc}"
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
     print_report(report)
+    print(f"server logs: {work}")
     return 1 if report["errors"] else 0
 
 
