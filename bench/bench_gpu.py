@@ -126,7 +126,7 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
     """Decode throughput and per-step split, by difference: a run of --tokens tokens minus
     the same run of one token (prefill and first token cancel out, as in S_TG)."""
     config = ModelConfig(
-        model_path=args.model, template=args.template, context_window=args.context_window,
+        model_path=args.model, template=args.template, context_window=args.engine_context,
         n_seq_max=max(args.streams), n_gpu_layers=args.n_gpu_layers,
     )  # fmt: skip
     kronk = Kronk(KronkConfig(default_model="bench", models={"bench": config}))
@@ -171,7 +171,7 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
 def bare(args: argparse.Namespace) -> float:
     """Tok/s of a bare ctypes greedy loop (one stream), in its own process."""
     config = ModelConfig(
-        model_path=args.model, context_window=args.context_window, n_gpu_layers=args.n_gpu_layers
+        model_path=args.model, context_window=args.engine_context, n_gpu_layers=args.n_gpu_layers
     )
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return float(pool.submit(bare_loop, config, args.tokens).result())
@@ -361,6 +361,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=100)
     parser.add_argument("--context-window", type=int, default=8192, help="per slot")
+    parser.add_argument("--engine-context", type=int, default=512, help="per slot, part A")
     parser.add_argument("--template", default="chatml")
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="Kronk's meaning: 0 = all")
     parser.add_argument(
@@ -380,6 +381,7 @@ def main() -> int:
     args.workloads, args.system_words, args.reply_tokens = [(1, 12), (4, 8)], 1000, 24
     if args.smoke:
         args.streams, args.tokens, args.prompt_words, args.context_window = [1, 2], 8, 16, 1024
+        args.engine_context = 256
         args.workloads, args.system_words, args.reply_tokens = [(1, 2), (2, 2)], 60, 4
     parts = set(args.parts.split(","))
     report: dict[str, Any] = {
