@@ -84,4 +84,6 @@ def read_metadata(path: Path) -> dict[str, Any]:
         stat = path.stat()
         return _read(path, stat.st_size, stat.st_mtime)
     except (OSError, ValueError, struct.error) as exc:
-        raise ModelLoadError(f"model_path: cannot read the GGUF header of {path}: {exc}") from None
+        raise ModelLoadError(
+            f"model_path: could not load {path}: no valid GGUF header ({exc})"
+        ) from None
