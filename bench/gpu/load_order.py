@@ -10,6 +10,7 @@ usage: load_order.py MODEL.gguf [CASE ...]
 
 from __future__ import annotations
 
+import re
 import sys
 
 from ld_bindings import run
@@ -39,6 +40,10 @@ CASES = {
     "numpy_then_kronk": "import numpy\n" + KRONK,
 }
 M_INSERT_LONG = "_ZNSo9_M_insertIlEERSoT_"
+# Mangled names in namespace std (functions, members, type_info, vtables).
+STD = re.compile(r"^_Z(St|N(K)?S[tiod]|T[IVS]S[tiod])")
+LLAMA_CPP = ("libllama", "libggml")
+RUNTIME = re.compile(r"^(libstdc\+\+|libc\.so|libm\.so|libgcc_s|ld-linux)")
 
 
 def main() -> int:
@@ -57,6 +62,19 @@ def main() -> int:
             print(f"     {symbol} -> {target}")
         for binder, target in report.bound(M_INSERT_LONG):
             print(f"   _M_insert<long>: {binder} -> {target}")
+        # llama.cpp's references to std:: symbols bound outside the C++ runtime and outside
+        # llama.cpp itself (its libraries share their template instantiations, as usual).
+        foreign = sorted(
+            (binder, symbol, target)
+            for (binder, symbol), target in report.bindings.items()
+            if binder.startswith(LLAMA_CPP)
+            and STD.match(symbol)
+            and not RUNTIME.match(target)
+            and not target.startswith(LLAMA_CPP)
+        )
+        print(f"   llama.cpp std:: references bound to other objects: {len(foreign)}")
+        for binder, symbol, target in foreign:
+            print(f"     {binder}: {symbol} -> {target}")
         if report.returncode != 0:
             print("   output tail: " + report.output[-600:].replace("\n", "\n     "))
     return 0
