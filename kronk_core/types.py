@@ -104,6 +104,20 @@ class SamplingParams:
 DEFAULT_MAX_TOKENS = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class TokenDistribution:
+    """Probabilities over some tokens; every token not listed has probability 0."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+
+    def prob(self, token: int) -> float:
+        try:
+            return self.probs[self.tokens.index(token)]
+        except ValueError:
+            return 0.0
+
+
 class FinishReason(StrEnum):
     stop = "stop"
     length = "length"
@@ -135,6 +149,9 @@ class Usage:
     reasoning_tokens: int = 0
     # context_overflow: trim — prompt tokens dropped (oldest messages) to fit the context.
     dropped_tokens: int = 0
+    # Speculative decoding: draft tokens that became output, and those that did not.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_grammar import SchemaConverter
 
 from kronk_core.errors import InvalidRequestError
@@ -28,18 +29,65 @@ from kronk_core.sampling import (
     TopP,
     Xtc,
 )
-from kronk_core.types import JsonSegment, StructuredOutput
+from kronk_core.types import JsonSegment, StructuredOutput, TokenDistribution
+
+# llama_token_data as numpy sees it: {int32 id; float logit; float p}.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class NativeSampler:
-    """A llama.cpp sampler chain; `sample` picks from batch logits and accepts the token."""
+    """A llama.cpp sampler chain; `sample` picks from batch logits and accepts the token.
 
-    def __init__(self, ctx: llama_cpp.llama_context_p, chain: llama_cpp.llama_sampler_p) -> None:
+    `draws`: the chain ends in a plain random draw (`Distribution`), so the
+    distribution it draws from can be given (`distribution`).
+    """
+
+    def __init__(
+        self,
+        ctx: llama_cpp.llama_context_p,
+        chain: llama_cpp.llama_sampler_p,
+        n_vocab: int,
+        draws: bool = False,
+    ) -> None:
         self._ctx = ctx
         self._chain: llama_cpp.llama_sampler_p | None = chain
+        self._n_vocab = n_vocab
+        self._draws = draws
 
     def sample(self, batch_index: int) -> int:
         return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, batch_index))
+
+    def distribution(self, batch_index: int, limit: int) -> TokenDistribution | None:
+        """Every stage but the final draw applied to the logits, then their softmax (as
+        llama.cpp's dist sampler computes it before drawing)."""
+        if not self._draws:
+            return None
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        data = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(self._n_vocab, dtype=np.int32)
+        data["logit"] = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        data["p"] = 0.0
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+            self._n_vocab,
+            -1,
+            False,
+        )
+        for index in range(llama_cpp.llama_sampler_chain_n(self._chain) - 1):
+            stage = llama_cpp.llama_sampler_chain_get(self._chain, index)
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
+        kept = data[: candidates.size]
+        logits = kept["logit"].astype(np.float64)
+        finite = np.isfinite(logits)
+        if int(finite.sum()) > limit or not finite.any():
+            return None
+        ids, logits = kept["id"][finite], logits[finite]
+        weights = np.exp(logits - logits.max())
+        probs = weights / weights.sum()
+        return TokenDistribution(tuple(int(t) for t in ids), tuple(float(p) for p in probs))
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._chain, token)
 
     def close(self) -> None:
         if self._chain is not None:
@@ -178,7 +226,7 @@ def build_sampler(
     if not stages or not isinstance(stages[-1], SELECTING_STAGES):
         raise InvalidRequestError("a sampler chain must end with a token-selecting stage")
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    sampler = NativeSampler(ctx, chain)
+    sampler = NativeSampler(ctx, chain, n_vocab, draws=isinstance(stages[-1], Distribution))
     try:
         for stage in stages:
             llama_cpp.llama_sampler_chain_add(
