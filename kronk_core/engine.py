@@ -47,7 +47,10 @@ _request_ids = itertools.count(1)
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What one engine step put into its decode: slot id → token count."""
+    """What one engine step put into its decode: slot id → token count.
+
+    A generating slot decodes one token, plus its draft tokens when it speculates.
+    """
 
     index: int
     generating: dict[int, int]
@@ -275,6 +278,11 @@ class Engine:
             states.append(state)
         return states
 
+    @property
+    def draft_strategy(self) -> DraftStrategy | None:
+        """The model's draft strategy (speculative decoding), if it has one."""
+        return None if self._speculation is None else self._speculation.strategy
+
     def cache_counters(self) -> CacheCounters:
         return self._cache.counters()
 
@@ -492,7 +500,9 @@ class Engine:
 
     def _record_step(self, parts: Sequence[_Part]) -> None:
         self._steps += 1
-        generating = {p.job.slot.id: 1 for p in parts if p.generated and p.job.slot is not None}
+        generating = {
+            p.job.slot.id: len(p.tokens) for p in parts if p.generated and p.job.slot is not None
+        }
         prefilling = {
             p.job.slot.id: len(p.tokens)
             for p in parts
