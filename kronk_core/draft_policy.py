@@ -20,46 +20,43 @@ _ACCEPTANCE_STEP = 0.2
 # A slot that stopped drafting probes with one token once that costs at most this share of
 # the steps it waited.
 PROBE_SHARE = 0.01
-# Prompt tokens cost less than rows with logits; their weight in the step's cost.
+# Prompt tokens cost less than rows with logits; their weight in the step's cost and work.
 _PREFILL_WEIGHT = 0.5
 
 
 class StepCost:
-    """Seconds one decode takes, as `base + per_row x rows`, fitted to the steps seen.
+    """Seconds one decode takes: `scale x (1 + ratio x (rows - 1))`, learned from the steps seen.
 
     Rows are the tokens whose logits the step reads (one per generating slot,
-    plus draft tokens). The fit decays, so it follows the context as it grows;
-    while every step has the same number of rows, the last fitted ratio of
-    per_row to base (at first `prior_ratio`) splits the time.
+    plus draft tokens). `scale`, the time of a one-row step, follows every step
+    (it grows with the context); `ratio`, what one more row adds relative to
+    it, is learned only from steps of several rows, so a stretch of same-sized
+    steps leaves it as it was (at first `prior_ratio`).
     """
 
-    def __init__(self, decay: float = 0.95, prior_ratio: float = 0.25) -> None:
-        self._decay = decay
-        self._ratio = prior_ratio
-        self._sums = [0.0] * 5  # weight, x, y, xx, xy
+    def __init__(self, prior_ratio: float = 0.25, smoothing: float = 0.1) -> None:
+        self.scale = 0.0
+        self.ratio = prior_ratio
+        self._smoothing = smoothing
 
     @property
     def known(self) -> bool:
-        return self._sums[0] > 0.0
+        return self.scale > 0.0
 
-    def observe(self, rows: float, seconds: float) -> None:
-        decay = self._decay
-        for index, value in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
-            self._sums[index] = self._sums[index] * decay + value
+    def observe(self, rows: int, seconds: float) -> None:
+        extra = max(0, rows - 1)
+        if not self.known:
+            self.scale = seconds / (1.0 + self.ratio * extra)
+            return
+        if extra:
+            implied = (seconds / self.scale - 1.0) / extra
+            self.ratio += self._smoothing * (min(1.0, max(0.0, implied)) - self.ratio)
+        self.scale += self._smoothing * (seconds / (1.0 + self.ratio * extra) - self.scale)
 
     def estimate(self) -> tuple[float, float]:
-        """(base, per_row) in seconds."""
-        weight, x, y, xx, xy = self._sums
-        mean_x, mean_y = x / weight, y / weight
-        spread = xx / weight - mean_x * mean_x
-        if spread > 0.25:
-            per_row = (xy / weight - mean_x * mean_y) / spread
-            base = mean_y - per_row * mean_x
-            if per_row > 0.0 and base > 0.0:
-                self._ratio = per_row / base
-                return base, per_row
-        base = mean_y / (1.0 + self._ratio * mean_x)
-        return base, base * self._ratio
+        """(base, per_row) in seconds: a step of n rows takes base + per_row x n."""
+        per_row = self.scale * self.ratio
+        return self.scale - per_row, per_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +112,11 @@ class DraftPolicy:
             return {}
         base, per_row = self.cost.estimate()
         rows = len(wishes)
-        step_seconds = base + per_row * (rows + _PREFILL_WEIGHT * prefill)
-        expected = float(rows)
+        # Prompt tokens are work done too, worth what they cost: a batch full of them is a
+        # batch that is already used well.
+        load = rows + _PREFILL_WEIGHT * prefill
+        step_seconds = base + per_row * load
+        expected = load
         added = per_row + self._draft_seconds
         budget = n_batch - rows - prefill
         offers: list[tuple[float, int]] = []
