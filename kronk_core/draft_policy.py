@@ -70,8 +70,11 @@ class Wish:
 class DraftPolicy:
     """Draft lengths per slot, from measured acceptance and step costs (engine thread only)."""
 
-    def __init__(self, n_slots: int, ndraft: int, cost: StepCost | None = None) -> None:
+    def __init__(
+        self, n_slots: int, ndraft: int, cost: StepCost | None = None, adaptive: bool = True
+    ) -> None:
         self.ndraft = ndraft
+        self.adaptive = adaptive
         self.cost = cost or StepCost()
         self.acceptance = [PRIOR_ACCEPTANCE] * n_slots
         self._idle_steps = [0] * n_slots
@@ -81,6 +84,15 @@ class DraftPolicy:
         """A new request in the slot: its text says nothing yet about how it drafts."""
         self.acceptance[slot_id] = PRIOR_ACCEPTANCE
         self._idle_steps[slot_id] = 0
+
+    def _all_it_can(self, wishes: Sequence[Wish], budget: int) -> dict[int, int]:
+        lengths: dict[int, int] = {}
+        for wish in wishes:
+            length = min(wish.room, self.ndraft, budget)
+            if length > 0:
+                lengths[wish.slot_id] = length
+                budget -= length
+        return lengths
 
     def verified(self, slot_id: int, drafted: int, matched: int) -> None:
         """`matched` leading tokens of a `drafted`-token draft stood (the first miss ends it)."""
@@ -106,8 +118,11 @@ class DraftPolicy:
         drafted while that beats the step's tokens per second without it, best
         first: low acceptance, or a batch already full of other slots' tokens,
         leaves nothing worth drafting. A slot left without drafts probes with one
-        token once the steps it waited make the probe cheap.
+        token once the steps it waited make the probe cheap. Not adaptive: every
+        slot drafts all it can.
         """
+        if not self.adaptive:
+            return self._all_it_can(wishes, n_batch - len(wishes) - prefill)
         if not self.cost.known:
             return {}
         base, per_row = self.cost.estimate()

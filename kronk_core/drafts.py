@@ -52,8 +52,9 @@ class DraftStrategy(Protocol):
 
     name: str
     # The most tokens it proposes per step (its `ndraft`); the engine asks for fewer
-    # when speculation does not pay.
+    # when speculation does not pay, unless `adaptive` is false (for measuring a strategy).
     ndraft: int
+    adaptive: bool
 
     def propose(self, requests: Sequence[DraftRequest]) -> Sequence[Draft]:
         """One draft per request, in order. All speculating slots of a step come at once."""

@@ -102,7 +102,9 @@ class Speculation:
         self._strategy = strategy
         self._n_batch = n_batch
         self._requests = [_Request() for _ in range(model.info.n_seq_max)]
-        self.policy = DraftPolicy(model.info.n_seq_max, strategy.ndraft)
+        self.policy = DraftPolicy(
+            model.info.n_seq_max, strategy.ndraft, adaptive=strategy.adaptive
+        )
         self.enabled = True
 
     @property

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 _BACKEND_SECTION = "llamacpp"
 # Copy a prefix from another sequence only when it saves at least this many tokens.
 _COPY_MIN_TOKENS = 32
+# A cut this close to the trim floor only misses window positions at the window's far
+# edge: the draft's guesses barely change, and decoding the whole context again would
+# cost far more. (The target's own cuts are always exact.)
+_ROLLBACK_SLACK = 32
 # A draft's distributions are kept only while top-k keeps them this small.
 _SUPPORT_LIMIT = 512
 
@@ -61,7 +65,7 @@ def load_draft_model(
     config = base.model_copy(
         update={
             "n_seq_max": info.n_seq_max,
-            "context_window": info.n_ctx_per_seq * info.n_seq_max,
+            "context_window": info.n_ctx_per_seq,
             "n_batch": model_config.n_batch,
             "draft_strategy": None,
             "sections": _backend_sections(base, settings, key),
@@ -171,13 +175,20 @@ class DraftModel:
 
     name = "draft"
 
-    def __init__(self, model: TextModel, *, ndraft: int, n_batch: int) -> None:
+    def __init__(
+        self, model: TextModel, *, ndraft: int, n_batch: int, adaptive: bool = True
+    ) -> None:
         self.ndraft = ndraft
+        self.adaptive = adaptive
         self._model = model
         self._n_batch = n_batch
         # What each of the draft model's sequences holds (sequence i follows target slot i).
         self._records: list[list[int]] = [[] for _ in range(model.info.n_seq_max)]
         self._greedy = model.new_sampler([Greedy()])
+        # Context tokens decoded to bring sequences in step with their slots (what the draft
+        # could not reuse), and prefixes copied between its sequences.
+        self.prefilled_tokens = 0
+        self.copied_prefixes = 0
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafting = [self._start(request) for request in requests]
@@ -220,25 +231,34 @@ class DraftModel:
         context = request.context
         record = self._records[seq]
         limit = len(context) - 1
-        keep = min(common_prefix(record, context), limit)
+        keep = self._usable(seq, min(common_prefix(record, context), limit))
         if keep + _COPY_MIN_TOKENS < limit:
             donor, shared = max(
                 (
-                    (other, min(common_prefix(self._records[other], context), limit))
+                    (other, self._usable(other, common_prefix(self._records[other], context)))
                     for other in range(len(self._records))
                     if other != seq
                 ),
                 key=lambda pair: pair[1],
                 default=(seq, 0),
             )
+            shared = min(shared, limit)
             if shared >= keep + _COPY_MIN_TOKENS:
                 self._model.seq_remove(seq, 0, -1)
                 self._model.seq_copy(donor, seq, 0, shared)
                 record[:] = context[:shared]
+                self.copied_prefixes += 1
                 return
         if keep < len(record):
             self._model.seq_remove(seq, keep, -1)
             del record[keep:]
+
+    def _usable(self, seq: int, shared: int) -> int:
+        """How much of a sequence's first `shared` tokens can be kept: all of them unless a
+        cut there would miss window cells llama.cpp reused, then none."""
+        if shared == len(self._records[seq]):
+            return shared
+        return shared if shared + _ROLLBACK_SLACK >= self._model.trim_floor(seq) else 0
 
     def _catch_up(self, drafting: Sequence[_Drafting]) -> None:
         """Decode what each sequence lacks of its context, n_batch tokens at a time; the first
@@ -256,6 +276,7 @@ class DraftModel:
                 last = position == len(context) - 1
                 row = batch.add(context[position], position, item.request.slot_id, last)
                 record.append(context[position])
+                self.prefilled_tokens += 1
                 if last:
                     item.row = row
                     placed.append(item)

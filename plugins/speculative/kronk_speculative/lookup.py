@@ -50,8 +50,11 @@ class PromptLookup:
 
     name = "lookup"
 
-    def __init__(self, *, ndraft: int, ngram_min: int, ngram_max: int) -> None:
+    def __init__(
+        self, *, ndraft: int, ngram_min: int, ngram_max: int, adaptive: bool = True
+    ) -> None:
         self.ndraft = ndraft
+        self.adaptive = adaptive
         self._ngram_min = ngram_min
         self._ngram_max = ngram_max
         self._indexes: dict[int, NgramIndex] = {}

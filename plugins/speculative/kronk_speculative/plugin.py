@@ -43,6 +43,7 @@ def prompt_lookup(
         ndraft=settings.ndraft or 10,
         ngram_min=settings.ngram_min,
         ngram_max=settings.ngram_max,
+        adaptive=settings.adaptive,
     )
 
 
@@ -54,7 +55,12 @@ def draft_model_factory(kronk: Kronk) -> DraftStrategyFactory:
     ) -> DraftStrategy:
         settings = _settings(model_config, "draft", _LOOKUP_ONLY)
         draft = load_draft_model(kronk, model_config, model, settings)
-        return DraftModel(draft, ndraft=settings.ndraft or 5, n_batch=model_config.n_batch)
+        return DraftModel(
+            draft,
+            ndraft=settings.ndraft or 5,
+            n_batch=model_config.n_batch,
+            adaptive=settings.adaptive,
+        )
 
     return draft_model
 

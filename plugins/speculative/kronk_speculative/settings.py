@@ -24,6 +24,9 @@ class SpeculativeSettings(BaseModel):
 
     # Most tokens drafted per step (default: 5 for a draft model, 10 for prompt lookup).
     ndraft: Annotated[int, Field(ge=1, le=MAX_NDRAFT)] | None = None
+    # Draft only where it pays, by measured acceptance and step times; false drafts ndraft
+    # tokens every step (to measure a draft model; it may then cost time).
+    adaptive: bool = True
     # draft: the draft model's id (a configured or installed model with the same vocabulary).
     model_id: str | None = Field(default=None, alias="model-id", min_length=1)
     # draft: its GPU layers (0 = all, -1 = none) and device, else those of its own config.
