@@ -6,9 +6,17 @@ The value is a grant name (what a token's `endpoints` claim lists and what
 rate limits count) or one of the access levels below. With auth on, a route
 without the key is for admin tokens only, so a dialect that forgets it fails
 closed.
+
+A guard that authenticates tells the routes who is asking by putting the
+caller's subject into the request's state under SUBJECT_STATE; the dialects
+pass it to the SDK (`subject_of`), so caches keep callers apart.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from litestar.connection import ASGIConnection
 
 ENDPOINT_OPT = "kronk_endpoint"
 
@@ -20,3 +28,11 @@ AUTHENTICATED = "authenticated"
 ADMIN = "admin"
 
 ACCESS_LEVELS = frozenset({PUBLIC, AUTHENTICATED, ADMIN})
+
+SUBJECT_STATE = "kronk_subject"
+
+
+def subject_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The authenticated caller's subject; None when no guard authenticated the request."""
+    subject = connection.state.get(SUBJECT_STATE)
+    return subject if isinstance(subject, str) else None

@@ -170,18 +170,22 @@ class Kronk:
     ) -> RenderOptions:
         return render_options(request, add_generation_prompt=add_generation_prompt)
 
-    async def start_chat(self, request: ChatRequest, *, wait: float | None = None) -> ChatStream:
+    async def start_chat(
+        self, request: ChatRequest, *, wait: float | None = None, subject: str | None = None
+    ) -> ChatStream:
         """Validate, render, check the context and queue the request.
 
         Everything that can fail before the first token fails here (unknown
         model, template error, context overflow, queue full), so a server can
-        answer with a proper status before it starts a stream.
+        answer with a proper status before it starts a stream. `subject` is
+        who asks (a server with authentication passes the token's subject):
+        what the cache learns from one subject never reaches another's prompt.
         """
         inputs.check_chat(request)
         # The lease keeps the model loaded until the request is queued; from then
         # on the engine's work keeps the pool from unloading it.
         with text_model(await self.lease(request.model)) as loaded:
-            prepared = prepare_chat(loaded, request, PromptScope())
+            prepared = prepare_chat(loaded, request, PromptScope(subject=subject))
             stream = await loaded.engine.submit(
                 prepared.generation, wait=self.config.queue_wait_seconds if wait is None else wait
             )
@@ -212,10 +216,12 @@ class Kronk:
     chat_request = staticmethod(inputs.chat_request)
 
     async def count_prompt_tokens(
-        self, request: ChatRequest, *, add_generation_prompt: bool
+        self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None
     ) -> int:
+        """The prompt's length as `start_chat` with the same `subject` would run it."""
+        scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            return count_prompt(loaded, request, add_generation_prompt=add_generation_prompt)
+            return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""

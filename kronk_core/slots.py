@@ -53,11 +53,14 @@ class PromptScope:
     """What a cache strategy is told about a request before its prompt is rendered.
 
     `remember` is false when the prompt is only counted (count_tokens,
-    tokenize): the strategy must not learn from it. The scope is where more
-    about the request goes when a strategy needs it (such as who is asking).
+    tokenize): the strategy must not learn from it. `subject` is who is
+    asking: the token's subject when the server authenticates, None when it
+    does not (every caller is then one user). What a strategy learns from one
+    subject's requests must not change another subject's prompts.
     """
 
     remember: bool = True
+    subject: str | None = None
 
 
 class CacheStrategy(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, SUBJECT_STATE
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.limits import LimitStore
 from kronk_auth_jwt.settings import SETTINGS
@@ -84,6 +84,7 @@ async def authorize(
         return
     auth: Authenticator = connection.app.state[STATE_KEY]
     claims = auth.authenticate(_credentials(connection))
+    connection.state[SUBJECT_STATE] = claims.subject
     if claims.admin or endpoint == AUTHENTICATED:
         return
     if endpoint == ADMIN:

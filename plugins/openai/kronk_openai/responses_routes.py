@@ -11,6 +11,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
+from kronk_api.endpoints import subject_of
 from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
@@ -79,7 +80,7 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
         tool_choice=body.choice(),
         parallel_tool_calls=body.parallel_tool_calls,
     )
-    stream = await kronk.start_chat(chat)
+    stream = await kronk.start_chat(chat, subject=subject_of(request))
     builder = ResponseBuilder(_skeleton(body, f"resp_{uuid.uuid4().hex}", stream.model_id))
 
     def keep() -> None:
