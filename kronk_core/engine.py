@@ -223,9 +223,12 @@ class Engine:
             try:
                 self._waiting.remove(job)
             except ValueError:
-                pass
+                queued = False
             else:
+                queued = True
                 job.deliver(Finished(FinishReason.cancelled, Usage()))
+        if queued:
+            self._report(job, FinishReason.cancelled)
         self._wake.set()
 
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
@@ -303,6 +306,7 @@ class Engine:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
             job.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
+            self._report(job, FinishReason.error)
 
     def _reap_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
@@ -491,6 +495,10 @@ class Engine:
             total_seconds=now - job.enqueued_at,
         )
 
+    def _report(self, job: _Job, reason: FinishReason) -> None:
+        if self._on_finished is not None:
+            self._on_finished(self._record(job, reason))
+
     def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
@@ -503,8 +511,7 @@ class Engine:
         )
         matched = job.stops.matched if job.stops is not None else None
         job.deliver(Finished(reason, usage, error, stop_sequence=matched))
-        if self._on_finished is not None:
-            self._on_finished(self._record(job, reason))
+        self._report(job, reason)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None
