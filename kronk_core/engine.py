@@ -351,6 +351,11 @@ class Engine:
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
             return
+        except Exception as exc:
+            # Whatever the strategy left half done, the slot starts over empty.
+            self._finish(job, FinishReason.error, error=self._unexpected(exc, "preparing a slot"))
+            self._reset(slot)
+            return
         job.stops = StopMatcher(job.request.stop)
 
     def _step(self) -> None:
@@ -372,7 +377,8 @@ class Engine:
             budget -= len(chunk)
         try:
             self._decode(parts)
-        except KronkError as exc:
+        except Exception as caught:
+            exc = self._unexpected(caught, "a decode")
             # Nothing of a failed decode may stay in the KV: the slots record what is there.
             for part in parts:
                 slot = part.job.slot
@@ -386,10 +392,10 @@ class Engine:
                 for part in parts:
                     try:
                         self._decode([part])
-                    except KronkError as alone:
+                    except Exception as alone:
                         assert part.job.slot is not None
                         self.model.seq_remove(part.job.slot.seq_id, len(part.job.slot.tokens), -1)
-                        self._fail(part.job, alone)
+                        self._fail(part.job, self._unexpected(alone, "a decode"))
                     else:
                         self._commit([part])
             self._record_step(parts)
@@ -420,18 +426,40 @@ class Engine:
                 job.next_prompt_index += len(part.tokens)
         for part in parts:
             if part.sample and part.job in self._active:
-                self._sample(part.job)
+                try:
+                    self._sample(part.job)
+                except Exception as exc:
+                    self._fail(part.job, self._unexpected(exc, "sampling"))
         for part in parts:
             slot = part.job.slot
             if part.completes and slot is not None:
                 # After the first token went out, so the strategy's work (a checkpoint)
                 # adds nothing to the time to first token; the next decode comes later.
                 slot.pending = False
-                self._cache.prefilled(slot, self.model)
+                try:
+                    self._cache.prefilled(slot, self.model)
+                except Exception as exc:
+                    self._fail(part.job, self._unexpected(exc, "the cache strategy"))
+                    self._reset(slot)
+
+    def _unexpected(self, exc: Exception, during: str) -> KronkError:
+        """A KronkError as it is; anything else is a fault (logged with its stack) that
+        fails the requests it touched, while the engine goes on with the others."""
+        if isinstance(exc, KronkError):
+            return exc
+        log.error("%s failed on %s", during, self.model.info.id, exc_info=exc)
+        return KronkError(f"the inference engine failed in {during}; see the server log")
 
     def _fail(self, job: _Job, exc: KronkError) -> None:
-        log.error("decode failed on %s: %s", self.model.info.id, exc.message)
+        if job not in self._active:
+            return  # it had finished before the fault
+        log.error("request %d failed on %s: %s", job.id, self.model.info.id, exc.message)
         self._finish(job, FinishReason.error, error=exc)
+
+    def _reset(self, slot: Slot) -> None:
+        """Empty a slot whose KV no longer matches what it records."""
+        self.model.seq_remove(slot.seq_id, 0, -1)
+        slot.tokens.clear()
 
     def _record_step(self, parts: Sequence[_Part]) -> None:
         self._steps += 1
@@ -522,9 +550,8 @@ class Engine:
         job.pending_token = None
         try:
             self._cache.release(slot, self.model)
-        except KronkError as exc:
-            log.error("cache release failed on slot %d: %s", slot.id, exc.message)
-            self.model.seq_remove(slot.seq_id, 0, -1)
-            slot.tokens.clear()
+        except Exception as exc:
+            self._unexpected(exc, f"releasing slot {slot.id}")
+            self._reset(slot)
         slot.busy = slot.pending = False
         slot.last_used = time.monotonic()
