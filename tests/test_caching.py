@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import resource
+import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kronk_caching.host_store import HostStore
 from kronk_caching.prefix import common_prefix
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
@@ -746,3 +751,98 @@ async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
     finally:
         replay.close()
         kronk.close()
+
+
+def host_store(kronk: Kronk) -> HostStore:
+    loaded = kronk.get_loaded("m")
+    assert isinstance(loaded, LoadedModel)
+    store: HostStore = loaded.cache.store  # type: ignore[attr-defined]
+    return store
+
+
+def entries_on_disk(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file())
+
+
+async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
+    gemma_path: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory turns into something no one can write into under a running model:
+    no request fails, evicted conversations stay in RAM and come back from there, and the
+    disk is used again once the directory can be made."""
+    disk = tmp_path / "kv"
+    settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        first = await ask(kronk, "m", first_turn)
+        (directory,) = disk.iterdir()  # the model's fingerprint directory
+        directory.rmdir()
+        directory.write_text("not a directory")  # even root cannot write into it now
+        with caplog.at_level(logging.WARNING, logger="kronk_caching.host_store"):
+            other = await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
+        assert other.usage.completion_tokens > 0
+        assert any("keeping conversations in RAM only" in r.message for r in caplog.records)
+        assert entries_on_disk(disk) == [directory] and len(host_store(kronk)) == 1
+        second_turn = [*first_turn, {"role": "assistant", "content": first.content}, user_turn(1)]
+        back = await ask(kronk, "m", second_turn)
+        assert back.usage.cached_tokens > 100
+        assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
+        directory.unlink()  # the operator repairs it: the next eviction is written again
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[2], 1))
+        assert [p.suffix for p in entries_on_disk(disk)] == [".state", ".tokens"]
+    finally:
+        kronk.close()
+    # A directory that cannot be made at all: the model loads and serves, RAM only.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file")
+    settings["caching"] = {"host_cache_dir": blocked, "host_cache_bytes": 1 << 30}
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))
+        assert len(host_store(kronk)) == 1 and blocked.read_text() == "a file"
+    finally:
+        kronk.close()
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes fail with EFBIG, as a write fails on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+async def test_a_full_disk_leaves_no_half_written_entry(gemma_path: str, tmp_path: Path) -> None:
+    """A state too large for what the disk takes: nothing of it stays on disk (a restart
+    finds no entry to misread), the conversation stays in RAM and comes back from there."""
+    disk = tmp_path / "kv"
+    settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        first = await ask(kronk, "m", first_turn)
+        with file_size_limit(1 << 20):  # the state takes several MiB
+            await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
+        assert entries_on_disk(disk) == [] and len(host_store(kronk)) == 1
+        second_turn = [*first_turn, {"role": "assistant", "content": first.content}, user_turn(1)]
+        back = await ask(kronk, "m", second_turn)  # evicts the second, with room on disk
+        assert back.usage.cached_tokens > 100
+    finally:
+        kronk.close()
+    restarted = fresh(gemma_path, tmp_path, **settings)
+    try:
+        store = host_store(restarted)
+        # Only the entry written with room on disk; the first never reached it.
+        assert len(store) == 1
+        assert store.best(await prompt_tokens(restarted, first_turn), at_least=100)[0] == 0
+        second = await prompt_tokens(restarted, conversation(AGENT_SYSTEMS[1], 1))
+        assert store.best(second, at_least=100)[0] > 100
+    finally:
+        restarted.close()
