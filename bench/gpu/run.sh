@@ -43,7 +43,7 @@ grep -i "_M_insert" "$OUT/symbols.txt" || true
 
 if [[ ",$PARTS," == *",load,"* ]]; then
   echo "######## load order ($(left) s left)"
-  timeout -k 5 $(( $(left) > 240 ? 200 : $(left) / 2 )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \
+  timeout -k 5 $(( $(left) - 150 > 200 ? 200 : ($(left) - 150 > 30 ? $(left) - 150 : 30) )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \
     | tee "$OUT/load_order.txt"
 fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
