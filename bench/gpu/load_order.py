@@ -3,7 +3,8 @@
 Each case loads MODEL in its own process with glibc's LD_DEBUG=bindings,files and reports
 its exit status (-11: SIGSEGV), who loaded libstdc++, which of libstdc++'s references
 bound outside the C++ runtime, and where every reference to std::ostream::_M_insert<long>
-(the crashing frame) and the num_put facet id bound. Run on the GPU machine by bench/gpu/run.sh; works on a CPU too.
+(the crashing frame) and the num_put facet id bound. Run on the GPU machine by
+bench/gpu/run.sh; works on a CPU too.
 
 usage: load_order.py MODEL.gguf [CASE ...]
 """
