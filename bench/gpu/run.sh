@@ -45,7 +45,7 @@ done
 grep -E "^CMAKE_CXX_COMPILER:|^CMAKE_(CXX|SHARED_LINKER)_FLAGS(_RELEASE)?:" /tmp/llama-build/CMakeCache.txt
 CXX_USED=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' /tmp/llama-build/CMakeCache.txt)
 echo "static runtime in $CXX_USED's specs: $("$CXX_USED" -dumpspecs 2>/dev/null | grep -c static-libstdc); env: CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
-grep -i "_M_insert" "$OUT/symbols.txt" || true
+cut -d: -f1 "$OUT/symbols.txt" | sort | uniq -c
 
 if [[ ",$PARTS," == *",load,"* ]]; then
   echo "######## load order ($(left) s left)"
