@@ -5,6 +5,7 @@ reach them."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import socket
@@ -16,16 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.models import DEFAULT_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
 
-DOCS = (Path(__file__).parents[1] / "docs" / "observability.md").read_text(encoding="utf-8")
+DOCS_DIR = Path(__file__).parents[1] / "docs"
+DOCS = (DOCS_DIR / "observability.md").read_text(encoding="utf-8")
+DASHBOARD = json.loads((DOCS_DIR / "grafana" / "kronk-dashboard.json").read_text(encoding="utf-8"))
 CHAT = "chat-completions"
 SYSTEM = {"role": "system", "content": "You answer in one short sentence. " * 40}
 OPENING = [SYSTEM, {"role": "user", "content": "Count from one to ten."}]
@@ -48,6 +52,29 @@ def kronk_config(base: Path) -> KronkConfig:
     )
 
 
+class SlotsPerModel:
+    """A collector another plugin adds through kronk_debug_collectors."""
+
+    def __init__(self, kronk: Kronk) -> None:
+        self.kronk = kronk
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily("kronk_probe_models", "Loaded chat models")]
+
+    def collect(self) -> list[Metric]:
+        return [
+            GaugeMetricFamily(
+                "kronk_probe_models", "Loaded chat models", len(self.kronk.loaded_models())
+            )
+        ]
+
+
+class CollectorProbe:
+    @hookimpl(optionalhook=True)
+    def kronk_debug_collectors(self, kronk: Kronk) -> list[SlotsPerModel]:
+        return [SlotsPerModel(kronk)]
+
+
 @contextlib.contextmanager
 def debug_server(
     serve: Serve, base: Path, debug_host: str, **settings: Any
@@ -55,7 +82,8 @@ def debug_server(
     server = ServerSettings.model_validate(
         {"base_path": base, "preload": True, "debug": {"host": debug_host}, **settings}
     )
-    app = create_app(server, kronk=Kronk(kronk_config(base)))
+    kronk = Kronk(kronk_config(base), plugins={"probe": CollectorProbe()})
+    app = create_app(server, kronk=kronk)
     with serve(app, lifespan="on") as api:
         yield DebugServer(api, f"http://127.0.0.1:{debug_host.rpartition(':')[2]}")
 
@@ -170,8 +198,27 @@ def test_every_metric_is_documented(debug: DebugServer) -> None:
         name for name in families if name.startswith("kronk_") and not name.endswith("_created")
     }
     assert len(kronk_families) > 20
+    kronk_families.discard("kronk_probe_models")  # the test's own collector
     missing = {name for name in kronk_families if f"`{name}" not in DOCS}
     assert not missing, f"docs/observability.md must describe {sorted(missing)}"
+
+
+def test_the_dashboard_queries_metrics_that_exist(debug: DebugServer) -> None:
+    answer = httpx.get(f"{debug.debug}/metrics").text
+    families = list(text_string_to_metric_families(answer))
+    series = {sample.name for family in families for sample in family.samples}
+    queried = {
+        name
+        for panel in DASHBOARD["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bkronk_\w+", target["expr"])
+    }
+    assert len(queried) > 15
+    assert queried <= series, sorted(queried - series)
+
+
+def test_plugins_add_collectors(debug: DebugServer) -> None:
+    assert value(scrape(debug), "kronk_probe_models") == 1
 
 
 def test_the_debug_routes_are_not_on_the_api_port(debug: DebugServer) -> None:
@@ -194,12 +241,14 @@ def generating(server: DebugServer) -> Iterator[None]:
     """A long generation running on the engine while the block runs."""
     counting = [{"role": "user", "content": "Count from 1 to 500, one number a line."}]
     payload = {**body(counting), "max_tokens": 300, "stream": True}
-    started = threading.Event()
+    started, stop = threading.Event(), threading.Event()
 
     def run() -> None:
         with httpx.stream("POST", f"{server.api}/v1/chat/completions", json=payload) as response:
             for _ in response.iter_lines():
                 started.set()
+                if stop.is_set():
+                    break  # leaving cancels the generation
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -207,6 +256,7 @@ def generating(server: DebugServer) -> Iterator[None]:
     try:
         yield
     finally:
+        stop.set()
         thread.join()
 
 
