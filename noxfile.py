@@ -63,6 +63,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_embeddings.py")
+    session.run("python", "bench/bench_observability.py")
 
 
 @nox.session

@@ -139,3 +139,50 @@ def test_bearer_tokens_never_reach_the_log_file(logged_server: str, tmp_path: Pa
     for token in (admin, user, forged):
         for part in (token, *token.split(".")[1:]):  # whole, or its claims or signature alone
             assert part not in log, part
+
+
+def test_one_request_id_from_the_client_to_the_engine_and_the_access_log(
+    tmp_path: Path, port_finder: Callable[[], int]
+) -> None:
+    """A real `kronk server start`: the client's X-Request-ID is on the dialect's, the
+    engine thread's and uvicorn's access log lines of that request, and on no other."""
+    host = f"127.0.0.1:{port_finder()}"
+    flags = ["--api-host", host, "--preload", "--log-level", "debug"]
+    flags += ["--debug-host", f"127.0.0.1:{port_finder()}"]
+    started = _cli(tmp_path, "server", "start", "-d", *flags)
+    assert started.returncode == 0, started.stderr
+    log_file = tmp_path / "logs" / "server.log"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://{host}/v1/readiness", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_file.read_text(errors="replace")
+            time.sleep(0.2)
+        chat = {
+            "model": DEFAULT_MODEL_ID,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+        }
+        answer = httpx.post(
+            f"http://{host}/v1/chat/completions",
+            json=chat,
+            headers={"X-Request-ID": "e2e-4242"},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and answer.headers["x-request-id"] == "e2e-4242"
+        assert httpx.get(f"http://{host}/v1/liveness").status_code == 200
+    finally:
+        _cli(tmp_path, "server", "stop")
+    lines = [json.loads(line) for line in log_file.read_text().splitlines() if line.startswith("{")]
+    ours = [line for line in lines if line.get("request_id") == "e2e-4242"]
+    by_logger = {line["logger"]: line["msg"] for line in ours}
+    assert by_logger["kronk_core.engine"].startswith("finished (length): 3 completion tokens")
+    assert any(line["msg"].startswith("started in slot") for line in ours)
+    assert "POST /v1/chat/completions" in by_logger["uvicorn.access"]
+    # The liveness check had an id of its own.
+    liveness = [line for line in lines if "GET /v1/liveness" in line["msg"]]
+    assert liveness and all(line["request_id"] != "e2e-4242" for line in liveness)

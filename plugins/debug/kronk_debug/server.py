@@ -116,10 +116,9 @@ class DebugServer:
 
     def __init__(self, app: Litestar, host: str, port: int) -> None:
         self.address = (host, port)
-        # log_config None: the API server's logging (JSON) stays in charge.
-        config = uvicorn.Config(
-            app, log_level="warning", log_config=None, access_log=False, lifespan="off"
-        )
+        # No log settings at all: uvicorn's are process-wide, and the API server's (JSON,
+        # its level, its access log) stay in charge. Debug requests are access-logged too.
+        config = uvicorn.Config(app, log_config=None, log_level=None, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
