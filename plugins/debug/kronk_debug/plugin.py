@@ -104,10 +104,9 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
 
 @hookimpl
 def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    state: DebugState | None = app.state.get(STATE_KEY)
+    state: DebugState | None = app.state.pop(STATE_KEY, None)
     if state is None:
         return
-    del app.state[STATE_KEY]
     state.monitor.stop()
     state.server.stop()
     kronk.plugins.unregister(state.observer)

@@ -60,17 +60,18 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     if settings.host is None:
         return
     tracing = Tracing.create(settings)
-    writer = SpanWriter(tracing)
-    kronk.plugins.register(writer, name=f"tempo-spans-{id(app)}")
+    kronk.plugins.register(SpanWriter(tracing), name=_writer_name(app))
     app.state[STATE_KEY] = tracing
-    app.state[f"{STATE_KEY}_writer"] = writer
 
 
 @hookimpl
 def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    tracing: Tracing | None = app.state.get(STATE_KEY)
+    tracing: Tracing | None = app.state.pop(STATE_KEY, None)
     if tracing is None:
         return
-    kronk.plugins.unregister(app.state[f"{STATE_KEY}_writer"])
-    del app.state[STATE_KEY], app.state[f"{STATE_KEY}_writer"]
+    kronk.plugins.unregister(name=_writer_name(app))
     tracing.shutdown()
+
+
+def _writer_name(app: Litestar) -> str:
+    return f"tempo-spans-{id(app)}"
