@@ -71,7 +71,8 @@ def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
     return [count_requests]
 
 
-@hookimpl
+# Last: once every other plugin has started (a failing one stops the server first).
+@hookimpl(trylast=True)
 def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:

@@ -54,7 +54,8 @@ def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
     return [trace_requests]
 
 
-@hookimpl
+# Last: once every other plugin has started (a failing one stops the server first).
+@hookimpl(trylast=True)
 def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     settings = SETTINGS.of(app.state.settings)
     if settings.host is None:
