@@ -81,7 +81,7 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
     params.n_batch = config.n_batch
     params.n_ubatch = llama.n_ubatch
     params.n_seq_max = config.n_seq_max
-    params.kv_unified = True
+    params.kv_unified = llama.kv_unified
     threads = llama.n_threads or os.cpu_count() or 1
     params.n_threads = threads
     params.n_threads_batch = threads

@@ -66,6 +66,9 @@ class LlamaCppSettings(BaseModel):
     # Sliding-window layers keep only their window (as llama-server does): full-size SWA
     # caches make every token attend over the whole context. IMC checkpoints instead.
     swa_full: bool = False
+    # One KV pool shared by all slots: concurrent short decodes batch far better than with
+    # a stream per slot (measured 2.4x vs 1.6x one stream at 4 streams on 2 cores).
+    kv_unified: bool = True
     rope_scaling: RopeScaling = RopeScaling.none
     rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
     rope_freq_scale: Annotated[float, Field(gt=0.0)] | None = None
