@@ -1,13 +1,15 @@
-"""ASGI middleware on the API server: count and time every routed request."""
+"""ASGI middleware on the API server: count and time every routed request (counted
+just before its last byte leaves, so a client that has its answer sees it counted)."""
 
 from __future__ import annotations
 
 import time
 
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from kronk_api.endpoints import endpoint_name
+from kronk_api.response_watch import ResponseWatch
 from kronk_debug.metrics import Metrics, RequestLabels, current_labels
 
 STATE_KEY = "kronk_debug"
@@ -26,19 +28,16 @@ def count_requests(app: ASGIApp) -> ASGIApp:
             return
         labels = RequestLabels(metrics, endpoint_name(scope))
         token = current_labels.set(labels)
-        status = 500  # what the server answers when the handler raises past everything
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         began = time.perf_counter()
+
+        def done(status: int) -> None:
+            metrics.observe_request(labels, status, time.perf_counter() - began)
+
+        watch = ResponseWatch(send, done)
         try:
-            await app(scope, receive, send_status)
+            await app(scope, receive, watch.send)
         finally:
             current_labels.reset(token)
-            metrics.observe_request(labels, status, time.perf_counter() - began)
+            watch.finish()
 
     return middleware

@@ -1,15 +1,18 @@
 """ASGI middleware on the API server: one span per HTTP request, continuing a client's
-W3C traceparent; health checks are not traced."""
+W3C traceparent; health checks are not traced. The span ends just before the
+response's last byte leaves, so a client holding its answer finds the span exported
+by the next flush."""
 
 from __future__ import annotations
 
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kronk_api.endpoints import route_path
+from kronk_api.response_watch import ResponseWatch
 from kronk_core.events import current_request_id
 from kronk_tempo.tracing import Tracing, current_tracing
 
@@ -48,23 +51,23 @@ def trace_requests(app: ASGIApp) -> ASGIApp:
         attached = context.attach(trace.set_span_in_context(span))
         tracing_token = current_tracing.set(tracing)
 
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                span.set_attribute("http.response.status_code", status)
-                if status >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
-            await send(message)
+        def done(status: int) -> None:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
 
+        watch = ResponseWatch(send, done)
         try:
-            await app(scope, receive, send_status)
+            await app(scope, receive, watch.send)
         except BaseException as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR))
+            # Its type only: an exception's message may quote the request.
+            if span.is_recording():
+                span.add_event("exception", {"exception.type": type(exc).__qualname__})
             raise
         finally:
             current_tracing.reset(tracing_token)
             context.detach(attached)
-            span.end()
+            watch.finish()
 
     return middleware
