@@ -138,6 +138,10 @@ class Usage:
     reasoning_tokens: int = 0
     # context_overflow: trim — prompt tokens dropped (oldest messages) to fit the context.
     dropped_tokens: int = 0
+    # Speculative decoding (OpenAI's names): drafted tokens the model accepted and
+    # rejected. A decoding strategy that drafts fills them; 0 without one.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

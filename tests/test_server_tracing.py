@@ -163,11 +163,15 @@ def traced_server(
     host: str,
     *,
     protocol: str = "http",
-    probability: float = 1.0,
+    probability: float | None = 1.0,
+    **server: Any,
 ) -> Iterator[tuple[str, Tracing]]:
-    tempo = {"host": host, "protocol": protocol, "probability": probability}
+    """A server tracing to `host`; `probability=None` leaves the setting at its default."""
+    tempo: dict[str, Any] = {"host": host, "protocol": protocol}
+    if probability is not None:
+        tempo["probability"] = probability
     settings = ServerSettings.model_validate(
-        {"tempo": tempo, "debug": {"enabled": False}, "preload": True}
+        {"tempo": tempo, "debug": {"enabled": False}, "preload": True, **server}
     )
     app = create_app(settings, kronk=Kronk(config))
     with serve(app, lifespan="on") as base_url:
@@ -389,3 +393,50 @@ def test_export_over_grpc(serve: Serve, tracing_config: KronkConfig) -> None:
         tracing.flush()
         names = {span.name for span in received.spans()}
     assert {"POST /v1/chat/completions", "process-request", "token-generation"} <= names
+
+
+def test_the_default_probability_traces_a_quarter_chosen_by_trace_id(
+    serve: Serve, tracing_config: KronkConfig
+) -> None:
+    """Unset, `tempo.probability` is 0.25: a trace is kept when the low 64 bits of its
+    random id fall in the lowest quarter (OpenTelemetry's TraceIdRatioBased)."""
+    requests = 200
+    with (
+        http_receiver() as (host, received),
+        traced_server(serve, tracing_config, host, probability=None) as (base_url, tracing),
+        httpx.Client(base_url=base_url) as client,
+    ):
+        for _ in range(requests):
+            assert client.get("/v1/models").status_code == 200
+        tracing.flush()
+        spans = received.spans()
+    bound = 2**64 // 4
+    assert all(int.from_bytes(span.trace_id[8:], "big") < bound for span in spans)
+    assert len({span.trace_id for span in spans}) == len(spans)
+    # Binomial(200, 0.25): 50 on average; outside 25-75 once in more than 20,000 runs.
+    assert 25 <= len(spans) <= 75, len(spans)
+
+
+def test_no_text_in_spans_even_with_insecure_logging(
+    serve: Serve, tracing_config: KronkConfig
+) -> None:
+    """Insecure logging puts prompts in log lines, never in spans: traces leave the machine."""
+    headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+    prompt = f"Say the word {SECRET}, then count from one to twenty."
+    payload = {**CHAT, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24}
+    with (
+        http_receiver() as (host, received),
+        traced_server(serve, tracing_config, host, insecure_logging=True) as (base_url, tracing),
+    ):
+        answer = httpx.post(
+            f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        tracing.flush()
+        names = {span.name for span in received.spans()}
+        raw = b"".join(received.raw)
+    assert {"POST /v1/chat/completions", "token-generation"} <= names
+    completion = answer.json()["choices"][0]["message"]["content"].strip()
+    assert answer.json()["usage"]["completion_tokens"] > 8 and len(completion) > 8
+    for text in (SECRET, prompt, completion):
+        assert text.encode() not in raw, text

@@ -20,7 +20,8 @@ def kronk_debug_collectors(kronk: Kronk) -> Sequence[Collector]:
     """Return prometheus_client collectors to add to the debug server's /metrics.
 
     Called once when the debug server starts. A collector's `collect()` runs
-    on every scrape, on the debug server's thread: read your figures there
-    (a speculative-decoding plugin exports its acceptance rate this way).
-    Mark the hookimpl `optionalhook=True`.
+    on every scrape, on the debug server's thread: read your figures there.
+    Mark the hookimpl `optionalhook=True`. (Drafted tokens need none: the
+    debug plugin counts a request's `Usage.accepted_prediction_tokens` and
+    `rejected_prediction_tokens`.)
     """

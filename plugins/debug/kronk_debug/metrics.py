@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -30,6 +29,8 @@ from kronk_core.slots import CacheCounters
 
 # Seconds: from a fast scrape of a cached prompt to a long generation on a CPU.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# A healthy loop is late by well under a millisecond; a blocked one by the block.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 REQUEST_LABELS = ("endpoint", "model")
 
@@ -106,9 +107,17 @@ class Metrics:
         self.reasoning_tokens = self._counter(
             "kronk_reasoning_tokens", "Generated tokens that were reasoning"
         )
-        self.event_loop_lag = Gauge(
+        self.speculative_accepted = self._counter(
+            "kronk_speculative_accepted_tokens", "Drafted tokens the model accepted"
+        )
+        self.speculative_rejected = self._counter(
+            "kronk_speculative_rejected_tokens", "Drafted tokens the model rejected"
+        )
+        # A histogram, not the last figure: a stall between two scrapes still shows.
+        self.event_loop_lag = Histogram(
             "kronk_event_loop_lag_seconds",
-            "How late the API server's event loop ran a timer, last measured",
+            "How late the API server's event loop ran a 0.5 s timer",
+            buckets=LAG_BUCKETS,
             registry=r,
         )
 
@@ -137,6 +146,10 @@ class Metrics:
         self.cached_tokens.labels(*key).inc(usage.cached_tokens)
         self.completion_tokens.labels(*key).inc(usage.completion_tokens)
         self.reasoning_tokens.labels(*key).inc(usage.reasoning_tokens)
+        # Series only where something drafted: no speculation, no speculative series.
+        if usage.accepted_prediction_tokens or usage.rejected_prediction_tokens:
+            self.speculative_accepted.labels(*key).inc(usage.accepted_prediction_tokens)
+            self.speculative_rejected.labels(*key).inc(usage.rejected_prediction_tokens)
         run = record.generation
         if run is None or not run.started_at:
             return

@@ -97,7 +97,7 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     server = DebugServer(debug_app(metrics, loop, app.state, guards), host, int(port))
     observer = MetricsObserver(metrics)
     kronk.plugins.register(observer, name=f"debug-metrics-{id(app)}")
-    monitor = LagMonitor(metrics.event_loop_lag.set)
+    monitor = LagMonitor(metrics.event_loop_lag.observe)
     monitor.start()
     server.start()
     app.state[STATE_KEY] = DebugState(metrics, observer, monitor, server)

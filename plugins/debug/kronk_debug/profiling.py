@@ -132,15 +132,15 @@ def probe_loop_lag(loop: asyncio.AbstractEventLoop, seconds: float, interval: fl
 
     def arrived(at: float) -> None:
         lags.append(time.perf_counter() - at)
-        if len(lags) == sent:
-            done.set()
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         sent += 1
         loop.call_soon_threadsafe(arrived, time.perf_counter())
         time.sleep(interval)
-    # The last probes get one more interval (or a second at most) to come back.
+    # The loop runs callbacks in order: once this one ran, every probe has. The last
+    # probes get one more interval (or a second at most) to come back.
+    loop.call_soon_threadsafe(done.set)
     done.wait(min(1.0, max(interval, 0.1)))
     seen = list(lags)
     return LoopLag(

@@ -1,4 +1,4 @@
-"""The debug plugin's parts that need no server: hosts, profiles, lag probes."""
+"""The debug plugin's parts that need no server: hosts, profiles, lag probes, metrics."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import asyncio
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
+from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
     Exclusive,
     ProfileBusyError,
@@ -17,7 +19,12 @@ from kronk_debug.profiling import (
 )
 from kronk_debug.server import is_loopback
 from kronk_debug.settings import DebugSettings
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
+
+from kronk_core import Kronk, KronkConfig
+from kronk_core.events import ChatRecord
+from kronk_core.types import Usage
 
 
 @pytest.mark.parametrize(
@@ -110,3 +117,32 @@ def test_a_stuck_loop_leaves_probes_pending() -> None:
     finally:
         loop.close()
     assert lag.samples == 0 and lag.pending >= 3
+
+
+def speculated(model: str, accepted: int, rejected: int) -> ChatRecord:
+    """A finished chat whose usage says what a drafting decoding strategy did."""
+    usage = Usage(
+        prompt_tokens=10,
+        completion_tokens=accepted + 2,
+        accepted_prediction_tokens=accepted,
+        rejected_prediction_tokens=rejected,
+    )
+    return ChatRecord("r-1", model, 1.0, 1.1, 1.2, 2.0, "stop", usage)
+
+
+def test_speculative_tokens_are_counted_where_something_drafted(tmp_path: Path) -> None:
+    """Without a speculative plugin there is nothing to show; with one, its usage counts
+    feed the two counters (the acceptance ratio is PromQL over them)."""
+    metrics = Metrics(Kronk(KronkConfig(base_path=tmp_path)))
+    metrics.observe_chat(speculated("drafting", accepted=7, rejected=3), "chat-completions")
+    metrics.observe_chat(speculated("drafting", accepted=5, rejected=1), "chat-completions")
+    metrics.observe_chat(speculated("plain", accepted=0, rejected=0), "chat-completions")
+    samples = {
+        (sample.name, sample.labels.get("model")): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+    assert samples[("kronk_speculative_accepted_tokens_total", "drafting")] == 12
+    assert samples[("kronk_speculative_rejected_tokens_total", "drafting")] == 4
+    assert samples[("kronk_completion_tokens_total", "plain")] == 2
+    assert not {name for name, model in samples if model == "plain" and "speculative" in name}
