@@ -164,10 +164,11 @@ def traced_server(
     *,
     protocol: str = "http",
     probability: float | None = 1.0,
+    service_name: str = "kronk",
     **server: Any,
 ) -> Iterator[tuple[str, Tracing]]:
     """A server tracing to `host`; `probability=None` leaves the setting at its default."""
-    tempo: dict[str, Any] = {"host": host, "protocol": protocol}
+    tempo: dict[str, Any] = {"host": host, "protocol": protocol, "service_name": service_name}
     if probability is not None:
         tempo["probability"] = probability
     settings = ServerSettings.model_validate(
@@ -386,12 +387,15 @@ def test_sampling_probability_zero_follows_the_clients_decision(
 def test_export_over_grpc(serve: Serve, tracing_config: KronkConfig) -> None:
     with (
         grpc_receiver() as (host, received),
-        traced_server(serve, tracing_config, host, protocol="grpc") as (base_url, tracing),
+        traced_server(
+            serve, tracing_config, host, protocol="grpc", service_name="kronk-eu-1"
+        ) as (base_url, tracing),
     ):
         answer = httpx.post(f"{base_url}/v1/chat/completions", json=CHAT, timeout=60)
         assert answer.status_code == 200
         tracing.flush()
         names = {span.name for span in received.spans()}
+        assert received.service_names() == {"kronk-eu-1"}
     assert {"POST /v1/chat/completions", "process-request", "token-generation"} <= names
 
 
