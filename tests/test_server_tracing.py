@@ -208,12 +208,19 @@ def http_traced(
         yield *server, received
 
 
-def test_a_chat_request_is_one_trace_continuing_the_clients(
-    http_traced: tuple[str, Tracing, Received],
-) -> None:
-    base_url, tracing, received = http_traced
-    tracing.flush()  # what earlier requests left in the batch goes out first
+@pytest.fixture
+def traced(http_traced: tuple[str, Tracing, Received]) -> tuple[str, Tracing, Received]:
+    """The module's traced server, with what earlier tests exported flushed and cleared."""
+    _, tracing, received = http_traced
+    tracing.flush()
     received.clear()
+    return http_traced
+
+
+def test_a_chat_request_is_one_trace_continuing_the_clients(
+    traced: tuple[str, Tracing, Received],
+) -> None:
+    base_url, tracing, received = traced
     headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-ID": "trace-me-1"}
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     body = {**CHAT, "tools": tools}
@@ -305,11 +312,9 @@ def test_a_second_turn_reports_the_cached_tokens(
 
 
 def test_streams_and_other_dialects_are_traced_too(
-    http_traced: tuple[str, Tracing, Received],
+    traced: tuple[str, Tracing, Received],
 ) -> None:
-    base_url, tracing, received = http_traced
-    tracing.flush()  # what earlier requests left in the batch goes out first
-    received.clear()
+    base_url, tracing, received = traced
     with httpx.stream(
         "POST", f"{base_url}/v1/messages", json={**CHAT, "stream": True}, timeout=60
     ) as streamed:
@@ -321,10 +326,8 @@ def test_streams_and_other_dialects_are_traced_too(
     assert spans["process-request"].parent_span_id == spans["POST /v1/messages"].span_id
 
 
-def test_health_checks_are_not_traced(http_traced: tuple[str, Tracing, Received]) -> None:
-    base_url, tracing, received = http_traced
-    tracing.flush()  # what earlier requests left in the batch goes out first
-    received.clear()
+def test_health_checks_are_not_traced(traced: tuple[str, Tracing, Received]) -> None:
+    base_url, tracing, received = traced
     assert httpx.get(f"{base_url}/v1/liveness").status_code == 200
     assert httpx.get(f"{base_url}/v1/readiness").status_code == 200
     assert httpx.get(f"{base_url}/v1/models").status_code == 200
@@ -333,11 +336,9 @@ def test_health_checks_are_not_traced(http_traced: tuple[str, Tracing, Received]
 
 
 def test_a_model_load_is_a_span_of_the_request_that_caused_it(
-    http_traced: tuple[str, Tracing, Received],
+    traced: tuple[str, Tracing, Received],
 ) -> None:
-    base_url, tracing, received = http_traced
-    tracing.flush()  # what earlier requests left in the batch goes out first
-    received.clear()
+    base_url, tracing, received = traced
     answer = httpx.post(
         f"{base_url}/v1/chat/completions", json={**CHAT, "model": "tiny"}, timeout=60
     )
@@ -350,10 +351,8 @@ def test_a_model_load_is_a_span_of_the_request_that_caused_it(
     assert within(load, spans["prepare-request"])
 
 
-def test_errors_mark_the_span(http_traced: tuple[str, Tracing, Received]) -> None:
-    base_url, tracing, received = http_traced
-    tracing.flush()  # what earlier requests left in the batch goes out first
-    received.clear()
+def test_errors_mark_the_span(traced: tuple[str, Tracing, Received]) -> None:
+    base_url, tracing, received = traced
     answer = httpx.post(f"{base_url}/v1/chat/completions", json={**CHAT, "max_tokens": 10**6})
     assert answer.status_code == 400
     tracing.flush()
