@@ -307,9 +307,10 @@ def test_cpu_profile_samples_a_busy_engine(debug: DebugServer) -> None:
         stacks[stack] = int(count)
     assert all(" " not in stack for stack in stacks)  # folded format: one space, before the count
     engine = [stack for stack in stacks if stack.startswith("kronk-engine-")]
-    assert any("Engine._step" in stack for stack in engine), engine
-    # About one sample per thread every 5 ms for a second.
-    assert 20 <= sum(stacks[stack] for stack in engine) <= 201
+    stepping = sum(stacks[stack] for stack in engine if "Engine._step" in stack)
+    # Sampled all along (up to 200 samples in the second, each thread, at 5 ms), not
+    # once or twice: the busy engine was found in its decode step many times.
+    assert stepping >= 20, engine
 
 
 def test_memory_top_while_serving(debug: DebugServer) -> None:
