@@ -8,7 +8,8 @@ nox.options.sessions = ["lint", "core", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PLUGINS = [
-    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt"
+    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt",
+    "debug", "tempo",
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
@@ -63,6 +64,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_vs_llama_server.py")
     session.run("python", "bench/bench_embeddings.py")
+    session.run("python", "bench/bench_observability.py")
 
 
 @nox.session

@@ -10,6 +10,8 @@ closed.
 
 from __future__ import annotations
 
+from litestar.types import Scope
+
 ENDPOINT_OPT = "kronk_endpoint"
 
 # Open to everyone, even with auth on (health checks).
@@ -20,3 +22,15 @@ AUTHENTICATED = "authenticated"
 ADMIN = "admin"
 
 ACCESS_LEVELS = frozenset({PUBLIC, AUTHENTICATED, ADMIN})
+
+
+def route_path(scope: Scope) -> str:
+    """The route a request matched, as declared (`/v1/models/{model_id:str}`)."""
+    return str(scope.get("path_template") or scope.get("path", ""))
+
+
+def endpoint_name(scope: Scope) -> str:
+    """What observability calls a request's endpoint: its grant name, else its route."""
+    handler = scope.get("route_handler")
+    name = handler.opt.get(ENDPOINT_OPT) if handler is not None else None
+    return name if isinstance(name, str) and name not in ACCESS_LEVELS else route_path(scope)

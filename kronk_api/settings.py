@@ -99,10 +99,7 @@ class ServerSettings(BaseModel):
     @field_validator("api_host")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
-        return value
+        return check_host_port(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +132,14 @@ class ServerSettings(BaseModel):
 def _as_written(values: dict[str, Any]) -> dict[str, Any]:
     """Deprecated keys moved to their sections, plugin sections gathered."""
     return gather(legacy.move_keys(values, legacy.SERVER_KEYS), ServerSettings.model_fields)
+
+
+def check_host_port(value: str) -> str:
+    """`value` if it is HOST:PORT (a field validator's check), else ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
 
 
 def split_list(value: Any) -> Any:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
-from kronk_core.events import RequestRecord
+from kronk_core.events import RequestRecord, new_request_id, request_scope
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.types import (
@@ -38,7 +38,6 @@ from kronk_core.types import (
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_SECONDS = 0.1
-_request_ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +74,7 @@ class _Job:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[EngineEvent]
-    id: int = field(default_factory=lambda: next(_request_ids))
+    request_id: str = field(default_factory=new_request_id)
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     slot: Slot | None = None
@@ -86,6 +85,8 @@ class _Job:
     batch_index: int = -1
     completion_tokens: int = 0
     started_at: float = 0.0
+    cache_ready_at: float = 0.0
+    prefilled_at: float = 0.0
     first_token_at: float = 0.0
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
     stops: StopMatcher | None = None
@@ -176,6 +177,11 @@ class GenerationStream:
             if not self._done:
                 self.cancel()
 
+    @property
+    def enqueued_at(self) -> float:
+        """When the request was queued (monotonic)."""
+        return self._job.enqueued_at
+
     def cancel(self) -> None:
         self._engine.cancel(self._job)
 
@@ -220,12 +226,18 @@ class Engine:
 
     # ---- asyncio side -------------------------------------------------------
 
-    async def submit(self, request: GenerationRequest, *, wait: float) -> GenerationStream:
-        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError."""
+    async def submit(
+        self, request: GenerationRequest, *, wait: float, request_id: str | None = None
+    ) -> GenerationStream:
+        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError.
+
+        `request_id` names it in log lines and its RequestRecord (default: a new id).
+        """
         if not self.alive:
             raise EngineClosedError(f"the engine of {self.model.info.id} is not running")
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
+        job.request_id = request_id or job.request_id
         deadline = time.monotonic() + wait
         while not self._enqueue(job):
             if time.monotonic() >= deadline:
@@ -364,7 +376,8 @@ class Engine:
                     held += 1
                     continue
                 del self._waiting[held]
-            self._start(job, free)
+            with request_scope(job.request_id):
+                self._start(job, free)
 
     def _start(self, job: _Job, free: list[Slot]) -> None:
         slot = self._cache.select_slot(free, job.request, self.model)
@@ -375,11 +388,18 @@ class Engine:
         try:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             job.cached_tokens = job.next_prompt_index = plan.reused
+            job.cache_ready_at = time.monotonic()
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
             return
         job.stops = StopMatcher(job.request.stop)
+        log.debug(
+            "started in slot %d: %d prompt tokens, %d cached",
+            slot.id,
+            len(job.request.prompt_tokens),
+            job.cached_tokens,
+        )
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
@@ -446,6 +466,8 @@ class Engine:
                 job.pending_token = None
             else:
                 job.next_prompt_index += len(part.tokens)
+                if part.completes:
+                    job.prefilled_at = time.monotonic()
         for part in parts:
             if part.sample and part.job in self._active:
                 self._sample(part.job)
@@ -511,7 +533,7 @@ class Engine:
     def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
         return RequestRecord(
-            request_id=str(job.id),
+            request_id=job.request_id,
             model=self.model.info.id,
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
@@ -522,9 +544,20 @@ class Engine:
             if job.first_token_at
             else 0.0,
             total_seconds=now - job.enqueued_at,
+            slot=job.slot.id if job.slot is not None else -1,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            cache_ready_at=job.cache_ready_at,
+            prefilled_at=job.prefilled_at,
+            first_token_at=job.first_token_at,
+            finished_at=now,
         )
 
     def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
+        with request_scope(job.request_id):
+            self._end(job, reason, error)
+
+    def _end(self, job: _Job, reason: FinishReason, error: KronkError | None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:
@@ -535,9 +568,16 @@ class Engine:
             cached_tokens=job.cached_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
-        self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched))
+        record = self._record(job, reason)
+        self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched, record=record))
+        log.debug(
+            "finished (%s): %d completion tokens, %.1f tokens/s",
+            reason.value,
+            job.completion_tokens,
+            record.tokens_per_second,
+        )
         if self._on_finished is not None:
-            self._on_finished(self._record(job, reason))
+            self._on_finished(record)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None

@@ -16,7 +16,7 @@ import pluggy
 
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
-from kronk_core.events import RequestRecord
+from kronk_core.events import ChatRecord, RequestRecord
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
@@ -188,8 +188,31 @@ def kronk_request_finished(record: RequestRecord) -> None:
     """Called after every generation ends: finished, cancelled or failed (observability).
 
     Runs on the model's engine thread between decode steps, so it must be quick;
-    exceptions are logged and swallowed. `record` holds counts and timings, never
-    prompt or completion text.
+    exceptions are logged and swallowed. `record` holds counts and timings
+    (queue, cache, prefill, first token, decode), never prompt or completion
+    text. `current_request_id` (kronk_core.events) holds its request id.
+    """
+
+
+@hookspec
+def kronk_chat_finished(record: ChatRecord) -> None:
+    """Called when a chat stream ends: finished, failed, or left by its client.
+
+    Runs on the event loop, in the context of the task that iterated the
+    stream (so contextvars set around the request, such as a tracing span,
+    are visible); exceptions are logged and swallowed. `record` has the SDK's
+    timings (model lease, prompt creation, output parsing), the final usage
+    (reasoning tokens included) and the engine's `RequestRecord` as
+    `record.generation`; never prompt or completion text.
+    """
+
+
+@hookspec
+def kronk_model_loaded(model_config: ModelConfig, model_info: ModelInfo, seconds: float) -> None:
+    """Called after a model loaded, with how long the load took.
+
+    Runs on the thread that loaded it, in the context of the request that
+    caused the load (none for a preload); exceptions are logged and swallowed.
     """
 
 
