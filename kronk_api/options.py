@@ -86,9 +86,11 @@ class ServerStartCommand(click.Command):
         params = super().get_params(ctx)
         return [*params[:-1], *self._settings_params, params[-1]]  # --help stays last
 
-    def overrides(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Settings from the environment, then the flags given (nested keys)."""
-        values = environment_values(self.schema, os.environ)
+    def overrides(
+        self, params: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Settings from the environment (`environ`, else the process's), then the flags given."""
+        values = environment_values(self.schema, os.environ if environ is None else environ)
         flags = {
             setting.key: params[_param_name(setting.key)]
             for setting in self.schema
