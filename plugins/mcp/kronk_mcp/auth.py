@@ -6,8 +6,8 @@ import asyncio
 
 from litestar.datastructures import State
 
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator
 from kronk_api.settings import ServerSettings
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator
 from kronk_auth_jwt.settings import SETTINGS as AUTH_SETTINGS
 from kronk_core.errors import ConfigError
 

@@ -180,7 +180,9 @@ class BraveSearch:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            why = "malformed JSON" if first["type"] == "json_invalid" else f"{where}: {first['msg']}"
+            why = f"{where}: {first['msg']}"
+            if first["type"] == "json_invalid":
+                why = "malformed JSON"
             raise SearchError(
                 f"Brave Search answered with a malformed web search response ({why})",
                 code="malformed_response",

@@ -76,10 +76,11 @@ def add_commands(group: click.Group) -> None:
         except KronkError as exc:
             raise click.ClickException(exc.message) from None
         configure_logging(settings.log_level)
-        host, _ = split_host_port(mcp_settings.listen)
+        host = split_host_port(mcp_settings.listen)[0]
         if host not in LOOPBACK:
             log.warning("mcp: listening on %s without authentication", mcp_settings.listen)
+        app = mcp_app(mcp_settings, gate=None)
         try:
-            serve_foreground(mcp_app(mcp_settings, gate=None), mcp_settings.listen, settings.log_level)
+            serve_foreground(app, mcp_settings.listen, settings.log_level)
         except ListenError as exc:
             raise click.ClickException(str(exc)) from None

@@ -33,8 +33,9 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     if settings.host:
         log.info("mcp: clients use the MCP service at %s (mcp.host)", settings.external_url)
         return
-    gate = server_gate(app.state, app.state.settings)
-    service = BackgroundService(mcp_app(settings, gate), settings.listen, app.state.settings.log_level)
+    server_settings = app.state.settings
+    gate = server_gate(app.state, server_settings)
+    service = BackgroundService(mcp_app(settings, gate), settings.listen, server_settings.log_level)
     try:
         service.start()
     except ListenError as exc:

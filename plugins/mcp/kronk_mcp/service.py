@@ -37,7 +37,7 @@ from kronk_mcp.settings import McpSettings, split_host_port
 log = logging.getLogger(__name__)
 
 # How long open streams (a client's GET) may hold up a stop before they are cut.
-GRACEFUL_STOP_SECONDS = 3.0
+GRACEFUL_STOP_SECONDS = 3
 START_TIMEOUT_SECONDS = 30.0
 
 
