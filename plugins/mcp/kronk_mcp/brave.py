@@ -104,6 +104,22 @@ class _ErrorAnswer(BaseModel):
         return self.error or next(iter(self.errors), None)
 
 
+class HideSearchTerms(logging.Filter):
+    """httpx logs each request's URL at info level; a search's query string is the user's words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], httpx.URL):
+            url = args[1]
+            if url.path.endswith("/web/search") and url.query:
+                record.args = (args[0], url.copy_with(query=None), *args[2:])
+        return True
+
+
+# One instance, so adding it again is a no-op (Logger.addFilter skips a filter it has).
+HIDE_SEARCH_TERMS = HideSearchTerms()
+
+
 def _plain(text: str) -> str:
     """Brave marks the query's words with <strong> and escapes HTML entities."""
     return html.unescape(_HIGHLIGHT.sub("", text))
@@ -122,6 +138,7 @@ class BraveSearch:
         self._endpoint = f"{base_url}/web/search"
         self._timeout = timeout
         self._client = client
+        logging.getLogger("httpx").addFilter(HIDE_SEARCH_TERMS)
 
     async def search(self, query: SearchQuery) -> list[WebResult]:
         headers = {TOKEN_HEADER: self._key, "Accept": "application/json"}
