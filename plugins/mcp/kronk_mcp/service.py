@@ -188,4 +188,7 @@ def serve_foreground(app: ASGIApp, listen: str, log_level: str) -> None:
     """`kronk mcp start`: serve until SIGINT or SIGTERM."""
     sock = _bind(listen)
     log.info("mcp: serving MCP (Streamable HTTP) on http://%s", _address(sock))
-    _uvicorn(app, log_level).run(sockets=[sock])
+    # After a graceful stop uvicorn raises the signal again; Ctrl-C then ends quietly,
+    # as it does for `kronk server start` (uvicorn.run).
+    with contextlib.suppress(KeyboardInterrupt):
+        _uvicorn(app, log_level).run(sockets=[sock])
