@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -109,6 +110,16 @@ class ServerStartCommand(click.Command):
             }
         )
         return nest(values)
+
+
+# A settings file for the commands that read the server settings (server start, mcp start).
+config_file_option = click.option(
+    "--config",
+    "config_file",
+    envvar="KRONK_CONFIG",
+    type=click.Path(path_type=Path),
+    help="YAML file with server settings (flags and environment override it)",
+)
 
 
 def setting_option(key: str, **kwargs: Any) -> Callable[[F], F]:

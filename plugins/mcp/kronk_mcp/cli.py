@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from kronk_api.logs import configure_logging
-from kronk_api.options import ServerStartCommand, cli_plugins
+from kronk_api.options import ServerStartCommand, cli_plugins, config_file_option
 from kronk_api.settings import Setting, all_settings, bind_sections, env_name, load_settings
 from kronk_core.errors import KronkError
 from kronk_mcp.access import LOOPBACK
@@ -52,13 +52,7 @@ def add_commands(group: click.Group) -> None:
         """The MCP service (the web_search tool) on its own."""
 
     @mcp.command("start", cls=StandaloneCommand)
-    @click.option(
-        "--config",
-        "config_file",
-        envvar="KRONK_CONFIG",
-        type=click.Path(path_type=Path),
-        help="YAML file with server settings; its mcp section applies",
-    )
+    @config_file_option
     @click.pass_context
     def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
         """Run the MCP service in the foreground, without the model server.

@@ -21,6 +21,7 @@ import httpx2
 import mcp_types as types
 import pytest
 from anyio.from_thread import start_blocking_portal
+from litestar.datastructures import State
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -28,30 +29,31 @@ from kronk_api import ServerSettings, create_app
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_endpoints
 from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import ConfigError
+from kronk_mcp.plugin import STATE_KEY
+from kronk_mcp.service import BackgroundService
 from kronk_mcp.settings import DEFAULT_LISTEN
 
 if TYPE_CHECKING:
     from conftest import BraveSearchDouble, RawFactory
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 @contextlib.contextmanager
-def model_server(base: Path, sections: dict[str, Any]) -> Iterator[None]:
+def model_server(base: Path, sections: dict[str, Any]) -> Iterator[State]:
     """A model server's startup and shutdown (no model is loaded), on a loop of its own."""
     settings = ServerSettings(base_path=base, sections=sections)
     app = create_app(settings, kronk=Kronk(KronkConfig(base_path=base)))
     with start_blocking_portal() as portal, portal.wrap_async_context_manager(app.lifespan()):
-        yield
+        yield app.state
 
 
-def mcp_section(brave: BraveSearchDouble, listen: str) -> dict[str, Any]:
+def mcp_section(brave: BraveSearchDouble, listen: str = "127.0.0.1:0") -> dict[str, Any]:
     return {"listen": listen, "braveapikey": brave.key, "brave_url": brave.base_url}
+
+
+def service_url(state: State) -> str:
+    """Where the server's MCP service listens (it was given port 0: a free one)."""
+    service: BackgroundService = state[STATE_KEY]
+    return f"http://{service.address}"
 
 
 def token(base: Path, endpoints: str) -> str:
@@ -65,13 +67,9 @@ def bearer(value: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def auth_on(tmp_path: Path, brave: BraveSearchDouble) -> Iterator[str]:
-    url = f"http://127.0.0.1:{free_port()}"
-    sections = {
-        "auth-jwt": {"enabled": True},
-        "mcp": mcp_section(brave, url.removeprefix("http://")),
-    }
-    with model_server(tmp_path, sections):
-        yield url
+    sections = {"auth-jwt": {"enabled": True}, "mcp": mcp_section(brave)}
+    with model_server(tmp_path, sections) as state:
+        yield service_url(state)
 
 
 def test_without_a_valid_token_the_endpoint_answers_401(
@@ -168,21 +166,19 @@ def test_the_service_stops_with_the_server(tmp_path: Path, brave: BraveSearchDou
         async with Client(url, mode="legacy") as client:
             return await client.call_tool("web_search", {"query": "up"})
 
-    listen = f"127.0.0.1:{free_port()}"
-    with model_server(tmp_path, {"mcp": mcp_section(brave, listen)}):
-        assert not asyncio.run(search(f"http://{listen}")).is_error
+    with model_server(tmp_path, {"mcp": mcp_section(brave)}) as state:
+        url = service_url(state)
+        assert not asyncio.run(search(url)).is_error
     with pytest.raises(httpx.ConnectError):
-        httpx.post(f"http://{listen}", json={})
+        httpx.post(url, json={})
 
 
 def test_an_external_host_means_no_embedded_service(
     tmp_path: Path, brave: BraveSearchDouble
 ) -> None:
-    listen = f"127.0.0.1:{free_port()}"
-    section = {**mcp_section(brave, listen), "host": "mcp.example.com:9000"}
-    with model_server(tmp_path, {"mcp": section}):
-        with pytest.raises(httpx.ConnectError):
-            httpx.post(f"http://{listen}", json={})
+    section = {**mcp_section(brave), "host": "mcp.example.com:9000"}
+    with model_server(tmp_path, {"mcp": section}) as state:
+        assert STATE_KEY not in state
 
 
 def test_a_configured_address_in_use_stops_the_server(
