@@ -138,52 +138,57 @@ def _error_headers(error: KronkError) -> list[tuple[str, str]]:
     return headers
 
 
-class AccessGuard:
-    """ASGI middleware in front of the MCP transport."""
+class AddressGuard:
+    """ASGI middleware: only this service's Host names and trusted Origins get through."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        addresses: Addresses,
-        gate: Gate | None,
-        max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
-    ) -> None:
+    def __init__(self, app: ASGIApp, addresses: Addresses) -> None:
         self.app = app
         self.addresses = addresses
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            host, origin = headers.get("host"), headers.get("origin")
+            if not self.addresses.allows_host(host):
+                message = f"Host {host!r} is not a name of this MCP service (mcp.allowed_hosts)"
+                await refuse(send, 421, message)
+                return
+            if not self.addresses.allows_origin(origin):
+                message = f"Origin {origin!r} may not call this MCP service (mcp.allowed_origins)"
+                await refuse(send, 403, message)
+                return
+        await self.app(scope, receive, send)
+
+
+class TokenGuard:
+    """ASGI middleware: a token the gate admits, with the POST's tool calls counted.
+
+    Sessions belong to the token's subject.
+    """
+
+    def __init__(
+        self, app: ASGIApp, gate: Gate, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE
+    ) -> None:
+        self.app = app
         self.gate = gate
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        host, origin = headers.get("host"), headers.get("origin")
-        if not self.addresses.allows_host(host):
-            message = f"Host {host!r} is not a name of this MCP service (mcp.allowed_hosts)"
-            await refuse(send, 421, message)
-            return
-        if not self.addresses.allows_origin(origin):
-            message = f"Origin {origin!r} may not call this MCP service (mcp.allowed_origins)"
-            await refuse(send, 403, message)
-            return
-        if self.gate is not None:
+        if scope["type"] == "http":
             try:
-                receive = await self._admit(scope, receive, headers)
+                receive = await self._admit(scope, receive)
             except KronkError as exc:
                 await refuse(send, exc.status, exc.message, _error_headers(exc))
                 return
         await self.app(scope, receive, send)
 
-    async def _admit(self, scope: Scope, receive: Receive, headers: Headers) -> Receive:
-        """Check the token; count the POST's tool calls. Sessions belong to the token's subject."""
-        assert self.gate is not None
+    async def _admit(self, scope: Scope, receive: Receive) -> Receive:
         calls = 0
         if scope["method"] == "POST":
             body = await _read_body(receive, self.max_body)
             calls = _tool_calls(body)
             receive = _replay(body, receive)
-        subject = await self.gate.admit(headers.get("authorization"), calls)
+        subject = await self.gate.admit(Headers(scope=scope).get("authorization"), calls)
         # The SDK ties each session to the credential that opened it.
         token = AccessToken(token="", client_id=subject, scopes=["mcp"], subject=subject)
         scope["user"] = AuthenticatedUser(token)

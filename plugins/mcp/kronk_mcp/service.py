@@ -21,16 +21,18 @@ import mcp_types as types
 import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from kronk_core import __version__
 from kronk_mcp import web_search
-from kronk_mcp.access import AccessGuard, Addresses, Gate
+from kronk_mcp.access import Addresses, AddressGuard, Gate, TokenGuard
 from kronk_mcp.brave import BraveSearch
 from kronk_mcp.settings import McpSettings, split_host_port
 
@@ -88,7 +90,7 @@ def mcp_app(settings: McpSettings, gate: Gate | None) -> ASGIApp:
     """The whole service as one ASGI app (its lifespan runs the sessions)."""
     sessions = StreamableHTTPSessionManager(
         app=_mcp_server(settings),
-        # Host and Origin are checked in front, by AccessGuard, with errors that name the setting.
+        # Host and Origin are checked in front, by AddressGuard, with errors that name the setting.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
     transport = StreamableHTTPASGIApp(sessions)
@@ -98,13 +100,24 @@ def mcp_app(settings: McpSettings, gate: Gate | None) -> ASGIApp:
         async with sessions.run():
             yield
 
-    app = Starlette(
+    app: ASGIApp = Starlette(
         routes=[Route("/", endpoint=transport), Route("/mcp", endpoint=transport)],
         lifespan=lifespan,
     )
+    if gate is not None:
+        app = TokenGuard(app, gate)
+    # Browser clients (the MCP Inspector) need CORS answers, refusals included; preflights
+    # are answered here, without a token. Only origins AddressGuard lets in get this far,
+    # so each one is allowed back by name.
+    app = CORSMiddleware(
+        app,
+        allow_origin_regex=".*",
+        allow_methods=["GET", "POST", "DELETE"],
+        allow_headers=["*"],
+        expose_headers=[MCP_SESSION_ID_HEADER, "Retry-After", "WWW-Authenticate"],
+    )
     host, _ = split_host_port(settings.listen)
-    addresses = Addresses(host, settings.allowed_hosts, settings.allowed_origins)
-    return AccessGuard(app, addresses, gate)
+    return AddressGuard(app, Addresses(host, settings.allowed_hosts, settings.allowed_origins))
 
 
 class ListenError(Exception):

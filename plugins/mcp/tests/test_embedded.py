@@ -91,6 +91,23 @@ def test_without_a_valid_token_the_endpoint_answers_401(
     assert brave.requests == []
 
 
+def test_browsers_get_refusals_they_can_read_and_preflights_need_no_token(
+    tmp_path: Path, brave: BraveSearchDouble
+) -> None:
+    inspector = {"Origin": "http://localhost:6274"}
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    with auth_on(tmp_path, brave) as url:
+        checked = httpx.options(url, headers={**inspector, **preflight})
+        refused = httpx.post(url, json={}, headers=inspector)
+    assert checked.status_code == 200
+    assert refused.status_code == 401
+    assert refused.headers["access-control-allow-origin"] == inspector["Origin"]
+    assert "www-authenticate" in refused.headers["access-control-expose-headers"].lower()
+
+
 def test_a_token_needs_the_mcp_grant(tmp_path: Path, brave: BraveSearchDouble) -> None:
     with auth_on(tmp_path, brave) as url, httpx.Client() as http:
         chat_only = token(tmp_path, "chat-completions")

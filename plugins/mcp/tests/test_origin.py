@@ -97,3 +97,27 @@ def test_configured_origins_and_hosts_are_let_in(
         "http://ide.example.com:3000": 403,
     }
     assert (lan, other) == (200, 421)
+
+
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type, mcp-session-id",
+}
+
+
+def test_browsers_of_trusted_origins_get_cors_answers(
+    mcp_service: ServiceFactory, raw: RawFactory
+) -> None:
+    """The MCP Inspector runs in a browser at http://localhost:6274."""
+    inspector = "http://localhost:6274"
+    with mcp_service() as url:
+        preflight = httpx.options(url, headers={"Origin": inspector, **PREFLIGHT})
+        foreign = httpx.options(url, headers={"Origin": "http://evil.example", **PREFLIGHT})
+        initialized = raw(url, {"Origin": inspector}).initialize()
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == inspector
+    allowed = preflight.headers["access-control-allow-headers"].lower()
+    assert "authorization" in allowed and "mcp-session-id" in allowed
+    assert foreign.status_code == 403
+    assert initialized.headers["access-control-allow-origin"] == inspector
+    assert "mcp-session-id" in initialized.headers["access-control-expose-headers"].lower()
