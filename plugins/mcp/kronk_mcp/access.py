@@ -45,7 +45,7 @@ def _hostname(value: str) -> tuple[str, str]:
     try:
         port = "" if parts.port is None else str(parts.port)
     except ValueError:
-        port = "?"  # not a port: matches nothing
+        return "", ""  # not a port: no name, which matches nothing
     return (parts.hostname or "").lower(), port
 
 
