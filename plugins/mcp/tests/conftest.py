@@ -250,6 +250,8 @@ class RawSession:
         self.next_id += 1
         return self.post(message)
 
+    answer = staticmethod(rpc_answer)
+
     def result(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         response = self.call(method, params)
         assert response.status_code == 200, response.text
