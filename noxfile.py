@@ -10,6 +10,7 @@ nox.options.reuse_existing_virtualenvs = True
 PLUGINS = [
     "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt",
     "debug", "tempo",
+    "mcp",
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]

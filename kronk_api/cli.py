@@ -21,7 +21,12 @@ import click
 
 from kronk_api.client import call_server
 from kronk_api.logs import configure_logging
-from kronk_api.options import ServerStartCommand, cli_plugins, setting_option
+from kronk_api.options import (
+    ServerStartCommand,
+    cli_plugins,
+    config_file_option,
+    setting_option,
+)
 from kronk_api.plugin_list import describe_plugins
 from kronk_api.settings import (
     ServerSettings,
@@ -100,13 +105,7 @@ def server() -> None:
 
 
 @server.command("start", cls=ServerStartCommand)
-@click.option(
-    "--config",
-    "config_file",
-    envvar="KRONK_CONFIG",
-    type=click.Path(path_type=Path),
-    help="YAML file with server settings (flags and environment override it)",
-)
+@config_file_option
 @click.option(
     "-d",
     "--detach",
