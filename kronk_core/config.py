@@ -100,6 +100,7 @@ class ModelConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         where = f"models.{data['id']}." if data.get("id") else ""
+        data = legacy.move_manual_keys(data, where)
         data = legacy.move_cache_flags(legacy.move_keys(data, legacy.MODEL_KEYS, where), where)
         return gather(data, cls.model_fields)
 

@@ -88,7 +88,8 @@ def load_model(
     kronk: Kronk, model_id: str, on_finished: Callable[[RequestRecord], None]
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
-    config = bind_model_settings(kronk, resolve_model_config(kronk.config, model_id))
+    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models())
+    config = bind_model_settings(kronk, resolved)
     backend = kronk.hook.kronk_backend(model_config=config)
     if backend is None:
         raise ModelLoadError(f"no backend plugin can load {config.model_path}")
