@@ -8,7 +8,8 @@ nox.options.sessions = ["lint", "core", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PLUGINS = [
-    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt"
+    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt",
+    "catalog", "ui",
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]

@@ -1,0 +1,241 @@
+"""Catalogs in Kronk's format: the bundled one and the user's `<base>/catalogs/*.yaml`.
+
+    catalog: Text-Generation
+    models:
+      - id: Qwen3-8B-Q8_0
+        category: Text-Generation
+        files:
+          models:
+            - url: Qwen/Qwen3-8B-GGUF/Qwen3-8B-Q8_0.gguf   # HF-REPO/FILE or a URL
+              size: 8.71 GB                               # bytes, or as Kronk writes it
+              sha256: 0123...                             # checked before the file is used
+          proj: {url: ..., size: ..., sha256: ...}         # a vision/audio projector
+        capabilities: {endpoint: chat_completion, ...}
+        config: {context-window: 32768, nseq-max: 2, ...} # its model-config entry
+
+A user's catalog may name a model the bundled one has: the user's entry wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator
+
+from kronk_catalog.download import FileSpec
+from kronk_catalog.sources import RemoteFile, remote_file
+from kronk_core.config import parse_model_config
+from kronk_core.errors import ConfigError, ModelNotFoundError
+from kronk_core.sections import config_error_from
+
+log = logging.getLogger(__name__)
+
+BUNDLED = "bundled"
+
+
+class CatalogFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    size: ByteSize | None = None
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+
+
+class CatalogFiles(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[CatalogFile] = Field(min_length=1)
+    proj: CatalogFile | None = None
+
+    @field_validator("proj", mode="before")
+    @classmethod
+    def _empty_proj(cls, value: Any) -> Any:
+        # Kronk's files write `proj: {}` (or leave its url empty) for "none".
+        return None if not value or (isinstance(value, dict) and not value.get("url")) else value
+
+
+class Capabilities(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    endpoint: str = "chat_completion"
+    images: bool = False
+    audio: bool = False
+    video: bool = False
+    streaming: bool = True
+    reasoning: bool = False
+    tooling: bool = False
+    embedding: bool = False
+    rerank: bool = False
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    created: str | None = None
+    collections: str | None = None
+    description: str = ""
+
+    @field_validator("created", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        return None if value is None else str(value)
+
+
+class CatalogModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    category: str
+    owned_by: str = ""
+    model_family: str = ""
+    web_page: str = ""
+    gated_model: bool = False
+    template: str | None = None
+    files: CatalogFiles
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    metadata: Metadata = Field(default_factory=Metadata)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _no_config(cls, value: Any) -> Any:
+        return value or {}
+
+
+class CatalogDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    catalog: str
+    models: list[CatalogModel] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A catalog model, where it was read from, and where its files go."""
+
+    model: CatalogModel
+    source: str
+
+    @property
+    def id(self) -> str:
+        return self.model.id
+
+    def remote(self, hf_endpoint: str) -> tuple[list[RemoteFile], RemoteFile | None]:
+        models = [remote_file(file.url, hf_endpoint) for file in self.model.files.models]
+        proj = self.model.files.proj
+        return models, remote_file(proj.url, hf_endpoint) if proj is not None else None
+
+    def specs(self, models_dir: Path, hf_endpoint: str) -> list[FileSpec]:
+        """The files to pull, model parts first, the projector last."""
+        listed = [*self.model.files.models]
+        if self.model.files.proj is not None:
+            listed.append(self.model.files.proj)
+        return [
+            FileSpec(
+                url=remote.url,
+                dest=models_dir / remote.relative,
+                size=int(file.size) if file.size is not None else None,
+                sha256=file.sha256.lower() if file.sha256 else None,
+            )
+            for file in listed
+            for remote in [remote_file(file.url, hf_endpoint)]
+        ]
+
+    def paths(self, models_dir: Path, hf_endpoint: str) -> tuple[Path, Path | None]:
+        """The model's first file (what llama.cpp loads) and its projector, if any."""
+        models, proj = self.remote(hf_endpoint)
+        return models_dir / models[0].relative, models_dir / proj.relative if proj else None
+
+    def pulled(self, models_dir: Path, hf_endpoint: str) -> bool:
+        return all(spec.dest.is_file() for spec in self.specs(models_dir, hf_endpoint))
+
+    def settings(self, models_dir: Path, hf_endpoint: str) -> dict[str, Any]:
+        """Its model-config entry: the catalog's settings, the template, and the file."""
+        settings = dict(self.model.config)
+        if self.model.template:
+            templates = dict(settings.get("templates") or {})
+            templates.setdefault("template", self.model.template)
+            settings["templates"] = templates
+        settings["model_path"] = str(self.paths(models_dir, hf_endpoint)[0])
+        return settings
+
+
+def parse_catalog(text: str, where: str) -> list[CatalogModel]:
+    """The models of one catalog file; errors name the file and the key."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(where, f"not valid YAML: {exc}") from None
+    try:
+        document = CatalogDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error_from(exc, where) from None
+    for model in document.models:
+        # Its settings must load as a model-config entry (the manual's spellings included).
+        try:
+            parse_model_config(model.id, model.config)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc.key}", exc.message.partition(": ")[2]) from None
+    return document.models
+
+
+def bundled_catalog_files() -> list[tuple[str, str]]:
+    folder = files("kronk_catalog").joinpath("catalogs")
+    return sorted(
+        (f"{BUNDLED}/{item.name}", item.read_text(encoding="utf-8"))
+        for item in folder.iterdir()
+        if item.name.endswith(".yaml")
+    )
+
+
+def user_catalog_dir(base_path: Path) -> Path:
+    return base_path / "catalogs"
+
+
+class Catalog:
+    """Every catalog model by id: the bundled catalog under the user's catalogs."""
+
+    def __init__(self, base_path: Path) -> None:
+        self.base_path = base_path
+        self.entries: dict[str, CatalogEntry] = {}
+        # Catalog files that could not be read: (file, why). They are skipped, not fatal.
+        self.problems: list[tuple[str, str]] = []
+        sources = bundled_catalog_files()
+        folder = user_catalog_dir(base_path)
+        if folder.is_dir():
+            sources += [
+                (str(path), path.read_text(encoding="utf-8"))
+                for path in sorted(folder.glob("*.y*ml"))
+            ]
+        for where, text in sources:
+            try:
+                models = parse_catalog(text, where)
+            except ConfigError as exc:
+                log.error("catalog %s skipped: %s", where, exc.message)
+                self.problems.append((where, exc.message))
+                continue
+            for model in models:
+                self.entries[model.id] = CatalogEntry(model, where)
+
+    def get(self, model_id: str) -> CatalogEntry:
+        entry = self.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFoundError(
+                f"model {model_id!r} is not in the catalog (see `kronk catalog list`)",
+                param="model",
+            )
+        return entry
+
+    def list(self, category: str | None = None) -> list[CatalogEntry]:
+        """Entries by category then id; `category` filters by a case-insensitive prefix."""
+        chosen = [
+            entry
+            for entry in self.entries.values()
+            if category is None or entry.model.category.lower().startswith(category.lower())
+        ]
+        return sorted(chosen, key=lambda entry: (entry.model.category, entry.id))
