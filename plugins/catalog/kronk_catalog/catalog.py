@@ -45,6 +45,12 @@ class CatalogFile(BaseModel):
     size: ByteSize | None = None
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
 
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _digits_only(cls, value: Any) -> Any:
+        # Unquoted in YAML, a digest of digits alone reads as a number.
+        return f"{value:064d}" if isinstance(value, int) and not isinstance(value, bool) else value
+
 
 class CatalogFiles(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -174,7 +180,8 @@ def parse_catalog(text: str, where: str) -> list[CatalogModel]:
     try:
         document = CatalogDocument.model_validate(raw)
     except ValidationError as exc:
-        raise config_error_from(exc, where) from None
+        error = config_error_from(exc)
+        raise ConfigError(f"{where}: {error.key}", error.message.partition(": ")[2]) from None
     for model in document.models:
         # Its settings must load as a model-config entry (the manual's spellings included).
         try:

@@ -105,6 +105,12 @@ def _lock_file(dest: Path) -> Path:
     return dest.with_name(dest.name + ".lock")
 
 
+def _discard(dest: Path) -> None:
+    """Drop a download that cannot be resumed: its partial file and its resume record."""
+    _partial(dest).unlink(missing_ok=True)
+    _resume_record(dest).unlink(missing_ok=True)
+
+
 def _disk_error(exc: OSError, dest: Path) -> KronkError | None:
     if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         return DiskFullError(f"no room left to write {dest.name}: {os.strerror(exc.errno)}")
@@ -261,7 +267,7 @@ class Downloader:
         head = b""
         position = offset
         try:
-            async for chunk in response.aiter_bytes(CHUNK_BYTES):
+            async for chunk in response.aiter_bytes():
                 if offset == 0 and len(head) < len(GGUF_MAGIC):
                     head += chunk[: len(GGUF_MAGIC)]
                     if len(head) >= len(GGUF_MAGIC) and not head.startswith(GGUF_MAGIC):
@@ -279,12 +285,11 @@ class Downloader:
             if error is None:
                 raise
             sink.close()
-            _partial(spec.dest).unlink(missing_ok=True)
+            _discard(spec.dest)
             raise error from None
         except NotGGUFError:
             sink.close()
-            _partial(spec.dest).unlink(missing_ok=True)
-            _resume_record(spec.dest).unlink(missing_ok=True)
+            _discard(spec.dest)
             raise
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise _Retry(str(exc) or type(exc).__name__) from None
@@ -293,14 +298,14 @@ class Downloader:
         digest = hashlib.sha256()
         with partial.open("rb") as source:
             if source.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+                _discard(spec.dest)
                 raise NotGGUFError(f"{spec.url} is not a GGUF file", param="url")
             source.seek(0)
             while block := source.read(CHUNK_BYTES):
                 digest.update(block)
         actual = digest.hexdigest()
         if expected is not None and actual != expected.lower():
-            partial.unlink(missing_ok=True)
-            _resume_record(spec.dest).unlink(missing_ok=True)
+            _discard(spec.dest)
             raise ChecksumError(
                 f"{spec.url}: sha256 is {actual}, expected {expected.lower()}; "
                 "the download was discarded",

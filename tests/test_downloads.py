@@ -1,0 +1,239 @@
+"""Model downloads from a local HTTP server serving real GGUF files: resume, checksums,
+split models, the Hugging Face token, disk limits, two pulls at once; the pulled model
+then loads and answers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from file_server import FileServer, Served
+
+from kronk_api.cli import main
+from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
+from kronk_core import Kronk, KronkConfig
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while block := source.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pull(base: Path, *arguments: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [*arguments, "--base-path", str(base)])
+    return result.exit_code, result.output
+
+
+def leftovers(base: Path) -> list[str]:
+    """Files under <base>/models: partial downloads, lock files and models alike."""
+    root = base / "models"
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+
+
+def answers(base: Path, model_id: str) -> str:
+    async def chat() -> str:
+        with Kronk(KronkConfig(base_path=base)) as kronk:
+            assert model_id in kronk.model_ids()
+            result = await kronk.chat([{"role": "user", "content": "hi"}], model=model_id, max_tokens=4)
+            return result.content
+
+    return asyncio.run(chat())
+
+
+def test_a_dropped_connection_resumes_and_the_model_answers(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    with FileServer() as server:
+        size = tiny_llama_path.stat().st_size
+        server.routes["/files/tiny-llama.gguf"] = Served(path=tiny_llama_path, drop_after=size // 2)
+        code, output = pull(tmp_path, "model", "pull", f"{server.url}/files/tiny-llama.gguf")
+        assert code == 0, output
+        gets = server.gets("/files/tiny-llama.gguf")
+    assert [request.headers.get("range") for request in gets] == [None, f"bytes={size // 2}-"]
+    assert gets[1].headers["if-range"].startswith('"')
+    pulled = tmp_path / "models" / "127.0.0.1" / "tiny-llama.gguf"
+    assert sha256(pulled) == sha256(tiny_llama_path)
+    assert leftovers(tmp_path) == ["127.0.0.1/tiny-llama.gguf"]
+    assert "pulled tiny-llama" in output
+    assert answers(tmp_path, "tiny-llama")
+
+
+async def test_an_interrupted_pull_resumes_where_it_stopped(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    size = tiny_llama_path.stat().st_size
+    dest = tmp_path / "models" / "tiny.gguf"
+    with FileServer() as server:
+        server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, drop_after=size // 3)
+        spec = FileSpec(url=f"{server.url}/tiny.gguf", dest=dest, sha256=sha256(tiny_llama_path))
+        with pytest.raises(PullError, match="failed after 1 tries"):
+            await Downloader(hf_endpoint=server.url, retries=0).fetch(spec, lambda *_: None)
+        # Nothing where a model is expected; what came is kept for the next pull.
+        assert not dest.exists()
+        assert (tmp_path / "models" / "tiny.gguf.partial").stat().st_size == size // 3
+        seen: list[int] = []
+        await Downloader(hf_endpoint=server.url).fetch(spec, lambda done, total: seen.append(done))
+        assert server.gets("/tiny.gguf")[-1].headers["range"] == f"bytes={size // 3}-"
+    assert seen[0] == size // 3 and seen[-1] == size
+    assert sha256(dest) == spec.sha256
+    assert leftovers(tmp_path) == ["tiny.gguf"]
+
+
+async def test_a_server_without_ranges_starts_over(tmp_path: Path, tiny_llama_path: Path) -> None:
+    size = tiny_llama_path.stat().st_size
+    with FileServer() as server:
+        server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, drop_after=size // 2, ranges=False)
+        spec = FileSpec(url=f"{server.url}/tiny.gguf", dest=tmp_path / "tiny.gguf")
+        await Downloader(hf_endpoint=server.url).fetch(spec, lambda *_: None)
+        assert len(server.gets("/tiny.gguf")) == 2
+    assert sha256(spec.dest) == sha256(tiny_llama_path)
+
+
+def test_a_wrong_checksum_leaves_nothing(tmp_path: Path, tiny_llama_path: Path) -> None:
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    with FileServer() as server:
+        server.routes["/org/tiny-GGUF/resolve/main/tiny.gguf"] = Served(path=tiny_llama_path)
+        (catalogs / "mine.yaml").write_text(
+            "catalog: mine\nmodels:\n"
+            "  - id: tiny-wrong\n    category: Text-Generation\n"
+            "    files:\n      models:\n        - url: org/tiny-GGUF/tiny.gguf\n"
+            f"          sha256: {'0' * 64}\n",
+            encoding="utf-8",
+        )
+        code, output = pull(
+            tmp_path, "catalog", "pull", "tiny-wrong", "--catalog-hf-endpoint", server.url
+        )
+    assert code == 1
+    assert f"sha256 is {sha256(tiny_llama_path)}, expected {'0' * 64}" in output
+    assert "the download was discarded" in output
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("served", "words"),
+    [
+        (None, "404 Not Found"),
+        (Served(data=b"<!doctype html><html>a model page</html>"), "is not a GGUF file"),
+    ],
+)
+def test_a_missing_file_or_not_a_gguf_is_a_clear_error(
+    tmp_path: Path, served: Served | None, words: str
+) -> None:
+    with FileServer() as server:
+        if served is not None:
+            server.routes["/m.gguf"] = served
+        code, output = pull(tmp_path, "model", "pull", f"{server.url}/m.gguf")
+    assert code == 1 and words in output, output
+    assert not (tmp_path / "models").exists() or leftovers(tmp_path) == []
+
+
+def test_a_split_model_comes_in_all_its_parts_and_answers(
+    tmp_path: Path, tiny_split_paths: list[Path]
+) -> None:
+    with FileServer() as server:
+        for part in tiny_split_paths:
+            server.routes[f"/split/{part.name}"] = Served(path=part)
+        code, output = pull(tmp_path, "model", "pull", f"{server.url}/split/{tiny_split_paths[0].name}")
+        assert code == 0, output
+        assert [request.path for request in server.requests] == [
+            f"/split/{part.name}" for part in tiny_split_paths
+        ]
+    assert leftovers(tmp_path) == [f"127.0.0.1/{part.name}" for part in tiny_split_paths]
+    assert answers(tmp_path, "tiny-split")
+
+
+async def test_the_hugging_face_token_goes_to_the_hub_only(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """The Hub redirects to a CDN on another host: the token must not follow. The sha256
+    the Hub gives (X-Linked-Etag) is checked."""
+    digest = sha256(tiny_llama_path)
+    with FileServer() as hub, FileServer() as cdn:
+        cdn.routes["/blob/tiny"] = Served(path=tiny_llama_path)
+        cdn.routes["/blob/other"] = Served(data=b"GGUF and then something else")
+        for name, target, linked in (("tiny", "tiny", digest), ("bad", "other", digest)):
+            hub.routes[f"/org/repo/resolve/main/{name}.gguf"] = Served(
+                redirect=f"http://localhost:{cdn.port}/blob/{target}",
+                headers={"X-Linked-Etag": f'"{linked}"'},
+            )
+        downloader = Downloader(hf_endpoint=hub.url, hf_token="hf_secret")
+        good = FileSpec(url=f"{hub.url}/org/repo/resolve/main/tiny.gguf", dest=tmp_path / "t.gguf")
+        await downloader.fetch(good, lambda *_: None)
+        bad = FileSpec(url=f"{hub.url}/org/repo/resolve/main/bad.gguf", dest=tmp_path / "b.gguf")
+        with pytest.raises(ChecksumError):
+            await downloader.fetch(bad, lambda *_: None)
+        assert {request.headers.get("authorization") for request in hub.requests} == {
+            "Bearer hf_secret"
+        }
+        assert all("authorization" not in request.headers for request in cdn.requests)
+        assert len(cdn.requests) == 2
+    assert sha256(good.dest) == digest and not bad.dest.exists()
+
+
+async def test_two_pulls_of_one_file_share_one_download(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    size = tiny_llama_path.stat().st_size
+    with FileServer() as server:
+        served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 2)
+        downloader = Downloader(hf_endpoint=server.url)
+        spec = FileSpec(url=f"{server.url}/tiny.gguf", dest=tmp_path / "tiny.gguf")
+        first: list[int] = []
+        second: list[int] = []
+        one = asyncio.ensure_future(downloader.fetch(spec, lambda done, total: first.append(done)))
+        await asyncio.to_thread(served.paused.wait, 30)
+        two = asyncio.ensure_future(downloader.fetch(spec, lambda done, total: second.append(done)))
+        await asyncio.sleep(0)  # let the second pull join before the server goes on
+        served.go.set()
+        await asyncio.gather(one, two)
+        assert len(server.gets("/tiny.gguf")) == 1
+    assert first[-1] == second[-1] == size
+    assert sha256(spec.dest) == sha256(tiny_llama_path)
+    # Pulled once, a file is not fetched again.
+    await Downloader(hf_endpoint="http://127.0.0.1:9").fetch(spec, lambda *_: None)
+
+
+def test_no_room_on_the_disk_is_found_before_downloading(tmp_path: Path) -> None:
+    with FileServer() as server:
+        server.routes["/huge.gguf"] = Served(claimed_size=1 << 60)
+        code, output = pull(tmp_path, "model", "pull", f"{server.url}/huge.gguf")
+    assert code == 1 and "not enough disk space for huge.gguf" in output, output
+    assert leftovers(tmp_path) == []
+
+
+def test_a_disk_that_fills_up_leaves_no_partial_file(tmp_path: Path, tiny_llama_path: Path) -> None:
+    """The pull runs with a file-size limit (RLIMIT_FSIZE): its writes fail as on a full disk."""
+    kept = tmp_path / "models" / "127.0.0.1" / "kept.gguf"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"GGUF already pulled")
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    with FileServer() as server:
+        server.routes["/tiny.gguf"] = Served(path=tiny_llama_path)
+        completed = subprocess.run(
+            [sys.executable, "-m", "kronk_api.cli", "model", "pull", f"{server.url}/tiny.gguf"],
+            env={**os.environ, "KRONK_BASE_PATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=limit,
+        )
+    assert completed.returncode == 1, completed.stderr
+    assert "no room left to write tiny.gguf: File too large" in completed.stderr
+    assert leftovers(tmp_path) == ["127.0.0.1/kept.gguf"]
+    assert kept.read_bytes() == b"GGUF already pulled"
