@@ -223,8 +223,9 @@ class Catalog:
             try:
                 models = parse_catalog(text, where)
             except ConfigError as exc:
-                log.error("catalog %s skipped: %s", where, exc.message)
-                self.problems.append((where, exc.message))
+                why = exc.message.removeprefix(f"{where}: ")
+                log.error("catalog %s skipped: %s", where, why)
+                self.problems.append((where, why))
                 continue
             for model in models:
                 self.entries[model.id] = CatalogEntry(model, where)

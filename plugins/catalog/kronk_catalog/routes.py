@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from litestar import Request, Router, get, post
-from litestar.params import FromPath
+from litestar import Request, Response, Router, get, post
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -91,7 +91,7 @@ def describe(entry: CatalogEntry, base_path: Path, hf_endpoint: str) -> dict[str
 
 @get("/v1/kronk/catalog", opt=_ADMIN)
 async def list_catalog(
-    request: Request[Any, Any, Any], category: str | None = None
+    request: Request[Any, Any, Any], category: FromQuery[str | None] = None
 ) -> dict[str, Any]:
     """Every catalog model (`?category=` filters by a prefix), with whether it is pulled."""
     base, endpoint = _base(request), _settings(request).hf_endpoint
@@ -152,7 +152,7 @@ async def _frames(snapshots: AsyncIterator[dict[str, Any]]) -> AsyncIterator[byt
 @get("/v1/kronk/pulls/{pull_id:str}/events", opt=_ADMIN)
 async def pull_events(
     request: Request[Any, Any, Any], pull_id: FromPath[str]
-) -> Stream | Any:
+) -> Stream | Response[None]:
     """Server-sent events: `progress` while the pull runs, then `done` or `failed`."""
     pull: Pull = pulls_of(request).get(pull_id)
     return await _DIALECT.open_stream(request, pull.watch(), _frames)
