@@ -593,6 +593,7 @@ function start() {
   }
   window.addEventListener("hashchange", show);
   showTokenState();
+  api("/v1/liveness").then((live) => { $("server-version").textContent = `kronk ${live.version}`; }, () => {});
   show();
 }
 
