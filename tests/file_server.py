@@ -111,7 +111,9 @@ class FileServer:
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> None:
         path = handler.path.split("?")[0]
-        self.requests.append(Request("GET", path, {k.lower(): v for k, v in handler.headers.items()}))
+        self.requests.append(
+            Request("GET", path, {k.lower(): v for k, v in handler.headers.items()})
+        )
         served = self.routes.get(path)
         if served is None:
             body = b"not found"
@@ -167,7 +169,9 @@ class FileServer:
                     handler.wfile.flush()
                     handler.close_connection = True
                     return
-                if served.pause_after is not None and sent <= served.pause_after < sent + len(block):
+                if served.pause_after is not None and sent <= served.pause_after < sent + len(
+                    block
+                ):
                     cut = served.pause_after - sent
                     handler.wfile.write(block[:cut])
                     handler.wfile.flush()

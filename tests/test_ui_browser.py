@@ -74,9 +74,11 @@ def page(browser: Browser) -> Iterator[Page]:
     opened.on("pageerror", lambda error: problems.append(str(error)))
     opened.on(
         "console",
-        lambda message: problems.append(message.text)
-        if message.type == "error" and "Failed to load resource" not in message.text
-        else None,
+        lambda message: (
+            problems.append(message.text)
+            if message.type == "error" and "Failed to load resource" not in message.text
+            else None
+        ),
     )
     yield opened
     context.close()
@@ -89,12 +91,16 @@ def shoot(page: Page, folder: Path, name: str) -> None:
 
 
 @pytest.fixture
-def ui_server(tmp_path: Path, tiny_llama_path: Path, serve: Any) -> Iterator[tuple[str, FileServer]]:
+def ui_server(
+    tmp_path: Path, tiny_llama_path: Path, serve: Any
+) -> Iterator[tuple[str, FileServer]]:
     write_catalog(tmp_path, tiny_llama_path)
     models = {DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA)}
     with FileServer() as hub:
         kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
-        settings = ServerSettings(base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}})
+        settings = ServerSettings(
+            base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}}
+        )
         with serve(create_app(settings, kronk=kronk)) as base_url:
             yield base_url, hub
 
@@ -103,7 +109,11 @@ def test_the_page_and_its_assets_carry_the_content_security_policy(
     ui_server: tuple[str, FileServer],
 ) -> None:
     base_url, _ = ui_server
-    for path, kind in (("/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")):
+    for path, kind in (
+        ("/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ):
         response = httpx.get(base_url + path)
         assert response.status_code == 200
         assert response.headers["content-type"].startswith(kind)
@@ -111,7 +121,10 @@ def test_the_page_and_its_assets_carry_the_content_security_policy(
         assert response.headers["x-content-type-options"] == "nosniff"
     index = httpx.get(base_url + "/").text
     assert "<script>" not in index and " style=" not in index and "onclick" not in index
-    assert "script-src 'self'" in CONTENT_SECURITY_POLICY and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert (
+        "script-src 'self'" in CONTENT_SECURITY_POLICY
+        and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    )
     assert httpx.get(base_url + "/ui/missing.js").status_code == 404
     assert httpx.get(base_url + "/ui/..%2Fplugin.py").status_code == 404
 

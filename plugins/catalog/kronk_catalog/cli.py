@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ _base_path = setting_option(
     "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"
 )
 _hf_endpoint = setting_option(
-    "catalog.hf_endpoint", help=f"The Hugging Face Hub of HF-REPO/FILE names [{DEFAULT_HF_ENDPOINT}]"
+    "catalog.hf_endpoint",
+    help=f"The Hugging Face Hub of HF-REPO/FILE names [{DEFAULT_HF_ENDPOINT}]",
 )
 _hf_token = click.option(
     "--hf-token",
@@ -78,10 +79,12 @@ def _run(work: Coroutine[Any, Any, None]) -> None:
         ) from None
 
 
-def _echo_table(rows: list[tuple[str, ...]]) -> None:
+def _echo_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
 
 
 def add_commands(group: click.Group) -> None:
@@ -100,7 +103,9 @@ def add_commands(group: click.Group) -> None:
         found = Catalog(base)
         for where, why in found.problems:
             click.echo(f"warning: {where} skipped: {why}", err=True)
-        entries = [describe(entry, base, DEFAULT_HF_ENDPOINT) for entry in found.list(filter_category)]
+        entries = [
+            describe(entry, base, DEFAULT_HF_ENDPOINT) for entry in found.list(filter_category)
+        ]
         if as_json:
             click.echo(json.dumps(entries, indent=2))
             return
@@ -132,7 +137,12 @@ def add_commands(group: click.Group) -> None:
             click.echo(f"  {file['url']}\n    {size}, sha256 {file['sha256'] or 'not given'}")
         if entry["config"]:
             click.echo("settings:")
-            click.echo(yaml.safe_dump(entry["config"], sort_keys=False).rstrip().replace("\n", "\n  ").join(["  ", ""]))
+            click.echo(
+                yaml.safe_dump(entry["config"], sort_keys=False)
+                .rstrip()
+                .replace("\n", "\n  ")
+                .join(["  ", ""])
+            )
         click.echo(f"{'catalog file:':<14}{entry['catalog_file']}")
 
     @catalog.command("pull")

@@ -351,7 +351,7 @@ def _starts_at(response: httpx.Response, offset: int) -> bool:
 def _hub_sha256(response: httpx.Response) -> str | None:
     """The sha256 a Hugging Face Hub gives for a large file (X-Linked-Etag of its redirect)."""
     for earlier in (*response.history, response):
-        value = earlier.headers.get("x-linked-etag", "").strip('"').lower()
+        value = str(earlier.headers.get("x-linked-etag", "")).strip('"').lower()
         if SHA256_HEX.match(value):
             return value
     return None
@@ -364,7 +364,9 @@ def _read_record(record: Path, url: str) -> str | None:
     except (OSError, ValueError):
         return None
     validator = saved.get("validator")
-    return validator if saved.get("url") == url and isinstance(validator, str) else None
+    if saved.get("url") != url or not isinstance(validator, str):
+        return None
+    return validator
 
 
 def _write_record(record: Path, url: str, validator: str | None) -> None:

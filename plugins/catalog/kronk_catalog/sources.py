@@ -19,7 +19,9 @@ from kronk_core.errors import InvalidRequestError
 
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.I)
 # https://HUB/owner/repo/resolve/REVISION/path (or /blob/, the page people copy).
-_HUB_PATH = re.compile(r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?:resolve|blob)/(?P<rev>[^/]+)/(?P<path>.+)$")
+_HUB_PATH = re.compile(
+    r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?:resolve|blob)/(?P<rev>[^/]+)/(?P<path>.+)$"
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,7 @@ def remote_file(reference: str, hf_endpoint: str) -> RemoteFile:
     parts = reference.split("/")
     if len(parts) < 3 or ":" in parts[0]:
         raise InvalidRequestError(
-            f"{reference!r} is neither a URL (https://...) nor HF-REPO/FILE "
-            "(owner/repo/file.gguf)",
+            f"{reference!r} is neither a URL (https://...) nor HF-REPO/FILE (owner/repo/file.gguf)",
             param="url",
         )
     relative = _safe(parts, reference)

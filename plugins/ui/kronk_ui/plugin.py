@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from importlib.resources import files
-from typing import Any
 
 from litestar import Response, Router, get
 from litestar.exceptions import NotFoundException
@@ -69,4 +68,3 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
 @hookimpl
 def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
     return [Router(path="/", route_handlers=[index, asset])]
-
