@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, parse_model_config
+from kronk_core.config import (
+    DEFAULT_MODEL_ID,
+    KronkConfig,
+    ModelConfig,
+    merge_settings,
+    parse_model_config,
+)
 from kronk_core.errors import ConfigError, ModelLoadError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
@@ -87,20 +93,10 @@ def known_model_ids(config: KronkConfig, provided: Provided | None = None) -> li
     return list(dict.fromkeys(ids))
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def _over(base: ModelConfig, entry: ModelConfig) -> ModelConfig:
     """`base` with every key `entry` sets replaced (plugin sections and sampling key by key)."""
     keys = {"exclude_unset": True, "exclude": {"id"}}
-    merged = _merge(base.model_dump(**keys), entry.model_dump(**keys))  # type: ignore[arg-type]
+    merged = merge_settings(base.model_dump(**keys), entry.model_dump(**keys))  # type: ignore[arg-type]
     return parse_model_config(entry.id, merged)
 
 
