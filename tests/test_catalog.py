@@ -116,6 +116,8 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     assert leftovers(tmp_path) == [str(pulled.relative_to(tmp_path / "models"))]
     code, output = cli(tmp_path, "catalog", "list")
     assert f"{DEFAULT_MODEL_ID}         yes" in output
+    code, output = cli(tmp_path, "model", "list")
+    assert f"{DEFAULT_MODEL_ID}\t{pulled}" in output.splitlines()
     # Served by its catalog id from the pulled file, its settings under the model-config entry.
     small = parse_model_config(DEFAULT_MODEL_ID, {"context_window": 512, "n_seq_max": 1})
     config = KronkConfig(base_path=tmp_path, models={DEFAULT_MODEL_ID: small})

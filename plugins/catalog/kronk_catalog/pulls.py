@@ -8,6 +8,7 @@ downloads page).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import deque
@@ -16,8 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kronk_catalog.download import Downloader, FileSpec
+import httpx
+
+from kronk_catalog.download import Downloader, FileSpec, PullError
 from kronk_core.errors import KronkError, NotFoundError
+
+log = logging.getLogger(__name__)
 
 # Speed is measured over this many recent seconds.
 SPEED_WINDOW_SECONDS = 5.0
@@ -128,6 +133,9 @@ class Pull:
             self.status = "done"
         except KronkError as exc:
             self.status, self.error = "failed", exc
+        except (OSError, httpx.HTTPError) as exc:  # a local file error, a malformed URL
+            log.exception("pull of %s failed", self.model)
+            self.status, self.error = "failed", PullError(f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             self.status, self.error = "failed", KronkError("the pull was cancelled")
             raise
