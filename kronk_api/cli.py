@@ -266,7 +266,7 @@ def plugins(as_json: bool) -> None:
 
 @main.group()
 def model() -> None:
-    """Inspect models."""
+    """Models: list them, see what a server has loaded (plugins add more: pull)."""
 
 
 @model.command("list")

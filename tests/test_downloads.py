@@ -243,3 +243,26 @@ def test_a_disk_that_fills_up_leaves_no_partial_file(tmp_path: Path, tiny_llama_
     assert "no room left to write tiny.gguf: File too large" in completed.stderr
     assert leftovers(tmp_path) == ["127.0.0.1/kept.gguf"]
     assert kept.read_bytes() == b"GGUF already pulled"
+
+
+def test_a_projector_comes_beside_its_model_and_is_not_a_model(
+    tmp_path: Path, tiny_llama_path: Path, reranker_path: Path
+) -> None:
+    """A GGUF stands in for the projector: the downloader treats every file alike."""
+    with FileServer() as hub:
+        hub.routes["/org/vl-GGUF/resolve/main/vl.gguf"] = Served(path=tiny_llama_path)
+        hub.routes["/org/vl-GGUF/resolve/main/mmproj-F16.gguf"] = Served(path=reranker_path)
+        code, output = pull(
+            tmp_path,
+            "model",
+            "pull",
+            "org/vl-GGUF/vl.gguf",
+            "--proj",
+            "org/vl-GGUF/mmproj-F16.gguf",
+            "--catalog-hf-endpoint",
+            hub.url,
+        )
+    assert code == 0, output
+    assert leftovers(tmp_path) == ["org/vl-GGUF/mmproj-F16.gguf", "org/vl-GGUF/vl.gguf"]
+    code, output = pull(tmp_path, "model", "list")
+    assert [line.split("\t")[0] for line in output.splitlines()] == ["vl", "gemma-3-270m-Q4_K_M"]
