@@ -56,10 +56,11 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium: str) -> Iterator[Browser]:
     """Debian's chromium, never a browser of Playwright's own; Playwright gives each launch
-    a fresh profile (--user-data-dir)."""
+    a fresh profile (--user-data-dir). Module-scoped: while Playwright's synchronous API is
+    open its event loop counts as running, and the async tests after these need it closed."""
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         yield launched
