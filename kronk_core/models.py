@@ -88,8 +88,19 @@ def installed_model_files(config: KronkConfig) -> dict[str, Path]:
 
 
 def known_model_ids(config: KronkConfig, provided: Provided | None = None) -> list[str]:
-    """Configured, provided (by plugins), installed and default model ids, once each."""
-    ids = [*config.models, *(provided or {}), *installed_model_files(config), DEFAULT_MODEL_ID]
+    """Configured, provided (by plugins), installed and default model ids, once each.
+
+    A file a plugin serves under its own id (a catalog model) is not listed again
+    under its file name.
+    """
+    provided = provided or {}
+    claimed = {str(settings.get("model_path")) for settings in provided.values()}
+    installed = [
+        model_id
+        for model_id, path in installed_model_files(config).items()
+        if str(path) not in claimed
+    ]
+    ids = [*config.models, *provided, *installed, DEFAULT_MODEL_ID]
     return list(dict.fromkeys(ids))
 
 

@@ -336,3 +336,9 @@ def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: 
     variant = resolve_model_config(config, "pulled/SPC", provided)
     assert (variant.model_path, variant.n_seq_max, variant.cache) == (model_file, 2, "spc")
     assert known_model_ids(config, provided) == ["pulled", "pulled/SPC", DEFAULT_MODEL_ID]
+    # Under <base>/models, the file is listed by the id the plugin gives it, not twice.
+    (tmp_path / "models").mkdir()
+    in_models = model_file.rename(tmp_path / "models" / "pulled-Q4.gguf")
+    provided["pulled"] = {**provided["pulled"], "model_path": str(in_models)}
+    listed = known_model_ids(KronkConfig(base_path=tmp_path), provided)
+    assert listed == ["pulled", DEFAULT_MODEL_ID]
