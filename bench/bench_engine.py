@@ -27,7 +27,12 @@ PROMPT = (
 
 
 def bare_loop(config: ModelConfig, tokens: int) -> float:
-    """Greedy decode with nothing but llama.cpp calls; returns tok/s including the prefill."""
+    """Greedy decode with nothing but llama.cpp calls; returns tok/s including the prefill.
+
+    Same context as the engine's (context_window x n_seq_max, unified) and the
+    same warm-up (one short generation first), so only the loop around the
+    calls differs.
+    """
     ensure_initialised()
     model = llama_cpp.llama_model_load_from_file(
         str(config.model_path).encode(), model_params(config)
@@ -35,6 +40,15 @@ def bare_loop(config: ModelConfig, tokens: int) -> float:
     ctx = llama_cpp.llama_init_from_model(
         model, context_params(config, config.context_window or 2048)
     )
+    _greedy(ctx, model, 16)
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    rate = _greedy(ctx, model, tokens)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return rate
+
+
+def _greedy(ctx: llama_cpp.llama_context_p, model: llama_cpp.llama_model_p, tokens: int) -> float:
     vocab = llama_cpp.llama_model_get_vocab(model)
     data = PROMPT.encode()
     buffer = (llama_cpp.llama_token * 512)()
@@ -59,8 +73,6 @@ def bare_loop(config: ModelConfig, tokens: int) -> float:
     elapsed = time.perf_counter() - started
     llama_cpp.llama_sampler_free(chain)
     llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
     return tokens / elapsed
 
 
@@ -86,18 +98,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=200)
     args = parser.parse_args()
-    config = ModelConfig(
-        id=DEFAULT_MODEL_ID,
-        model_path=default_model_path(),
-        template="gemma",
-        context_window=2048,
-        n_seq_max=8,
+    config = ModelConfig.model_validate(
+        {
+            "id": DEFAULT_MODEL_ID,
+            "model_path": default_model_path(),
+            "templates": {"template": "gemma"},
+            "context_window": 2048,
+            "n_seq_max": 8,
+        }
     )
     # Its own process: llama.cpp's CPU thread pool belongs to the thread that first
     # decodes, and a second pool in the same process (the engine thread's) then
     # competes with the first one's idle workers.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        bare = pool.submit(bare_loop, config.model_copy(update={"n_seq_max": 1}), args.tokens)
+        bare = pool.submit(bare_loop, config, args.tokens)
         bare_rate = bare.result()
     kronk = Kronk(KronkConfig(models={DEFAULT_MODEL_ID: config}))
     kronk.load()

@@ -102,7 +102,7 @@ def tagged_system(tag: str) -> str:
 
 
 def long_prompt() -> Messages:
-    text = unique_text(7, 2600)
+    text = unique_text(7, 1020)  # about 3,950 tokens
     return [{"role": "user", "content": f"{text}\n\nNow count from 1 to 500, one number a line."}]
 
 

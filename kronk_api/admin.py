@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Any
 
@@ -11,6 +12,7 @@ from litestar.params import FromPath
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
+from kronk_core.memory import estimate_summary
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})
@@ -31,11 +33,26 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
     }
 
 
+@get("/v1/kronk/devices", opt={ENDPOINT_OPT: ADMIN})
+async def devices(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The backends' devices with their free and total memory (llama.cpp: CPU, CUDA0, ...)."""
+    kronk: Kronk = request.app.state.kronk
+    found = await asyncio.to_thread(kronk.devices)
+    return {"object": "list", "data": [asdict(device) for device in found]}
+
+
+def _estimates(kronk: Kronk, model_ids: list[str]) -> dict[str, dict[str, object] | None]:
+    found = {model_id: kronk.memory_estimate(model_id) for model_id in model_ids}
+    return {key: None if value is None else estimate_summary(value) for key, value in found.items()}
+
+
 @get("/v1/kronk/models")
 async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """The model pool: each loaded model with its memory, slots, activity and TTL left."""
+    """The model pool: each loaded model with its memory, its estimate, slots, activity, TTL."""
     kronk: Kronk = request.app.state.kronk
     pool = kronk.pool
+    entries = pool.entries()
+    estimates = await asyncio.to_thread(_estimates, kronk, [e.model_id for e in entries])
     return {
         "object": "list",
         "models_in_cache": pool.capacity,
@@ -45,13 +62,14 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
                 "id": entry.model_id,
                 "capabilities": sorted(entry.model.info.capabilities),
                 "memory_bytes": entry.model.info.memory_bytes,
+                "memory_estimate": estimates[entry.model_id],
                 "slots": entry.model.info.n_seq_max,
                 "active_requests": entry.model.active_requests,
                 "idle_seconds": round(entry.idle_seconds, 3),
                 "loaded_seconds": round(entry.loaded_seconds, 3),
                 "ttl_left_seconds": None if entry.ttl_left is None else round(entry.ttl_left, 3),
             }
-            for entry in pool.entries()
+            for entry in entries
         ],
     }
 
@@ -65,4 +83,4 @@ async def unload_model(request: Request[Any, Any, Any], model_id: FromPath[str])
     return {"id": model_id, "unloaded": await kronk.aunload(model_id)}
 
 
-ADMIN_ROUTES = [slots, loaded_models, unload_model]
+ADMIN_ROUTES = [slots, devices, loaded_models, unload_model]

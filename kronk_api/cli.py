@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,8 +31,9 @@ from kronk_api.settings import (
     load_settings,
 )
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import default_base_path, load_model_config_file
+from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
+from kronk_core.loading import model_config_for
 from kronk_core.models import installed_model_files
 
 api_host_option = setting_option("api_host", help="HOST:PORT of the server [127.0.0.1:8080]")
@@ -292,6 +294,81 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
         click.echo(f"{model_id}\t{where or 'embedded default'}")
 
 
+@model.command("show")
+@click.argument("model_id", required=False)
+@base_path_option
+@model_config_option
+def model_show(
+    model_id: str | None, base_path: Path | None, model_config_file: Path | None
+) -> None:
+    """Show a model's file and settings, and what loading it would take (memory estimate)."""
+    try:
+        kronk = Kronk(_local_config(base_path, model_config_file))
+        model_id = model_id or kronk.config.default_model
+        config = model_config_for(kronk, model_id)
+        estimate = kronk.memory_estimate(model_id)
+    except KronkError as exc:
+        _fail(exc)
+    click.echo(f"model:           {model_id}")
+    click.echo(f"file:            {config.model_path}")
+    settings = _settings_set(config)
+    width = max([16, *(len(key) + 1 for key in settings)])
+    for key, value in settings.items():
+        click.echo(f"{key + ':':<{width}} {value}")
+    if estimate is None:
+        click.echo("memory estimate: not available from its backend")
+        return
+    click.echo(
+        f"memory estimate: {_size(estimate.total_bytes)} = weights {_size(estimate.weights_bytes)}"
+        f" + KV cache {_size(estimate.kv_bytes)}"
+    )
+    click.echo(
+        f"  KV cache:      context_window {estimate.context_window} x n_seq_max "
+        f"{estimate.n_seq_max} x {estimate.kv_bytes_per_token} bytes per token "
+        f"({estimate.n_layer} layers, cache_type_k {estimate.cache_type_k}, "
+        f"cache_type_v {estimate.cache_type_v})"
+    )
+    for share in estimate.placement:
+        verdict = "fits" if share.fits else "DOES NOT FIT"
+        click.echo(
+            f"  on {share.device}: {_size(share.total_bytes)} of {_size(share.memory_free)} free"
+            f" ({verdict})"
+        )
+
+
+def _settings_set(config: ModelConfig) -> dict[str, Any]:
+    """The keys a model's entry sets away from their defaults, plugin sections' as `name.key`."""
+    found = config.model_dump(
+        mode="json", exclude_defaults=True, exclude={"id", "model_path", "sections"}
+    )
+    for name, section in config.sections.items():
+        dumped = section.model_dump(mode="json", exclude_defaults=True)
+        found.update({f"{name}.{key}": value for key, value in dumped.items()})
+    return found
+
+
+@main.command("devices")
+def devices() -> None:
+    """List the devices models can run on, with free and total memory."""
+    try:
+        found = Kronk(KronkConfig()).devices()
+    except KronkError as exc:
+        _fail(exc)
+    rows = [("INDEX", "NAME", "TYPE", "FREE", "TOTAL", "DESCRIPTION")]
+    for device in found:
+        rows.append(
+            (
+                str(device.index),
+                device.name,
+                device.type,
+                _size(device.memory_free),
+                _size(device.memory_total),
+                device.description,
+            )
+        )
+    _table(rows)
+
+
 @model.command("ps")
 @api_host_option
 @click.option(
@@ -313,10 +390,15 @@ def model_ps(api_host: str | None, token: str | None) -> None:
                 "never" if ttl is None else _duration(ttl),
             )
         )
+    _table(rows)
+    click.echo(f"{len(pool['data'])} of {pool['models_in_cache']} places in use")
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-    click.echo(f"{len(pool['data'])} of {pool['models_in_cache']} places in use")
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        click.echo(line.rstrip())
 
 
 def _size(count: int) -> str:

@@ -102,6 +102,25 @@ class _Job:
             self.cancelled = True
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One job's tokens in a step: its pending generated token, or a prompt chunk.
+
+    `completes`: the chunk ends the prompt. A generated token, and a chunk
+    that completes the prompt, need the logits of their last token.
+    """
+
+    job: _Job
+    tokens: Sequence[int]
+    start: int
+    generated: bool
+    completes: bool = False
+
+    @property
+    def sample(self) -> bool:
+        return self.generated or self.completes
+
+
 class GenerationStream:
     """The consumer's end of one request: an async iterator of engine events.
 
@@ -331,20 +350,12 @@ class Engine:
         job.stops = StopMatcher(job.request.stop)
 
     def _step(self) -> None:
-        batch = Batch()
-        generating: dict[int, int] = {}
-        prefilling: dict[int, int] = {}
-        sampled: list[_Job] = []
+        """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
+        parts: list[_Part] = []
         for job in self._active:
-            if job.pending_token is None or job.slot is None:
-                continue
-            job.batch_index = batch.add(
-                job.pending_token, len(job.slot.tokens), job.slot.seq_id, True
-            )
-            generating[job.slot.id] = 1
-            sampled.append(job)
-        budget = self.n_batch - len(batch)
-        chunks: list[tuple[_Job, Sequence[int]]] = []
+            if job.pending_token is not None and job.slot is not None:
+                parts.append(_Part(job, (job.pending_token,), len(job.slot.tokens), True))
+        budget = self.n_batch - len(parts)
         for job in self._active:
             if budget <= 0:
                 break
@@ -353,37 +364,80 @@ class Engine:
             prompt = job.request.prompt_tokens
             start = job.next_prompt_index
             chunk = prompt[start : start + budget]
-            last = len(prompt) - 1
-            for offset, token in enumerate(chunk):
-                index = batch.add(token, start + offset, job.slot.seq_id, start + offset == last)
-            if start + len(chunk) == len(prompt):
-                job.batch_index = index
-                sampled.append(job)
-            chunks.append((job, chunk))
-            prefilling[job.slot.id] = len(chunk)
+            parts.append(_Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
         try:
-            self.model.decode(batch)
+            self._decode(parts)
         except KronkError as exc:
-            log.error("decode failed on %s: %s", self.model.info.id, exc.message)
-            for job in list(self._active):
-                self._finish(job, FinishReason.error, error=exc)
+            # Nothing of a failed decode may stay in the KV: the slots record what is there.
+            for part in parts:
+                slot = part.job.slot
+                if slot is not None:
+                    self.model.seq_remove(slot.seq_id, len(slot.tokens), -1)
+            if len(parts) == 1:
+                self._fail(parts[0].job, exc)
+            else:
+                # Find whose tokens the model refused (a full KV for one slot): decoded
+                # one job at a time, the others go on.
+                for part in parts:
+                    try:
+                        self._decode([part])
+                    except KronkError as alone:
+                        assert part.job.slot is not None
+                        self.model.seq_remove(part.job.slot.seq_id, len(part.job.slot.tokens), -1)
+                        self._fail(part.job, alone)
+                    else:
+                        self._commit([part])
+            self._record_step(parts)
             return
-        for job in list(self._active):
-            if job.slot is not None and job.slot.id in generating and job.pending_token is not None:
-                job.slot.tokens.append(job.pending_token)
+        self._commit(parts)
+        self._record_step(parts)
+
+    def _decode(self, parts: Sequence[_Part]) -> None:
+        batch = Batch()
+        for part in parts:
+            assert part.job.slot is not None
+            seq_id = part.job.slot.seq_id
+            last = part.start + len(part.tokens) - 1
+            for position, token in zip(itertools.count(part.start), part.tokens, strict=False):
+                index = batch.add(token, position, seq_id, part.sample and position == last)
+            part.job.batch_index = index
+        self.model.decode(batch)
+
+    def _commit(self, parts: Sequence[_Part]) -> None:
+        """The parts are in the KV: record them in their slots, then sample who can."""
+        for part in parts:
+            job, slot = part.job, part.job.slot
+            assert slot is not None
+            slot.tokens.extend(part.tokens)
+            if part.generated:
                 job.pending_token = None
-        for job, prefilled in chunks:
-            assert job.slot is not None
-            job.slot.tokens.extend(prefilled)
-            job.next_prompt_index += len(prefilled)
-            if not job.prefilling:
-                job.slot.pending = False
-                self._cache.prefilled(job.slot, self.model)
+            else:
+                job.next_prompt_index += len(part.tokens)
+        for part in parts:
+            if part.sample and part.job in self._active:
+                self._sample(part.job)
+        for part in parts:
+            slot = part.job.slot
+            if part.completes and slot is not None:
+                # After the first token went out, so the strategy's work (a checkpoint)
+                # adds nothing to the time to first token; the next decode comes later.
+                slot.pending = False
+                self._cache.prefilled(slot, self.model)
+
+    def _fail(self, job: _Job, exc: KronkError) -> None:
+        log.error("decode failed on %s: %s", self.model.info.id, exc.message)
+        self._finish(job, FinishReason.error, error=exc)
+
+    def _record_step(self, parts: Sequence[_Part]) -> None:
         self._steps += 1
+        generating = {p.job.slot.id: 1 for p in parts if p.generated and p.job.slot is not None}
+        prefilling = {
+            p.job.slot.id: len(p.tokens)
+            for p in parts
+            if not p.generated and p.job.slot is not None
+        }
         self._prefilled += sum(prefilling.values())
-        for job in sampled:
-            self._sample(job)
         if self._step_listeners:
             record = StepRecord(self._steps, generating, prefilling)
             for listener in self._step_listeners:

@@ -61,6 +61,13 @@ class ModelLoadError(KronkError):
     code = "model_load_failed"
 
 
+class InsufficientMemoryError(ModelLoadError):
+    """The model would not fit the memory its device has free: refused before loading."""
+
+    status = 503  # free memory changes as other models unload; the message says what to lower
+    code = "insufficient_memory"
+
+
 class TemplateError(InvalidRequestError):
     """The chat template failed to render these messages."""
 

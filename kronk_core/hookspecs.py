@@ -17,6 +17,7 @@ import pluggy
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.events import RequestRecord
+from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
 from kronk_core.sections import Section
@@ -79,6 +80,28 @@ def kronk_backend(model_config: ModelConfig) -> Backend | None:
     `model_path` is resolved). The first non-None answer wins; use
     `tryfirst=True` on your hookimpl to claim files another backend would also
     claim. The built-in llamacpp backend claims `.gguf` files.
+    """
+
+
+@hookspec
+def kronk_devices() -> Sequence[Device]:
+    """Return the devices your backend can place models on, with their free and total memory.
+
+    Called by `Kronk.devices()` (`kronk devices`, `GET /v1/kronk/devices`); every
+    backend's answer is listed. The built-in llamacpp backend lists llama.cpp's
+    backend devices (CPU, CUDA0, ...).
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
+    """Estimate what loading this model would take, and where, or return None to pass.
+
+    Called by `Kronk.memory_estimate()` (`kronk model show`, the model-pool endpoint)
+    with the config a load would get: validated, plugin sections included, and
+    `model_path` resolved. It must not load the model. The built-in llamacpp backend
+    answers for `.gguf` files from the GGUF header (weights + KV cache per slot x
+    slots, by cache type).
     """
 
 

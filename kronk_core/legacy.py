@@ -71,6 +71,7 @@ _LLAMACPP_MANUAL_KEYS = {
     "cache-type-v": "cache_type_v",
     "flash-attention": "flash_attention",
     "ngpu-layers": "n_gpu_layers",
+    "device": "device",
     "split-mode": "split_mode",
     "offload-kqv": "offload_kqv",
     "op-offload": "op_offload",
@@ -101,7 +102,6 @@ MANUAL_IGNORED_KEYS: Mapping[str, str] = {
     "ignore-integrity-check": "pulled files are checked once, when they are downloaded",
     "use-direct-io": "llama.cpp's default file reading is used",
     "nthreads-batch": "llamacpp.n_threads sets both thread counts",
-    "device": "choose GPUs with llamacpp.split_mode and llamacpp.main_gpu",
 }
 
 # The two booleans that chose the cache strategy → the name they chose (`cache: NAME`).
@@ -151,6 +151,9 @@ def move_manual_keys(data: dict[str, Any], where: str = "") -> dict[str, Any]:
         if key in moved:
             del moved[key]
             log.warning("%s%s is ignored: %s", where, key, why)
+    # The manual writes `device: ""` for "no device pinned".
+    if moved.get("device") == "":
+        del moved["device"]
     draft = moved.get("draft-model")
     if isinstance(draft, Mapping):
         moved["draft-model"] = move_keys(

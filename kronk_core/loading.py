@@ -84,12 +84,17 @@ def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
     return config.model_copy(update={"sections": sections})
 
 
+def model_config_for(kronk: Kronk, model_id: str) -> ModelConfig:
+    """The settings a load of `model_id` uses: resolved, with its plugin sections validated."""
+    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models())
+    return bind_model_settings(kronk, resolved)
+
+
 def load_model(
     kronk: Kronk, model_id: str, on_finished: Callable[[RequestRecord], None]
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
-    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models())
-    config = bind_model_settings(kronk, resolved)
+    config = model_config_for(kronk, model_id)
     backend = kronk.hook.kronk_backend(model_config=config)
     if backend is None:
         raise ModelLoadError(f"no backend plugin can load {config.model_path}")

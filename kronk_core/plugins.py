@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from types import ModuleType
 
@@ -15,6 +16,9 @@ from kronk_core.config import PluginSelection
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "kronk"
+# Callables run before any plugin module is imported: for plugins whose native libraries
+# must be loaded before other extensions (see docs/plugins.md, "Native libraries first").
+PRELOAD_GROUP = "kronk_preload"
 hookimpl = pluggy.HookimplMarker("kronk")
 
 
@@ -59,6 +63,7 @@ def create_plugin_manager(
             return False
         return not chosen.enabled or name in chosen.enabled
 
+    _run_preloads(allowed)
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         if not allowed(entry_point.name):
             log.info("plugin %s installed but disabled by configuration", entry_point.name)
@@ -82,6 +87,21 @@ def create_plugin_manager(
     manager.hook.kronk_addhooks(plugin_manager=manager)
     manager.check_pending()
     return manager
+
+
+def _run_preloads(allowed: Callable[[str], bool]) -> None:
+    """Run each allowed plugin's preload; a failure is logged, and raised again where it matters.
+
+    A preload that fails (say, a missing native library) must not stop the plugin from
+    registering: its commands may be what installs the library.
+    """
+    for entry_point in sorted(entry_points(group=PRELOAD_GROUP), key=lambda ep: ep.name):
+        if not allowed(entry_point.name):
+            continue
+        try:
+            entry_point.load()()
+        except Exception as exc:
+            log.warning("preload of plugin %s failed: %s", entry_point.name, exc)
 
 
 def registered_plugins(manager: pluggy.PluginManager) -> list[str]:

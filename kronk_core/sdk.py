@@ -26,10 +26,12 @@ from kronk_core.loading import (
     bind_model_settings,
     embedding_model,
     load_model,
+    model_config_for,
     model_sections,
     release_if_leased,
     text_model,
 )
+from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import known_model_ids
 from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.pool import Lease, ModelPool
@@ -102,6 +104,16 @@ class Kronk:
             for model_id, settings in (models or {}).items():
                 found.setdefault(model_id, settings)
         return found
+
+    def devices(self) -> list[Device]:
+        """Every device the backends can place models on, with free and total memory."""
+        return [device for answer in self.hook.kronk_devices() for device in answer]
+
+    def memory_estimate(self, model_id: str | None = None) -> MemoryEstimate | None:
+        """What loading the model would take and where (None: its backend cannot say)."""
+        config = model_config_for(self, model_id or self.config.default_model)
+        estimate: MemoryEstimate | None = self.hook.kronk_memory_estimate(model_config=config)
+        return estimate
 
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""

@@ -110,7 +110,7 @@ class CacheStrategy(Protocol):
         """
 
     def prefilled(self, slot: Slot, model: TextModel) -> None:
-        """The request's whole prompt is now in the slot, before its first generated token."""
+        """The whole prompt is in the slot and its first token was sampled, not yet decoded."""
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """The request in this slot finished; keep or drop its KV."""

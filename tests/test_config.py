@@ -270,6 +270,13 @@ def test_the_manual_s_draft_model_block_is_the_speculative_section() -> None:
     }
 
 
+def test_the_manual_s_device_pins_the_model_and_its_empty_device_pins_nothing() -> None:
+    assert parse_model_config("m1", {"device": "CUDA0"}).sections == {
+        "llamacpp": {"device": "CUDA0"}
+    }
+    assert parse_model_config("m1", {"device": ""}).sections == {}
+
+
 def test_two_spellings_of_one_key_are_an_error() -> None:
     error = config_error({"context-window": 4096, "context_window": 8192})
     assert error.key == "models.m1.context-window"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from waiting import wait_idle
 
 from kronk_core import FinishReason, Kronk
 from kronk_core.engine import Engine, StepRecord
@@ -95,25 +95,6 @@ def step_records(engine: Engine) -> Iterator[list[StepRecord]]:
         yield records
     finally:
         engine.remove_step_listener(listener)
-
-
-async def wait_until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
-
-
-async def wait_idle(engine: Engine) -> None:
-    """Wait until no request is running or queued and every slot is free."""
-    await wait_until(
-        lambda: (
-            engine.stats().active == 0
-            and engine.stats().queued == 0
-            and not any(slot.busy for slot in engine.slots)
-        )
-    )
 
 
 def prompt_tokens(kronk: Kronk, messages: list[Mapping[str, Any]]) -> list[int]:

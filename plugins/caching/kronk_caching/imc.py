@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kronk_caching.counting import Counted
-from kronk_caching.host_store import HostStore
+from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
 from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
@@ -136,10 +136,22 @@ class IncrementalCache(Counted, PromptsAsGiven):
     def prepare(
         self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
     ) -> CachePlan:
-        """Reuse the slot's own prefix, else copy one from another slot, else restore one."""
+        """Reuse the slot's own prefix, another slot's (copied) or a stored one (restored).
+
+        The cheapest wins unless a costlier one keeps at least cache_min_tokens more.
+        """
         prompt = request.prompt_tokens
         reuse = self._reuse(slot, prompt, model)
         donor, shared = self._donor(slots, slot, prompt, model)
+        stored, entry = self._stored(prompt, at_least=max(reuse.keep, shared) + self._min_tokens)
+        if entry is not None:
+            if slot.tokens:
+                self._evict(slot, model)
+            reuse = Reuse()
+            restored = self._load(slot, entry, stored, model)
+            if restored:
+                self._count(restores=1, tokens_saved=restored)
+                return CachePlan(reused=restored)
         if donor is not None and shared >= max(self._min_tokens, reuse.keep + self._min_tokens):
             return self._copy(donor, shared, slot, prompt, model)
         if reuse.keep and not self._continues(slot, prompt, reuse):
@@ -148,10 +160,6 @@ class IncrementalCache(Counted, PromptsAsGiven):
             self._save(slot, model)
         if not reuse.keep and slot.tokens:
             self._evict(slot, model)
-        restored = self._restore(slot, prompt, reuse.keep, model)
-        if restored:
-            self._count(restores=1, tokens_saved=restored)
-            return CachePlan(reused=restored)
         if not reuse.keep:
             self._clear(slot, model)
             self._count(rebuilds=1)
@@ -233,19 +241,22 @@ class IncrementalCache(Counted, PromptsAsGiven):
             floor = model.trim_floor(slot.seq_id)
             self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor)
 
-    def _restore(self, slot: Slot, prompt: Sequence[int], usable: int, model: TextModel) -> int:
-        """Load a stored conversation that beats the slot's own prefix; return the usable prefix."""
+    def _stored(
+        self, prompt: Sequence[int], at_least: int
+    ) -> tuple[int, StoredConversation | None]:
+        """The host tier's best conversation for this prompt, and how much of it is usable."""
         if self.store is None:
-            return 0
-        shared, entry = self.store.best(prompt, at_least=max(usable + 1, self._min_tokens))
-        if not shared:
-            return 0
+            return 0, None
+        shared, entry = self.store.best(prompt, at_least=at_least)
         keep = min(shared, len(prompt) - 1)
-        if keep < len(entry.tokens) and keep < entry.floor:
-            return 0
+        if not shared or (keep < len(entry.tokens) and keep < entry.floor):
+            return 0, None
+        return keep, entry
+
+    def _load(self, slot: Slot, entry: StoredConversation, keep: int, model: TextModel) -> int:
+        """Restore a stored conversation into the (empty) slot, cut to `keep`; 0 on failure."""
+        assert self.store is not None
         state = self.store.state_of(entry)
-        if slot.tokens:
-            self._evict(slot, model)
         if state is None or model.set_seq_state(slot.seq_id, state) == 0:
             log.warning("slot %d: host cache restore failed; rebuilding", slot.id)
             self._clear(slot, model)

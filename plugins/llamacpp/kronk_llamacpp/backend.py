@@ -6,7 +6,9 @@ import llama_cpp
 
 from kronk_core.backend import EmbeddingModel, TextModel
 from kronk_core.config import ModelConfig
+from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
+from kronk_llamacpp.estimate import estimate, refuse_if_too_large
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.weights import load_weights, metadata
 
@@ -15,6 +17,8 @@ class LlamaCppBackend:
     name = "llamacpp"
 
     def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+        # Refused before llama.cpp allocates anything when it cannot fit.
+        refuse_if_too_large(config, estimate(config, list_devices()))
         weights = load_weights(config)
         try:
             pooling = pooling_of(metadata(weights))

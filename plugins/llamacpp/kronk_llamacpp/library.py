@@ -8,6 +8,7 @@ import threading
 
 import llama_cpp
 
+from kronk_llamacpp import native
 from kronk_llamacpp.amx import drop_amx_buffer_type
 
 log = logging.getLogger("kronk.llama")
@@ -30,6 +31,7 @@ def ensure_initialised() -> None:
     with _lock:
         if _initialised:
             return
+        native.load()
         llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         drop_amx_buffer_type()

@@ -78,6 +78,7 @@ class LlamaTextModel:
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry = DryPrototypes(self._vocab)
         template = llama_cpp.llama_model_chat_template(model, None)
+        self._unified = llama.kv_unified
         self._recurrent = bool(
             llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         )
@@ -198,6 +199,13 @@ class LlamaTextModel:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end))
 
     def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
+        if not self._unified:
+            # Sequences in streams of their own: llama.cpp copies a whole stream (its
+            # buffers, at the next decode), then dst drops what lies past `end`.
+            llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+            if end >= 0:
+                self.seq_remove(dst, end, -1)
+            return
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
         if self.info.n_swa and not self.info.kv_trimmable and not self._recurrent:
             # llama.cpp recycles a window cell that left the window only while one

@@ -7,6 +7,7 @@ import os
 import llama_cpp
 
 from kronk_core.config import ModelConfig
+from kronk_llamacpp.placement import apply_placement
 from kronk_llamacpp.settings import SETTINGS, CacheType, FlashAttention, RopeScaling, SplitMode
 
 # enum ggml_type values (stable in ggml.h; the Python bindings export only some).
@@ -65,6 +66,7 @@ def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
         params.n_gpu_layers = llama.n_gpu_layers
     params.split_mode = SPLIT_MODES[llama.split_mode]
     params.main_gpu = llama.main_gpu
+    apply_placement(params, config)  # device, tensor_split
     return params
 
 
@@ -79,7 +81,7 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
     params.n_batch = config.n_batch
     params.n_ubatch = llama.n_ubatch
     params.n_seq_max = config.n_seq_max
-    params.kv_unified = True
+    params.kv_unified = llama.kv_unified
     threads = llama.n_threads or os.cpu_count() or 1
     params.n_threads = threads
     params.n_threads_batch = threads

@@ -5,12 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import click
+
 from kronk_core import hookimpl
 from kronk_core.backend import Backend
 from kronk_core.config import ModelConfig
+from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.sections import Section
 from kronk_llamacpp.backend import LlamaCppBackend
+from kronk_llamacpp.cli import add_commands
+from kronk_llamacpp.devices import list_devices
+from kronk_llamacpp.estimate import estimate
 from kronk_llamacpp.settings import SETTINGS
+
+
+def _claims(model_config: ModelConfig) -> bool:
+    if model_config.backend not in (None, "llamacpp"):
+        return False
+    path = model_config.model_path
+    return path is not None and path.suffix.lower() == ".gguf"
 
 
 @hookimpl
@@ -20,9 +33,19 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 @hookimpl
 def kronk_backend(model_config: ModelConfig) -> Backend | None:
-    if model_config.backend not in (None, "llamacpp"):
-        return None
-    path = model_config.model_path
-    if path is None or path.suffix.lower() != ".gguf":
-        return None
-    return LlamaCppBackend()
+    return LlamaCppBackend() if _claims(model_config) else None
+
+
+@hookimpl
+def kronk_devices() -> Sequence[Device]:
+    return list_devices()
+
+
+@hookimpl
+def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
+    return estimate(model_config, list_devices()) if _claims(model_config) else None
+
+
+@hookimpl
+def kronk_cli(group: click.Group) -> None:
+    add_commands(group)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Kronk's GPU checks, on the GPU machine, from the root of the checkout, with the GPU kit's
+# bundle in .gpu (built on your machine by `KIT_WORKTREE=1 bash ../shared/gpu-kit/prepare.sh`):
+#   1. the kit's build and preparation, no kit bench: llama.cpp for CUDA with llama-server and
+#      llama-batched-bench in /tmp/llama-build, the project's wheels in /tmp/site, the
+#      random-weight 1.24B model in /tmp/kronk-bench (a warm machine reuses all of it);
+#   2. bench/gpu/load_order.py: the load crash case by case (import order, bindings);
+#   3. bench/bench_gpu.py: engine vs llama-batched-bench, per-step overhead, servers.
+# Results in $OUT: kit/ (the kit's log), load_order.txt, symbols.txt, bench_gpu.json/.txt.
+# Knobs: DEADLINE (s, default 560), KIT (bundle folder), PARTS (load,bench), BENCH_ARGS.
+set -u -o pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+KIT="${KIT:-$ROOT/.gpu}"
+OUT="${OUT:-/tmp/gpu-out}"
+DEADLINE="${DEADLINE:-560}"
+PARTS="${PARTS:-load,bench}"
+T0=$(date +%s)
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+mkdir -p "$OUT/kit"
+
+# 1. Build and prepare with the kit; it keeps 10 s for itself after the build.
+BENCHES=none DEADLINE=$(( DEADLINE - 200 )) OUT="$OUT/kit" bash "$KIT/run.sh" > "$OUT/kit/run.txt" 2>&1
+tail -n 25 "$OUT/kit/run.txt"
+BIN=/tmp/llama-build/bin
+MODEL=/tmp/kronk-bench/bench1b-q8_0.gguf
+[[ -f "$BIN/libllama.so" && -s "$MODEL" ]] || { echo "build or model missing: see $OUT/kit"; exit 1; }
+
+export PYTHONPATH="/tmp/site:$KIT/py:$ROOT/bench:$ROOT/scripts"
+export LLAMA_CPP_LIB_PATH="$BIN" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
+echo "kronk from: $(python3 -c 'import kronk_core; print(kronk_core.__file__)')"
+
+# Which C++ runtime symbols each llama.cpp library defines too (candidates for capture).
+STDCXX=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')
+nm -D --defined-only "$STDCXX" | awk '{print $3}' | sed 's/@.*//' | sort -u > /tmp/stdcxx.defs
+for lib in "$BIN"/lib*.so; do
+  nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | sort -u \
+    | comm -12 - /tmp/stdcxx.defs | c++filt | sed "s|^|$(basename "$lib"): |"
+done > "$OUT/symbols.txt"
+echo "libstdc++ ($STDCXX) symbols also defined by llama.cpp's libraries: $(wc -l < "$OUT/symbols.txt")"
+grep -i "_M_insert" "$OUT/symbols.txt" || true
+
+if [[ ",$PARTS," == *",load,"* ]]; then
+  echo "######## load order ($(left) s left)"
+  timeout -k 5 $(( $(left) > 240 ? 200 : $(left) / 2 )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \
+    | tee "$OUT/load_order.txt"
+fi
+if [[ ",$PARTS," == *",bench,"* ]]; then
+  echo "######## bench_gpu ($(left) s left)"
+  timeout -k 5 $(( $(left) - 5 )) python3 "$ROOT/bench/bench_gpu.py" "$MODEL" --llama-bin "$BIN" \
+    --json "$OUT/bench_gpu.json" --timeout 120 ${BENCH_ARGS:-} | tee "$OUT/bench_gpu.txt"
+fi
+echo "TOTAL: $(( $(date +%s) - T0 )) s"

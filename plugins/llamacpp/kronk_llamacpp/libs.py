@@ -1,0 +1,289 @@
+"""`kronk libs`: build llama.cpp's shared libraries for one processor and install them.
+
+The source is the sdist of the llama-cpp-python version that is installed (its ctypes
+bindings must match the libraries exactly); the build is llama.cpp's own CMake build of
+the `llama` target with BUILD_SHARED_LIBS; the result lands in
+`<KRONK_LIB_PATH>/<processor>/` with a manifest, and `KRONK_PROCESSOR=<processor>` makes
+the llamacpp backend load it (see native.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from kronk_llamacpp.native import MANIFEST, PROCESSORS
+
+DISTRIBUTION = "llama-cpp-python"
+SDIST_PREFIX = "llama_cpp_python"
+
+# Only the library: no tools, tests, examples, server, network or web UI.
+COMMON_ARGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_BUILD_COMMON=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_CCACHE=OFF",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)
+PROCESSOR_ARGS = {
+    "cpu": (),
+    "cuda": ("-DGGML_CUDA=ON",),
+    "vulkan": ("-DGGML_VULKAN=ON",),
+    "metal": ("-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"),
+}
+
+
+class LibsError(Exception):
+    """What stops a build, said so that the user knows what to install or change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    processor: str
+    llama_cpp_python: str
+    cmake_args: list[str]
+    platform: str
+    built_at: str
+
+
+def _find(*names: str) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _nvcc() -> str | None:
+    candidates = [os.environ.get("CUDACXX", ""), shutil.which("nvcc") or ""]
+    candidates += [str(p / "bin" / "nvcc") for p in sorted(Path("/usr/local").glob("cuda*"))]
+    candidates.append("/opt/cuda/bin/nvcc")
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def _cuda_roots(nvcc: str) -> list[Path]:
+    roots = [Path(os.environ[name]) for name in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(name)]
+    roots.append(Path(nvcc).resolve().parent.parent)
+    roots += [*sorted(Path("/usr/local").glob("cuda*")), Path("/usr")]
+    return roots
+
+
+def _cublas(nvcc: str) -> bool:
+    """cuBLAS (ggml-cuda links it): its header in the toolkit, as CMake's FindCUDAToolkit looks."""
+    for root in _cuda_roots(nvcc):
+        includes = [root / "include", *root.glob("targets/*/include")]
+        if any((include / "cublas_v2.h").is_file() for include in includes):
+            return True
+    return False
+
+
+def _vulkan_headers() -> bool:
+    sdk = os.environ.get("VULKAN_SDK")
+    roots = [Path(sdk) / "include"] if sdk else []
+    roots += [Path("/usr/include"), Path("/usr/local/include"), Path("/opt/homebrew/include")]
+    return any((root / "vulkan" / "vulkan.h").is_file() for root in roots)
+
+
+def missing_tools(processor: str) -> list[str]:
+    """What the build for `processor` needs and this machine lacks, each with how to get it."""
+    missing = []
+    if _find("cmake") is None:
+        missing.append("cmake (pip install cmake, or your system's package)")
+    if os.environ.get("CXX") is None and _find("c++", "g++", "clang++") is None:
+        missing.append("a C++ compiler (g++ or clang++; Debian/Ubuntu: apt install g++)")
+    if processor == "cuda":
+        nvcc = _nvcc()
+        if nvcc is None:
+            missing.append(
+                "nvcc, the CUDA toolkit's compiler (install the CUDA toolkit; if it is "
+                "installed outside PATH, set CUDACXX to its nvcc)"
+            )
+        elif not _cublas(nvcc):
+            missing.append(
+                f"cuBLAS (headers and library) next to {nvcc}: install the CUDA toolkit's "
+                "cuBLAS (e.g. the cuda-libraries-dev package), or set CUDA_PATH to a full toolkit"
+            )
+    if processor == "vulkan":
+        if _find("glslc") is None:
+            missing.append("glslc, the Vulkan shader compiler (Vulkan SDK; apt install glslc)")
+        if not _vulkan_headers():
+            missing.append(
+                "the Vulkan headers and loader (Vulkan SDK with VULKAN_SDK set; "
+                "apt install libvulkan-dev)"
+            )
+    if processor == "metal":
+        if sys.platform != "darwin":
+            missing.append("macOS: Metal libraries build only on a Mac")
+        elif _find("xcrun") is None:
+            missing.append("Xcode command line tools (xcode-select --install)")
+    return missing
+
+
+def _library_files(build: Path) -> list[Path]:
+    patterns = {"darwin": ("*.dylib",), "win32": ("*.dll",)}.get(sys.platform, ("*.so", "*.so.*"))
+    found = {path for pattern in patterns for path in (build / "bin").glob(pattern)}
+    return sorted(found)
+
+
+class LibsBuilder:
+    """One build: `root/<processor>` is the install, `root/build/<processor>` the CMake tree."""
+
+    def __init__(
+        self,
+        processor: str,
+        root: Path,
+        *,
+        source: Path | None = None,
+        jobs: int | None = None,
+        cmake_args: Sequence[str] = (),
+        say: Callable[[str], None] = print,
+    ) -> None:
+        if processor not in PROCESSORS:
+            raise LibsError(f"unknown processor {processor!r}: choose {', '.join(PROCESSORS)}")
+        self.processor = processor
+        self.root = root
+        self.source = source
+        self.jobs = jobs or os.cpu_count() or 1
+        self.version = version(DISTRIBUTION)
+        self.cmake_args = [*COMMON_ARGS, *PROCESSOR_ARGS[processor], *cmake_args]
+        self.say = say
+        self.target = root / processor
+        self.build_dir = root / "build" / processor
+        self.log = root / "build" / f"{processor}.log"
+
+    def installed(self) -> Manifest | None:
+        try:
+            return Manifest(**json.loads((self.target / MANIFEST).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def up_to_date(self) -> bool:
+        found = self.installed()
+        return (
+            found is not None
+            and found.llama_cpp_python == self.version
+            and found.cmake_args == self.cmake_args
+            and any(self.target.glob("*llama*"))
+        )
+
+    def run(self, *, force: bool = False) -> Path:
+        missing = missing_tools(self.processor)
+        if missing:
+            raise LibsError(
+                f"cannot build the {self.processor} libraries; missing:\n  - "
+                + "\n  - ".join(missing)
+            )
+        if not force and self.up_to_date():
+            self.say(f"{self.processor} libraries for {DISTRIBUTION} {self.version} are up to date")
+            return self.target
+        sources = self._sources()
+        started = time.monotonic()
+        self._cmake(
+            "configure", "-S", str(sources / "vendor" / "llama.cpp"), "-B", str(self.build_dir),
+            *self._generator(), *self.cmake_args, f"-DCMAKE_INSTALL_RPATH={self._origin()}",
+        )  # fmt: skip
+        self._cmake(
+            "build", "--build", str(self.build_dir), "--config", "Release",
+            "-j", str(self.jobs), "--target", "llama",
+        )  # fmt: skip
+        self._install()
+        self.say(f"built in {time.monotonic() - started:.0f} s; installed in {self.target}")
+        return self.target
+
+    def _origin(self) -> str:
+        return "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+
+    def _generator(self) -> list[str]:
+        return ["-G", "Ninja"] if _find("ninja") else []
+
+    def _sources(self) -> Path:
+        """The unpacked sdist of the installed llama-cpp-python version."""
+        name = f"{SDIST_PREFIX}-{self.version}"
+        unpacked = self.root / "src" / name
+        if (unpacked / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+            return unpacked
+        archive = self.source or self._download(name)
+        if archive.is_dir():
+            return archive
+        self.say(f"unpacking {archive}")
+        partial = unpacked.with_name(name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with tarfile.open(archive) as sdist:
+            sdist.extractall(partial, filter="data")
+        inner = partial / name
+        if not (inner / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise LibsError(f"{archive} is not the {DISTRIBUTION} {self.version} sdist")
+        inner.replace(unpacked)
+        shutil.rmtree(partial)
+        return unpacked
+
+    def _download(self, name: str) -> Path:
+        folder = self.root / "src"
+        archive = folder / f"{name}.tar.gz"
+        if archive.is_file():
+            return archive
+        folder.mkdir(parents=True, exist_ok=True)
+        self.say(f"downloading the {DISTRIBUTION} {self.version} sdist (pip)")
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            f"{DISTRIBUTION}=={self.version}", "-d", str(folder),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not archive.is_file():
+            raise LibsError(
+                f"could not download the {DISTRIBUTION} {self.version} sdist: "
+                f"{done.stderr.strip()[-500:]}\n(offline? pass it with --source)"
+            )
+        return archive
+
+    def _cmake(self, step: str, *args: str) -> None:
+        self.say(f"cmake {step} ({self.processor}); log: {self.log}")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as log:
+            log.write(f"\n$ cmake {' '.join(args)}\n")
+            log.flush()
+            done = subprocess.run(["cmake", *args], stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            tail = self.log.read_text(errors="replace").splitlines()[-30:]
+            raise LibsError(f"cmake {step} failed (full log: {self.log}):\n" + "\n".join(tail))
+
+    def _install(self) -> None:
+        files = _library_files(self.build_dir)
+        if not any("llama" in path.name for path in files):
+            raise LibsError(f"the build produced no llama library in {self.build_dir / 'bin'}")
+        staging = self.target.with_name(self.processor + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in files:
+            shutil.copy2(path, staging / path.name, follow_symlinks=False)
+        manifest = Manifest(
+            processor=self.processor,
+            llama_cpp_python=self.version,
+            cmake_args=self.cmake_args,
+            platform=f"{sys.platform}-{platform.machine()}",
+            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1))
+        old = self.target.with_name(self.processor + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.target.exists():
+            self.target.replace(old)
+        staging.replace(self.target)
+        shutil.rmtree(old, ignore_errors=True)
