@@ -73,6 +73,9 @@ _LLAMACPP_MANUAL_KEYS = {
     "ngpu-layers": "n_gpu_layers",
     "device": "device",
     "split-mode": "split_mode",
+    "main-gpu": "main_gpu",
+    "tensor-split": "tensor_split",
+    "swa-full": "swa_full",
     "offload-kqv": "offload_kqv",
     "op-offload": "op_offload",
     "rope-scaling-type": "rope_scaling",
@@ -102,6 +105,15 @@ MANUAL_IGNORED_KEYS: Mapping[str, str] = {
     "ignore-integrity-check": "pulled files are checked once, when they are downloaded",
     "use-direct-io": "llama.cpp's default file reading is used",
     "nthreads-batch": "llamacpp.n_threads sets both thread counts",
+    "use-mmap": "llama.cpp maps model files as it does by default",
+    "numa": "NUMA placement is left to the operating system",
+    "devices": "pin one device with llamacpp.device, or share among GPUs with "
+    "llamacpp.tensor_split",
+    "moe": "experts are placed as llama.cpp places them",
+    "tensor-buft-overrides": "tensors are placed as llama.cpp places them",
+    "op-offload-min-batch": "llamacpp.op_offload switches offloading on or off",
+    "auto-fit-vram": "a model that does not fit is refused before loading (see kronk model show)",
+    "cache-slot-timeout": "requests wait in the model's queue (queue_depth) for a free slot",
 }
 
 # The two booleans that chose the cache strategy → the name they chose (`cache: NAME`).

@@ -5,6 +5,7 @@ file's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,7 +141,8 @@ def catalog_server(
     with FileServer() as hub:
         kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
         settings = ServerSettings(
-            base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}}
+            base_path=tmp_path,
+            sections={"catalog": {"hf_endpoint": hub.url, "hf_token": "hf_server"}},
         )
         with serve(create_app(settings, kronk=kronk)) as base_url:
             yield base_url, hub, tmp_path
@@ -187,7 +189,8 @@ def test_a_pull_on_the_server_streams_its_progress_and_the_model_answers(
                 served.go.set()
         assert seen[-1] == ("done", 100.0)
         assert any(event == "progress" and 0 < percent < 100 for event, percent in seen)
-        assert len(hub.gets(TINY_PATH)) == 1
+        (fetched,) = hub.gets(TINY_PATH)
+        assert fetched.headers["authorization"] == "Bearer hf_server"
         listed = client.get("/v1/kronk/catalog").json()
         assert {entry["id"]: entry["pulled"] for entry in listed["data"]}["tiny-chat"] is True
         ids = [model["id"] for model in client.get("/v1/models").json()["data"]]
@@ -245,31 +248,154 @@ def test_a_failed_pull_ends_with_its_error(catalog_server: tuple[str, FileServer
     assert leftovers(base) == []
 
 
-def test_catalog_update_fetches_the_source_s_catalogs(
-    tmp_path: Path, tiny_llama_path: Path
-) -> None:
-    """The source speaks GitHub's contents API, as Kronk's catalog repository does."""
+def listing(source: FileServer, names: list[str]) -> bytes:
+    """A folder as GitHub's contents API lists it (Kronk's catalog repository)."""
+    entries = [
+        {"name": name, "type": "file", "download_url": f"{source.url}/raw/{name}"} for name in names
+    ]
+    entries.append({"name": "old", "type": "dir", "download_url": None})
+    return json.dumps(entries).encode()
+
+
+def test_catalog_update_fetches_the_source_s_catalogs_and_templates(tmp_path: Path) -> None:
     text = TINY_CATALOG.format(size=1, sha="a" * 64)
     with FileServer() as source:
-        listing = [
-            {"name": "tests.yaml", "type": "file", "download_url": f"{source.url}/raw/tests.yaml"},
-            {"name": "README.md", "type": "file", "download_url": f"{source.url}/raw/README.md"},
-            {"name": "old", "type": "dir", "download_url": None},
-        ]
-        source.routes["/contents"] = Served(data=json.dumps(listing).encode())
+        source.routes["/catalogs"] = Served(data=listing(source, ["tests.yaml", "README.md"]))
+        source.routes["/templates"] = Served(data=listing(source, ["chat.jinja"]))
         source.routes["/raw/tests.yaml"] = Served(data=text.encode())
-        code, output = cli(
-            tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents"
-        )
+        source.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+        sources = [
+            "--catalog-source",
+            f"{source.url}/catalogs",
+            "--catalog-templates-source",
+            f"{source.url}/templates",
+        ]
+        code, output = cli(tmp_path, "catalog", "update", *sources)
         assert code == 0, output
         assert (tmp_path / "catalogs" / "tests.yaml").read_text() == text
+        assert (tmp_path / "templates" / "chat.jinja").read_text() == CHATML
         assert "tiny-chat" in cli(tmp_path, "catalog", "list")[1]
         # A source with a broken catalog changes nothing.
         source.routes["/raw/tests.yaml"] = Served(data=b"catalog: broken\nmodels: [{id: x}]\n")
-        code, output = cli(
-            tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/contents"
-        )
+        source.routes["/raw/chat.jinja"] = Served(data=b"changed")
+        code, output = cli(tmp_path, "catalog", "update", *sources)
         assert code == 1 and "tests.yaml: models.0.category: Field required" in output
         assert (tmp_path / "catalogs" / "tests.yaml").read_text() == text
+        assert (tmp_path / "templates" / "chat.jinja").read_text() == CHATML
         code, output = cli(tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/gone")
         assert code == 1 and "404 Not Found" in output
+        # One catalog file is a source too; no templates source, no templates fetched.
+        source.routes["/raw/tests.yaml"] = Served(data=text.encode())
+        code, output = cli(
+            tmp_path,
+            "catalog",
+            "update",
+            "--catalog-source",
+            f"{source.url}/raw/tests.yaml",
+            "--catalog-templates-source",
+            "",
+        )
+        assert code == 0, output
+        assert output.splitlines() == [f"updated {tmp_path / 'catalogs' / 'tests.yaml'}"]
+
+
+# A catalog as Kronk writes it: keys this format does not read (architecture, gguf_arch,
+# testing_model), a full Hub URL, a rounded size, no sha256, a template of Kronk's templates.
+KRONK_CATALOG = """\
+catalog: Text-Generation
+models:
+  - id: Tiny-Chat-Q8_0
+    category: Text-Generation
+    owned_by: kronk
+    model_family: Tiny-Chat-GGUF
+    architecture: Dense
+    gguf_arch: llama
+    testing_model: true
+    web_page: {hub}/kronk/Tiny-Chat-GGUF
+    template: chat.jinja
+    files:
+      models:
+        - url: {hub}/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf
+          size: 40.3 MB
+    capabilities:
+      endpoint: chat_completion
+      streaming: true
+    metadata:
+      created: 2026-01-20T0:00:00Z
+      collections: {hub}/collections/kronk
+      description:
+        A tiny random-weight model, written up
+        over two lines.
+    config:
+      context-window: 128
+      nbatch: 64
+      nubatch: 64
+      cache-type-k: f16
+      cache-type-v: f16
+      flash-attention: enabled
+      nseq-max: 1
+      sampling-parameters:
+        temperature: 0
+        min_p: 0.1
+"""
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    with FileServer() as hub:
+        hub.routes["/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf"] = Served(
+            path=tiny_llama_path
+        )
+        hub.routes["/catalogs"] = Served(data=listing(hub, ["text_generation.yaml"]))
+        hub.routes["/templates"] = Served(data=listing(hub, ["chat.jinja"]))
+        hub.routes["/raw/text_generation.yaml"] = Served(
+            data=KRONK_CATALOG.format(hub=hub.url).encode()
+        )
+        hub.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+        code, output = cli(tmp_path, "catalog", "show", "Tiny-Chat-Q8_0")
+        assert code == 1 and "model 'Tiny-Chat-Q8_0' is not in the catalog" in output
+        code, output = cli(
+            tmp_path,
+            "catalog",
+            "update",
+            "--catalog-source",
+            f"{hub.url}/catalogs",
+            "--catalog-templates-source",
+            f"{hub.url}/templates",
+        )
+        assert code == 0, output
+        code, output = cli(tmp_path, "catalog", "show", "Tiny-Chat-Q8_0")
+        assert code == 0, output
+        template = tmp_path / "templates" / "chat.jinja"
+        assert f"template:     chat.jinja: {template}" in output
+        # The rounded size is shown, not held against the download.
+        assert "about 40300000 bytes, sha256 not given" in output
+        code, output = cli(tmp_path, "catalog", "pull", "Tiny-Chat-Q8_0")
+        assert code == 0, output
+    pulled = tmp_path / "models" / "kronk" / "Tiny-Chat-GGUF" / "tiny-llama.gguf"
+    assert sha256(pulled) == sha256(tiny_llama_path)
+    assert leftovers(tmp_path) == ["kronk/Tiny-Chat-GGUF/tiny-llama.gguf"]
+    with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
+        resolved = resolve_model_config(kronk.config, "Tiny-Chat-Q8_0", kronk.provided_models())
+        assert (resolved.model_path, resolved.context_window, resolved.n_seq_max) == (
+            pulled,
+            128,
+            1,
+        )
+        assert resolved.sections["templates"] == {"template": str(template)}
+        assert resolved.sections["llamacpp"]["flash_attention"] == "enabled"
+        assert resolved.sampling.min_p == 0.1
+        result = asyncio.run(
+            kronk.chat([{"role": "user", "content": "hi"}], model="Tiny-Chat-Q8_0", max_tokens=3)
+        )
+    assert result.usage.completion_tokens >= 1
+    # Without the template fetched, the GGUF's own is used.
+    template.unlink()
+    with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
+        assert "templates" not in kronk.provided_models()["Tiny-Chat-Q8_0"]

@@ -277,6 +277,20 @@ def test_the_manual_s_device_pins_the_model_and_its_empty_device_pins_nothing() 
     assert parse_model_config("m1", {"device": ""}).sections == {}
 
 
+def test_the_manual_s_gpu_keys_and_keys_that_mean_nothing_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entry = {"main-gpu": 1, "tensor-split": [3, 1], "swa-full": True, "use-mmap": False}
+    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
+        config = parse_model_config("m1", entry)
+    assert config.sections == {
+        "llamacpp": {"main_gpu": 1, "tensor_split": [3, 1], "swa_full": True}
+    }
+    assert [record.getMessage() for record in caplog.records] == [
+        "models.m1.use-mmap is ignored: llama.cpp maps model files as it does by default"
+    ]
+
+
 def test_two_spellings_of_one_key_are_an_error() -> None:
     error = config_error({"context-window": 4096, "context_window": 8192})
     assert error.key == "models.m1.context-window"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -68,6 +69,9 @@ def test_a_dropped_connection_resumes_and_the_model_answers(
     assert sha256(pulled) == sha256(tiny_llama_path)
     assert leftovers(tmp_path) == ["127.0.0.1/tiny-llama.gguf"]
     assert "pulled tiny-llama" in output
+    # The progress bar's last state: the whole file, in bytes.
+    mib = f"{size / (1 << 20):.1f}"
+    assert re.search(rf"tiny-llama ━+ {re.escape(mib)}/{re.escape(mib)} MiB", output), output
     assert answers(tmp_path, "tiny-llama")
 
 
@@ -90,6 +94,30 @@ async def test_an_interrupted_pull_resumes_where_it_stopped(
     assert seen[0] == size // 3 and seen[-1] == size
     assert sha256(dest) == spec.sha256
     assert leftovers(tmp_path) == ["tiny.gguf"]
+
+
+async def test_a_stalled_server_times_out_and_the_pull_resumes(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """A server that stops sending mid-file: each try ends at the read timeout and the next
+    resumes from there; past the retries the pull fails, and the next pull finishes it."""
+    size = tiny_llama_path.stat().st_size
+    dest = tmp_path / "tiny.gguf"
+    with FileServer() as server:
+        served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 4)
+        spec = FileSpec(url=f"{server.url}/tiny.gguf", dest=dest, sha256=sha256(tiny_llama_path))
+        slow = Downloader(hf_endpoint=server.url, read_timeout=0.5, retries=1)
+        with pytest.raises(PullError, match="failed after 2 tries"):
+            await slow.fetch(spec, lambda *_: None)
+        assert not dest.exists()
+        assert (tmp_path / "tiny.gguf.partial").stat().st_size == 2 * (size // 4)
+        served.pause_after = None
+        served.go.set()
+        await Downloader(hf_endpoint=server.url).fetch(spec, lambda *_: None)
+        ranges = [request.headers.get("range") for request in server.gets("/tiny.gguf")]
+    assert ranges == [None, f"bytes={size // 4}-", f"bytes={2 * (size // 4)}-"]
+    assert sha256(dest) == spec.sha256
+    assert [path.name for path in tmp_path.iterdir()] == ["tiny.gguf"]
 
 
 async def test_a_server_without_ranges_starts_over(tmp_path: Path, tiny_llama_path: Path) -> None:
@@ -209,6 +237,64 @@ async def test_two_pulls_of_one_file_share_one_download(
     assert sha256(spec.dest) == sha256(tiny_llama_path)
     # Pulled once, a file is not fetched again.
     await Downloader(hf_endpoint="http://127.0.0.1:9").fetch(spec, lambda *_: None)
+
+
+def test_two_processes_pulling_one_file_download_it_once(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """Two `kronk model pull` commands at once: the second waits for the first (a lock file
+    beside the download), says so, and then finds the file done."""
+    size = tiny_llama_path.stat().st_size
+    environment = {**os.environ, "KRONK_BASE_PATH": str(tmp_path)}
+    with FileServer() as server:
+        served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 2)
+        command = [
+            sys.executable,
+            "-m",
+            "kronk_api.cli",
+            "model",
+            "pull",
+            f"{server.url}/tiny.gguf",
+        ]
+        first_log = tmp_path / "first.log"
+        with first_log.open("w") as log:
+            first = subprocess.Popen(command, env=environment, stdout=log, stderr=log)
+        assert served.paused.wait(60)
+        second = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+        assert second.stderr is not None
+        said = ""
+        for said in second.stderr:  # whatever it prints first, up to its reason to wait
+            if "another process" in said:
+                break
+        served.go.set()
+        rest = second.stderr.read()
+        assert (first.wait(60), second.wait(60)) == (0, 0), first_log.read_text() + rest
+        assert said == "tiny.gguf is being downloaded by another process; waiting for it\n"
+        assert len(server.gets("/tiny.gguf")) == 1
+    assert leftovers(tmp_path) == ["127.0.0.1/tiny.gguf"]
+    assert sha256(tmp_path / "models" / "127.0.0.1" / "tiny.gguf") == sha256(tiny_llama_path)
+
+
+def test_the_hf_token_from_the_environment_goes_to_the_hub_only(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """`kronk model pull` reads the manual's KRONK_HF_TOKEN; a redirect off the Hub drops it."""
+    with FileServer() as hub, FileServer() as cdn:
+        cdn.routes["/blob/tiny"] = Served(path=tiny_llama_path)
+        hub.routes["/org/repo/resolve/main/tiny.gguf"] = Served(
+            redirect=f"http://localhost:{cdn.port}/blob/tiny"
+        )
+        result = CliRunner().invoke(
+            main,
+            ["model", "pull", "org/repo/tiny.gguf", "--catalog-hf-endpoint", hub.url],
+            env={"KRONK_HF_TOKEN": "hf_from_env", "KRONK_BASE_PATH": str(tmp_path)},
+        )
+        assert result.exit_code == 0, result.output
+        assert [request.headers.get("authorization") for request in hub.requests] == [
+            "Bearer hf_from_env"
+        ]
+        assert [request.headers.get("authorization") for request in cdn.requests] == [None]
+    assert leftovers(tmp_path) == ["org/repo/tiny.gguf"]
 
 
 def test_no_room_on_the_disk_is_found_before_downloading(tmp_path: Path) -> None:

@@ -497,7 +497,11 @@ def fuzz_server(
     hub = FileServer()
     hub.routes[FUZZ_HUB_FILE] = Served(path=reranker_path)
     hub.routes["/catalogs/fuzz.yaml"] = Served(data=FUZZ_CATALOG.encode())
-    catalog = {"hf_endpoint": hub.url, "source": f"{hub.url}/catalogs/fuzz.yaml"}
+    catalog = {
+        "hf_endpoint": hub.url,
+        "source": f"{hub.url}/catalogs/fuzz.yaml",
+        "templates_source": "",
+    }
     sections = {"auth-jwt": {"enabled": True}, "catalog": catalog}
     app = create_app(ServerSettings(base_path=base, sections=sections), kronk=kronk)
     with hub, serve(app) as base_url:

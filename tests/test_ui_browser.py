@@ -1,11 +1,10 @@
 """The browser UI in a real headless Chromium (Debian's, driven by Playwright) against a
 real server: a streamed chat, a catalog pull whose progress reaches 100%, and a token
-created with auth on. Screenshots of every page are kept (KRONK_UI_SCREENSHOTS, else a
-temporary directory the run prints)."""
+created with auth on. Screenshots of every page are kept in a temporary directory the run
+prints, never in the source tree (docs/images is refreshed from there by hand)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from file_server import FileServer, Served
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from test_catalog import TINY_PATH, write_catalog
+from test_reasoning import THINKING_GEMMA
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
@@ -34,6 +34,9 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 SMALL_GEMMA = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
+# The default model under a template that opens a <think> block it never closes: all it
+# writes is reasoning.
+THINKING_MODEL = "thinking-gemma"
 
 
 @pytest.fixture(scope="session")
@@ -47,11 +50,14 @@ def chromium() -> str:
     return found
 
 
+SOURCE_TREE = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture(scope="session")
 def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    chosen = os.environ.get("KRONK_UI_SCREENSHOTS")
-    folder = Path(chosen) if chosen else tmp_path_factory.mktemp("ui-screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = tmp_path_factory.mktemp("ui-screenshots").resolve()
+    # pytest's temporary directory could be put in the checkout (--basetemp): refuse it.
+    assert not folder.is_relative_to(SOURCE_TREE), f"screenshots would land in {folder}"
     print(f"UI screenshots: {folder}")
     return folder
 
@@ -93,10 +99,16 @@ def shoot(page: Page, folder: Path, name: str) -> None:
 
 @pytest.fixture
 def ui_server(
-    tmp_path: Path, tiny_llama_path: Path, serve: Any
+    tmp_path: Path, tiny_llama_path: Path, gemma_path: str, serve: Any
 ) -> Iterator[tuple[str, FileServer]]:
     write_catalog(tmp_path, tiny_llama_path)
-    models = {DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA)}
+    template = tmp_path / "thinking-gemma.jinja"
+    template.write_text(THINKING_GEMMA, encoding="utf-8")
+    thinking = {**SMALL_GEMMA, "model_path": gemma_path, "templates": {"template": str(template)}}
+    models = {
+        DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA),
+        THINKING_MODEL: parse_model_config(THINKING_MODEL, thinking),
+    }
     with FileServer() as hub:
         kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
         settings = ServerSettings(
@@ -146,7 +158,26 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     assert answer.locator(".content").inner_text().strip()
     expect(answer.locator(".meta")).to_contain_text("completion tokens")
     expect(page.locator(".msg.user .content")).to_have_text("Write one line about the sea.")
+    assert answer.locator("details.reasoning").is_hidden()
     shoot(page, screenshots, "chat")
+
+    # Reasoning is shown apart from the answer, and "Show reasoning" folds it away.
+    page.click("#chat-clear")
+    page.select_option("#chat-model", THINKING_MODEL)
+    page.fill("#chat-max-tokens", "12")
+    page.fill("#chat-text", "Why is the sky blue?")
+    page.click("#chat-send")
+    expect(answer).to_have_count(1, timeout=60_000)
+    reasoning = answer.locator("details.reasoning")
+    expect(reasoning).to_be_visible()
+    # Open, so the reasoning is read as it streams; its summary folds it.
+    expect(reasoning.locator(".text")).to_be_visible()
+    assert reasoning.locator(".text").inner_text().strip()
+    expect(answer.locator(".content")).to_have_text("")
+    shoot(page, screenshots, "chat-reasoning")
+    page.uncheck("#chat-show-reasoning")
+    expect(reasoning).to_be_hidden()
+    page.check("#chat-show-reasoning")
 
     size = tiny_llama_path.stat().st_size
     served = hub.routes[TINY_PATH] = Served(path=tiny_llama_path, pause_after=size // 2)
@@ -165,13 +196,15 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     shoot(page, screenshots, "catalog")
 
     page.goto(f"{base_url}/#/dashboard")
-    expect(page.locator("#dash-loaded")).to_have_text("1")
-    expect(page.locator("#dash-slots tr")).to_have_count(1)
+    expect(page.locator("#dash-loaded")).to_have_text("2")
+    expect(page.locator("#dash-slots tr")).to_have_count(2)
     shoot(page, screenshots, "dashboard")
     page.goto(f"{base_url}/#/models")
     expect(page.locator(f'#models-loaded tr[data-model="{DEFAULT_MODEL_ID}"]')).to_have_count(1)
     shoot(page, screenshots, "models")
-    page.locator(f'#models-loaded tr[data-model="{DEFAULT_MODEL_ID}"] button').click()
+    for model in (DEFAULT_MODEL_ID, THINKING_MODEL):
+        page.locator(f'#models-loaded tr[data-model="{model}"] button').click()
+        expect(page.locator(f'#models-loaded tr[data-model="{model}"]')).to_have_count(0)
     expect(page.locator("#models-loaded")).to_contain_text("No model is loaded")
 
 

@@ -10,10 +10,13 @@
               size: 8.71 GB                               # bytes, or as Kronk writes it
               sha256: 0123...                             # checked before the file is used
           proj: {url: ..., size: ..., sha256: ...}         # a vision/audio projector
+        template: qwen3.jinja                             # in <base>/templates, if fetched
         capabilities: {endpoint: chat_completion, ...}
         config: {context-window: 32768, nseq-max: 2, ...} # its model-config entry
 
 A user's catalog may name a model the bundled one has: the user's entry wins.
+Keys of a model this format does not know are ignored, as Kronk ignores them,
+so that catalogs written for a newer Kronk still load.
 """
 
 from __future__ import annotations
@@ -25,7 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from kronk_catalog.download import FileSpec
 from kronk_catalog.sources import RemoteFile, remote_file
@@ -42,8 +55,23 @@ class CatalogFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str
+    # Bytes, or as Kronk writes it ("8.71 GB", rounded: shown, never checked).
     size: ByteSize | None = None
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    _exact: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_exact(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        file = handler(data)
+        size = data.get("size") if isinstance(data, dict) else None
+        file._exact = isinstance(size, int) and not isinstance(size, bool)
+        return file
+
+    @property
+    def exact_size(self) -> int | None:
+        """The size in bytes when the catalog gives it exactly (a download must match it)."""
+        return int(self.size) if self.size is not None and self._exact else None
 
     @field_validator("sha256", mode="before")
     @classmethod
@@ -93,14 +121,20 @@ class Metadata(BaseModel):
 
 
 class CatalogModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     id: str = Field(min_length=1)
     category: str
     owned_by: str = ""
     model_family: str = ""
+    architecture: str = ""
+    gguf_arch: str = ""
+    parameters: str = ""
     web_page: str = ""
     gated_model: bool = False
+    testing_model: bool = False
+    # A chat template of Kronk's templates (`kronk catalog update` fetches them into
+    # <base>/templates), or a bundled template's name.
     template: str | None = None
     files: CatalogFiles
     capabilities: Capabilities = Field(default_factory=Capabilities)
@@ -114,7 +148,7 @@ class CatalogModel(BaseModel):
 
 
 class CatalogDocument(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     catalog: str
     models: list[CatalogModel] = Field(default_factory=list)
@@ -136,21 +170,29 @@ class CatalogEntry:
         proj = self.model.files.proj
         return models, remote_file(proj.url, hf_endpoint) if proj is not None else None
 
-    def specs(self, models_dir: Path, hf_endpoint: str) -> list[FileSpec]:
-        """The files to pull, model parts first, the projector last."""
+    def files(self, models_dir: Path, hf_endpoint: str) -> list[tuple[CatalogFile, FileSpec]]:
+        """Each file as the catalog lists it and as it is pulled: model parts first, the
+        projector last."""
         listed = [*self.model.files.models]
         if self.model.files.proj is not None:
             listed.append(self.model.files.proj)
         return [
-            FileSpec(
-                url=remote.url,
-                dest=models_dir / remote.relative,
-                size=int(file.size) if file.size is not None else None,
-                sha256=file.sha256.lower() if file.sha256 else None,
+            (
+                file,
+                FileSpec(
+                    url=remote.url,
+                    dest=models_dir / remote.relative,
+                    size=file.exact_size,
+                    sha256=file.sha256.lower() if file.sha256 else None,
+                ),
             )
             for file in listed
             for remote in [remote_file(file.url, hf_endpoint)]
         ]
+
+    def specs(self, models_dir: Path, hf_endpoint: str) -> list[FileSpec]:
+        """The files to pull, model parts first, the projector last."""
+        return [spec for _, spec in self.files(models_dir, hf_endpoint)]
 
     def paths(self, models_dir: Path, hf_endpoint: str) -> tuple[Path, Path | None]:
         """The model's first file (what llama.cpp loads) and its projector, if any."""
@@ -160,13 +202,25 @@ class CatalogEntry:
     def pulled(self, models_dir: Path, hf_endpoint: str) -> bool:
         return all(spec.dest.is_file() for spec in self.specs(models_dir, hf_endpoint))
 
-    def settings(self, models_dir: Path, hf_endpoint: str) -> dict[str, Any]:
+    def template(self, templates: Path) -> str | None:
+        """The chat template it runs with: its file in `templates` (<base>/templates), a
+        bundled template's name, or None (the GGUF's own: the file was not fetched)."""
+        name = self.model.template
+        if not name:
+            return None
+        fetched = templates / name
+        if fetched.is_file():
+            return str(fetched)
+        return None if name.endswith(".jinja") else name
+
+    def settings(self, models_dir: Path, hf_endpoint: str, templates: Path) -> dict[str, Any]:
         """Its model-config entry: the catalog's settings, the template, and the file."""
         settings = dict(self.model.config)
-        if self.model.template:
-            templates = dict(settings.get("templates") or {})
-            templates.setdefault("template", self.model.template)
-            settings["templates"] = templates
+        template = self.template(templates)
+        if template is not None:
+            section = dict(settings.get("templates") or {})
+            section.setdefault("template", template)
+            settings["templates"] = section
         settings["model_path"] = str(self.paths(models_dir, hf_endpoint)[0])
         return settings
 
@@ -202,6 +256,11 @@ def bundled_catalog_files() -> list[tuple[str, str]]:
 
 def user_catalog_dir(base_path: Path) -> Path:
     return base_path / "catalogs"
+
+
+def templates_dir(base_path: Path) -> Path:
+    """Where `kronk catalog update` puts the chat templates catalog entries name."""
+    return base_path / "templates"
 
 
 class Catalog:

@@ -24,7 +24,12 @@ from kronk_catalog.plans import catalog_files, url_files
 from kronk_catalog.progress import pull_with_progress
 from kronk_catalog.pulls import Pull
 from kronk_catalog.routes import describe
-from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, DEFAULT_SOURCE, HF_TOKEN_VARIABLE
+from kronk_catalog.settings import (
+    DEFAULT_HF_ENDPOINT,
+    DEFAULT_SOURCE,
+    DEFAULT_TEMPLATES_SOURCE,
+    HF_TOKEN_VARIABLE,
+)
 from kronk_catalog.update import update_catalogs
 from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
@@ -132,8 +137,12 @@ def add_commands(group: click.Group) -> None:
         if entry["projector_path"]:
             click.echo(f"{'projector:':<14}{entry['projector_path']}")
         click.echo("files:")
+        if entry["template"]:
+            used = entry["template_used"] or "not fetched (kronk catalog update); the GGUF's own"
+            click.echo(f"{'template:':<14}{entry['template']}: {used}")
         for file in entry["files"]:
             size = "size unknown" if file["size"] is None else f"{file['size']} bytes"
+            size = size if file["size_exact"] or file["size"] is None else f"about {size}"
             click.echo(f"  {file['url']}\n    {size}, sha256 {file['sha256'] or 'not given'}")
         if entry["config"]:
             click.echo("settings:")
@@ -163,13 +172,25 @@ def add_commands(group: click.Group) -> None:
     @catalog.command("update")
     @_base_path
     @setting_option("catalog.source", help=f"Where the catalogs come from [{DEFAULT_SOURCE}]")
+    @setting_option(
+        "catalog.templates_source",
+        help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
+    )
     @_cli_errors
-    def catalog_update(base_path: Path | None, catalog_source: str | None) -> None:
-        """Fetch the catalogs of the catalog source into <base>/catalogs."""
+    def catalog_update(
+        base_path: Path | None, catalog_source: str | None, catalog_templates_source: str | None
+    ) -> None:
+        """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
+        <base>/templates) from the catalog source."""
         base = _base(base_path)
+        templates = (
+            DEFAULT_TEMPLATES_SOURCE
+            if catalog_templates_source is None
+            else catalog_templates_source
+        )
 
         async def run() -> None:
-            written = await update_catalogs(catalog_source or DEFAULT_SOURCE, base)
+            written = await update_catalogs(catalog_source or DEFAULT_SOURCE, base, templates)
             for path in written:
                 click.echo(f"updated {path}")
 

@@ -123,7 +123,12 @@ def _locked(dest: Path) -> Iterator[None]:
     path = _lock_file(dest)
     while True:
         handle = path.open("a+b")
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Said before waiting, so a pull that seems stuck says why.
+            log.warning("%s is being downloaded by another process; waiting for it", dest.name)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         # The holder before us removed the file we waited on: lock the current one.
         if os.fstat(handle.fileno()).st_nlink > 0:
             break

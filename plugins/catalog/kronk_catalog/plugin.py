@@ -9,7 +9,7 @@ import click
 from litestar import Litestar
 from litestar.types import ControllerRouterHandler
 
-from kronk_catalog.catalog import Catalog
+from kronk_catalog.catalog import Catalog, templates_dir
 from kronk_catalog.cli import add_commands
 from kronk_catalog.plans import models_dir
 from kronk_catalog.pulls import Pulls
@@ -28,10 +28,10 @@ def kronk_settings() -> Sequence[Section[Any]]:
 def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
     """The pulled catalog models, with their catalog settings."""
     base = kronk.config.base_path
-    root = models_dir(base)
+    root, templates = models_dir(base), templates_dir(base)
     # Where a file goes does not depend on the Hub it comes from.
     return {
-        entry.id: entry.settings(root, DEFAULT_HF_ENDPOINT)
+        entry.id: entry.settings(root, DEFAULT_HF_ENDPOINT, templates)
         for entry in Catalog(base).list()
         if entry.pulled(root, DEFAULT_HF_ENDPOINT)
     }

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from kronk_api.dialect import Dialect, sse_frame
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_api.http import kronk_of, parse_body
-from kronk_catalog.catalog import Catalog, CatalogEntry
+from kronk_catalog.catalog import Catalog, CatalogEntry, templates_dir
 from kronk_catalog.download import Downloader
 from kronk_catalog.plans import catalog_files, models_dir, url_files
 from kronk_catalog.pulls import Pull, Pulls
@@ -66,6 +66,7 @@ def describe(entry: CatalogEntry, base_path: Path, hf_endpoint: str) -> dict[str
     model = entry.model
     root = models_dir(base_path)
     model_path, projector = entry.paths(root, hf_endpoint)
+    template = entry.template(templates_dir(base_path))
     return {
         "id": entry.id,
         "object": "catalog.model",
@@ -80,9 +81,18 @@ def describe(entry: CatalogEntry, base_path: Path, hf_endpoint: str) -> dict[str
         "pulled": entry.pulled(root, hf_endpoint),
         "model_path": str(model_path),
         "projector_path": None if projector is None else str(projector),
+        "template": model.template,
+        # What it runs with: a fetched file, a bundled name, or null for the GGUF's own.
+        "template_used": template,
         "files": [
-            {"url": spec.url, "path": str(spec.dest), "size": spec.size, "sha256": spec.sha256}
-            for spec in entry.specs(root, hf_endpoint)
+            {
+                "url": spec.url,
+                "path": str(spec.dest),
+                "size": None if file.size is None else int(file.size),
+                "size_exact": spec.size is not None,
+                "sha256": spec.sha256,
+            }
+            for file, spec in entry.files(root, hf_endpoint)
         ],
         "config": model.config,
         "catalog_file": entry.source,
@@ -113,8 +123,10 @@ async def show_catalog_model(
 
 @post("/v1/kronk/catalog/update", opt=_ADMIN, status_code=200)
 async def update_catalog(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """Fetch the catalogs of the configured source (`catalog.source`) into <base>/catalogs."""
-    written = await update_catalogs(_settings(request).source, _base(request))
+    """Fetch the catalogs of the configured source (`catalog.source`) into <base>/catalogs,
+    and their templates (`catalog.templates_source`) into <base>/templates."""
+    settings = _settings(request)
+    written = await update_catalogs(settings.source, _base(request), settings.templates_source)
     return {"updated": [path.name for path in written]}
 
 

@@ -8,8 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kronk_core.sections import ServerSection
 
-# Kronk's own catalog repository, as a GitHub contents-API folder listing.
+# Kronk's own catalog repository, as GitHub contents-API folder listings.
 DEFAULT_SOURCE = "https://api.github.com/repos/ardanlabs/kronk_catalogs/contents/catalogs"
+DEFAULT_TEMPLATES_SOURCE = (
+    "https://api.github.com/repos/ardanlabs/kronk_catalogs/contents/templates"
+)
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 # The manual's name for the Hugging Face token; the rule's name (KRONK_CATALOG_HF_TOKEN) wins.
 HF_TOKEN_VARIABLE = "KRONK_HF_TOKEN"
@@ -21,6 +24,10 @@ class CatalogSettings(BaseModel):
     source: str = Field(
         default=DEFAULT_SOURCE,
         description="Where `catalog update` fetches catalogs: a GitHub folder listing or one YAML",
+    )
+    templates_source: str = Field(
+        default=DEFAULT_TEMPLATES_SOURCE,
+        description="Where `catalog update` fetches the chat templates catalogs name (empty: none)",
     )
     hf_endpoint: str = Field(
         default=DEFAULT_HF_ENDPOINT,

@@ -1,9 +1,11 @@
-"""`kronk catalog update`: fetch catalog files from the configured source into <base>/catalogs.
+"""`kronk catalog update`: fetch catalog files and chat templates from the configured sources.
 
-The source is a GitHub contents-API folder listing (Kronk's catalog repository
-by default: a JSON array of `{name, type, download_url}`) or the URL of one
-catalog YAML file. Every file is checked before any is written, and each is
-written whole (an atomic rename), so a failed update changes nothing.
+Each source is a GitHub contents-API folder listing (Kronk's catalog
+repository by default: a JSON array of `{name, type, download_url}`) or the
+URL of one file. Catalogs go to <base>/catalogs, the templates they name
+(`template: qwen3.jinja`) to <base>/templates. Every file is fetched and every
+catalog checked before any is written, and each is written whole (an atomic
+rename), so a failed update changes nothing.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from kronk_catalog.catalog import parse_catalog, user_catalog_dir
+from kronk_catalog.catalog import parse_catalog, templates_dir, user_catalog_dir
 from kronk_catalog.download import PullError
 from kronk_core import __version__
 from kronk_core.errors import InvalidRequestError
+
+CATALOG_SUFFIXES = (".yaml", ".yml")
+TEMPLATE_SUFFIXES = (".jinja",)
 
 
 async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response:
@@ -30,46 +35,62 @@ async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response:
     return response
 
 
-def _name(url: str) -> str:
+def _name(url: str, suffixes: tuple[str, ...]) -> str:
     name = PurePosixPath(urlsplit(url).path).name
-    if not name.endswith((".yaml", ".yml")) or name.startswith("."):
-        raise InvalidRequestError(f"{url} is not a catalog YAML file")
+    if not name.endswith(suffixes) or name.startswith("."):
+        raise InvalidRequestError(f"{url} is not a {' or '.join(suffixes)} file")
     return name
 
 
-async def update_catalogs(source: str, base_path: Path) -> list[Path]:
-    """Fetch and check every catalog of `source`, then write them; the paths written."""
-    headers = {"User-Agent": f"kronk/{__version__}", "Accept": "application/vnd.github+json"}
-    async with httpx.AsyncClient(follow_redirects=True, timeout=30.0, headers=headers) as client:
-        listing = await _get(client, source)
-        try:
-            entries = listing.json()
-        except ValueError:
-            entries = None
-        if isinstance(entries, list):
-            urls = [
-                str(entry["download_url"])
-                for entry in entries
-                if isinstance(entry, dict)
-                and entry.get("type") == "file"
-                and entry.get("download_url")
-                and str(entry.get("name", "")).endswith((".yaml", ".yml"))
-            ]
-            fetched = [(url, (await _get(client, url)).text) for url in urls]
-        else:
-            fetched = [(source, listing.text)]
+async def _fetch(
+    client: httpx.AsyncClient, source: str, suffixes: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """(file name, text) of every file of `source` whose name ends in `suffixes`."""
+    listing = await _get(client, source)
+    try:
+        entries = listing.json()
+    except ValueError:
+        entries = None
+    if not isinstance(entries, list):
+        return [(_name(source, suffixes), listing.text)]
+    urls = [
+        str(entry["download_url"])
+        for entry in entries
+        if isinstance(entry, dict)
+        and entry.get("type") == "file"
+        and entry.get("download_url")
+        and str(entry.get("name", "")).endswith(suffixes)
+    ]
+    fetched = [(_name(url, suffixes), (await _get(client, url)).text) for url in urls]
     if not fetched:
-        raise PullError(f"{source} lists no catalog files")
-    checked = [(_name(url), text) for url, text in fetched]
-    for name, text in checked:
-        parse_catalog(text, f"{source}: {name}")
-    folder = user_catalog_dir(base_path)
+        raise PullError(f"{source} lists no {' or '.join(suffixes)} files")
+    return fetched
+
+
+def _write(folder: Path, files: list[tuple[str, str]]) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in checked:
+    for name, text in files:
         target = folder / name
         temporary = target.with_name(f".{name}.partial")
         temporary.write_text(text, encoding="utf-8")
         os.replace(temporary, target)
         written.append(target)
+    return written
+
+
+async def update_catalogs(source: str, base_path: Path, templates_source: str = "") -> list[Path]:
+    """Fetch and check every catalog of `source` (and every template of `templates_source`,
+    if set), then write them; the paths written."""
+    headers = {"User-Agent": f"kronk/{__version__}", "Accept": "application/vnd.github+json"}
+    async with httpx.AsyncClient(follow_redirects=True, timeout=30.0, headers=headers) as client:
+        catalogs = await _fetch(client, source, CATALOG_SUFFIXES)
+        templates = []
+        if templates_source:
+            templates = await _fetch(client, templates_source, TEMPLATE_SUFFIXES)
+    for name, text in catalogs:
+        parse_catalog(text, f"{source}: {name}")
+    written = _write(user_catalog_dir(base_path), catalogs)
+    if templates:
+        written += _write(templates_dir(base_path), templates)
     return written

@@ -214,7 +214,7 @@ async function sendChat(event) {
   const answer = chatMessage("assistant", "");
   answer.node.classList.add("streaming");
   const reasoning = el("div", { class: "text" });
-  const reasoningBlock = el("details", { class: "reasoning", hidden: true }, el("summary", { text: "Reasoning" }), reasoning);
+  const reasoningBlock = el("details", { class: "reasoning", open: true, hidden: true }, el("summary", { text: "Reasoning" }), reasoning);
   answer.content.before(reasoningBlock);
   const messages = [];
   const system = $("chat-system").value.trim();
