@@ -35,8 +35,11 @@ def install_chromium(session: nox.Session) -> None:
         session.warn("chromium is missing: install Debian's chromium for the browser UI tests")
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    session.run_install("apt-get", "update", "-qq", external=True, env=env)
-    session.run_install("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
+    retries = "-o=Acquire::Retries=3"  # a mirror that drops a connection is tried again
+    session.run_install("apt-get", retries, "update", "-qq", external=True, env=env)
+    session.run_install(
+        "apt-get", retries, "install", "-y", "-qq", "chromium", external=True, env=env
+    )
 
 
 @nox.session

@@ -275,6 +275,41 @@ def test_two_processes_pulling_one_file_download_it_once(
     assert sha256(tmp_path / "models" / "127.0.0.1" / "tiny.gguf") == sha256(tiny_llama_path)
 
 
+def test_ctrl_c_stops_a_pull_and_the_same_command_resumes_it(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    size = tiny_llama_path.stat().st_size
+    environment = {**os.environ, "KRONK_BASE_PATH": str(tmp_path)}
+    dest = tmp_path / "models" / "127.0.0.1" / "tiny.gguf"
+    with FileServer() as server:
+        served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 2)
+        command = [
+            sys.executable,
+            "-m",
+            "kronk_api.cli",
+            "model",
+            "pull",
+            f"{server.url}/tiny.gguf",
+        ]
+        first = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+        assert served.paused.wait(60)
+        first.send_signal(signal.SIGINT)
+        _, said = first.communicate(timeout=60)
+        assert first.returncode == 1, said
+        assert "Error: interrupted; the same command resumes where this one stopped" in said
+        # What came is kept beside the model's place, which stays empty.
+        kept = dest.with_name("tiny.gguf.partial").stat().st_size
+        assert kept <= size // 2 and not dest.exists()
+        served.pause_after = None
+        served.go.set()
+        second = subprocess.run(command, env=environment, capture_output=True, text=True)
+        assert second.returncode == 0, second.stderr
+        resumed = server.gets("/tiny.gguf")[-1].headers.get("range")
+    assert resumed == (f"bytes={kept}-" if kept else None)
+    assert sha256(dest) == sha256(tiny_llama_path)
+    assert leftovers(tmp_path) == ["127.0.0.1/tiny.gguf"]
+
+
 def test_the_hf_token_from_the_environment_goes_to_the_hub_only(
     tmp_path: Path, tiny_llama_path: Path
 ) -> None:

@@ -36,6 +36,8 @@ async def pull_with_progress(pull: Pull, downloader: Downloader, console: Consol
                     bar, completed=snapshot["done_bytes"], total=snapshot["total_bytes"]
                 )
         finally:
-            await runner
+            if not runner.done():  # stopped early (Ctrl-C): stop the download, keep its partial
+                runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
     if pull.error is not None:
         raise pull.error
