@@ -36,6 +36,11 @@ def pull(base: Path, *arguments: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def pull_command(url: str) -> list[str]:
+    """`kronk model pull URL` as its own process (for signals, locks and resource limits)."""
+    return [sys.executable, "-m", "kronk_api.cli", "model", "pull", url]
+
+
 def leftovers(base: Path) -> list[str]:
     """Files under <base>/models: partial downloads, lock files and models alike."""
     root = base / "models"
@@ -248,14 +253,7 @@ def test_two_processes_pulling_one_file_download_it_once(
     environment = {**os.environ, "KRONK_BASE_PATH": str(tmp_path)}
     with FileServer() as server:
         served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 2)
-        command = [
-            sys.executable,
-            "-m",
-            "kronk_api.cli",
-            "model",
-            "pull",
-            f"{server.url}/tiny.gguf",
-        ]
+        command = pull_command(f"{server.url}/tiny.gguf")
         first_log = tmp_path / "first.log"
         with first_log.open("w") as log:
             first = subprocess.Popen(command, env=environment, stdout=log, stderr=log)
@@ -283,14 +281,7 @@ def test_ctrl_c_stops_a_pull_and_the_same_command_resumes_it(
     dest = tmp_path / "models" / "127.0.0.1" / "tiny.gguf"
     with FileServer() as server:
         served = server.routes["/tiny.gguf"] = Served(path=tiny_llama_path, pause_after=size // 2)
-        command = [
-            sys.executable,
-            "-m",
-            "kronk_api.cli",
-            "model",
-            "pull",
-            f"{server.url}/tiny.gguf",
-        ]
+        command = pull_command(f"{server.url}/tiny.gguf")
         first = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
         assert served.paused.wait(60)
         first.send_signal(signal.SIGINT)
@@ -353,7 +344,7 @@ def test_a_disk_that_fills_up_leaves_no_partial_file(tmp_path: Path, tiny_llama_
     with FileServer() as server:
         server.routes["/tiny.gguf"] = Served(path=tiny_llama_path)
         completed = subprocess.run(
-            [sys.executable, "-m", "kronk_api.cli", "model", "pull", f"{server.url}/tiny.gguf"],
+            pull_command(f"{server.url}/tiny.gguf"),
             env={**os.environ, "KRONK_BASE_PATH": str(tmp_path)},
             capture_output=True,
             text=True,
