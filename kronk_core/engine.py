@@ -102,6 +102,34 @@ class _Job:
             self.cancelled = True
 
 
+class _Outbox:
+    """Events the engine thread produced, handed over once per step and event loop.
+
+    Each `call_soon_threadsafe` wakes the loop through its self-pipe (a system call);
+    one per step instead of one per token and slot.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[asyncio.AbstractEventLoop, list[tuple[_Job, EngineEvent]]] = {}
+
+    def post(self, job: _Job, event: EngineEvent) -> None:
+        self._events.setdefault(job.loop, []).append((job, event))
+
+    def flush(self) -> None:
+        events, self._events = self._events, {}
+        for loop, posted in events.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, posted)
+            except RuntimeError:  # the loop is closed: its consumers are gone
+                for job, _ in posted:
+                    job.cancelled = True
+
+
+def _put_all(posted: list[tuple[_Job, EngineEvent]]) -> None:
+    for job, event in posted:
+        job.events.put_nowait(event)
+
+
 @dataclass(frozen=True, slots=True)
 class _Part:
     """One job's tokens in a step: its pending generated token, or a prompt chunk.
@@ -179,6 +207,7 @@ class Engine:
         self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
         self._active: list[_Job] = []
+        self._outbox = _Outbox()
         self._stopping = False
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
@@ -285,10 +314,12 @@ class Engine:
                 self._reap_cancelled()
                 self._admit()
                 if not self._active:
+                    self._outbox.flush()
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                     continue
                 self._step()
+                self._outbox.flush()
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
             self._shutdown_jobs(KronkError("the inference engine failed; see the server log"))
@@ -299,6 +330,7 @@ class Engine:
         self._stopping = True
         for job in list(self._active):
             self._finish(job, FinishReason.error, error=unloaded)
+        self._outbox.flush()
         with self._waiting_lock:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
@@ -417,6 +449,7 @@ class Engine:
         for part in parts:
             if part.sample and part.job in self._active:
                 self._sample(part.job)
+        self._outbox.flush()
         for part in parts:
             slot = part.job.slot
             if part.completes and slot is not None:
@@ -464,7 +497,7 @@ class Engine:
         piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
         text = job.stops.push(job.utf8.push(piece))
         # Delivered even when the text is held back, so every token is accounted for.
-        job.deliver(TextChunk(text, 1, logprobs))
+        self._outbox.post(job, TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
             self._finish(job, FinishReason.stop)
         elif (
@@ -495,14 +528,14 @@ class Engine:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:
-                job.deliver(TextChunk(tail, 0))
+                self._outbox.post(job, TextChunk(tail, 0))
         usage = Usage(
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
             cached_tokens=job.cached_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
-        job.deliver(Finished(reason, usage, error, stop_sequence=matched))
+        self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched))
         if self._on_finished is not None:
             self._on_finished(self._record(job, reason))
         if job.sampler is not None:
