@@ -98,8 +98,10 @@ def test_catalog_list_and_show_on_the_command_line(tmp_path: Path, tiny_llama_pa
     assert f"model path:   {tmp_path / 'models/kronk/tiny-GGUF/tiny-llama.gguf'}" in output
     assert f"sha256 {sha256(tiny_llama_path)}" in output
     assert "context-window: 128" in output
-    code, output = cli(tmp_path, "catalog", "show", "nope")
-    assert code == 1 and "model 'nope' is not in the catalog" in output
+    for command in ("show", "pull"):
+        code, output = cli(tmp_path, "catalog", command, "nope")
+        assert code == 1 and "model 'nope' is not in the catalog" in output
+    assert not (tmp_path / "models").exists()
 
 
 def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma_path: str) -> None:
