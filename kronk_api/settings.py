@@ -32,6 +32,7 @@ from kronk_core.config import (
     KronkConfig,
     default_base_path,
     load_model_config_file,
+    merge_settings,
     parse_duration,
 )
 from kronk_core.errors import ConfigError
@@ -284,16 +285,6 @@ def _environment_value(value: Any) -> str:
 # ---- loading --------------------------------------------------------------------------
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(dict(merged[key]), value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSettings:
     """File values under explicit overrides (flags and environment, as nested keys)."""
     values: dict[str, Any] = {}
@@ -305,7 +296,7 @@ def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSett
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{file} must hold a mapping of settings")
         values = _as_written(loaded)
-    values = _merge(values, _as_written(dict(overrides)))
+    values = merge_settings(values, _as_written(dict(overrides)))
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:

@@ -9,7 +9,7 @@ The same name means the same thing in every hook: `kronk` the SDK facade,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -56,6 +56,19 @@ def kronk_settings() -> Sequence[Section[Any]]:
     from the names, each model's entry) with errors that name the key, and
     refuses a section no active plugin declares. Read your settings with
     `section.of(settings)` or `section.of(model_config)`.
+    """
+
+
+@hookspec
+def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+    """Models your plugin can serve, by id, with their settings.
+
+    Each value is a model entry as written in the model-config file (core
+    keys, plugin sections, the Kronk manual's spellings), with `model_path`.
+    The model-config file's entry for the same id, or for a `ID/VARIANT` of
+    it, overrides these settings key by key. Called whenever the models are
+    listed or one is loaded: answer from what is on disk now, quickly. The
+    catalog plugin answers with the catalog models that are pulled.
     """
 
 

@@ -90,8 +90,21 @@ class Kronk:
     # ---- models ------------------------------------------------------------
 
     def model_ids(self) -> list[str]:
-        """Every model this instance can serve: configured, installed, and the default."""
-        return known_model_ids(self.config)
+        """Every model this instance can serve: configured, provided by plugins, installed,
+        and the default."""
+        return known_model_ids(self.config, self.provided_models())
+
+    def provided_models(self) -> dict[str, Mapping[str, Any]]:
+        """The models plugins provide (`kronk_models`) with their settings, by id.
+
+        Asked anew each time: a plugin answers from what is on disk now (a
+        catalog model pulled a second ago is there). The first answer for an id wins.
+        """
+        found: dict[str, Mapping[str, Any]] = {}
+        for models in self.hook.kronk_models(kronk=self):
+            for model_id, settings in (models or {}).items():
+                found.setdefault(model_id, settings)
+        return found
 
     def devices(self) -> list[Device]:
         """Every device the backends can place models on, with free and total memory."""
