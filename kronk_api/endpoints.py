@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar.connection import ASGIConnection
+from litestar.types import Scope
 
 ENDPOINT_OPT = "kronk_endpoint"
 
@@ -36,3 +37,15 @@ def subject_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The authenticated caller's subject; None when no guard authenticated the request."""
     subject = connection.state.get(SUBJECT_STATE)
     return subject if isinstance(subject, str) else None
+
+
+def route_path(scope: Scope) -> str:
+    """The route a request matched, as declared (`/v1/models/{model_id:str}`)."""
+    return str(scope.get("path_template") or scope.get("path", ""))
+
+
+def endpoint_name(scope: Scope) -> str:
+    """What observability calls a request's endpoint: its grant name, else its route."""
+    handler = scope.get("route_handler")
+    name = handler.opt.get(ENDPOINT_OPT) if handler is not None else None
+    return name if isinstance(name, str) and name not in ACCESS_LEVELS else route_path(scope)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
-from kronk_core.events import RequestRecord
+from kronk_core.events import RequestRecord, new_request_id, request_scope
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.types import (
@@ -38,7 +38,6 @@ from kronk_core.types import (
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_SECONDS = 0.1
-_request_ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +74,7 @@ class _Job:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[EngineEvent]
-    id: int = field(default_factory=lambda: next(_request_ids))
+    request_id: str = field(default_factory=new_request_id)
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     slot: Slot | None = None
@@ -86,6 +85,8 @@ class _Job:
     batch_index: int = -1
     completion_tokens: int = 0
     started_at: float = 0.0
+    cache_ready_at: float = 0.0
+    prefilled_at: float = 0.0
     first_token_at: float = 0.0
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
     stops: StopMatcher | None = None
@@ -100,6 +101,34 @@ class _Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             self.cancelled = True
+
+
+class _Outbox:
+    """Events the engine thread produced, handed over once per step and event loop.
+
+    Each `call_soon_threadsafe` wakes the loop through its self-pipe (a system call);
+    one per step instead of one per token and slot.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[asyncio.AbstractEventLoop, list[tuple[_Job, EngineEvent]]] = {}
+
+    def post(self, job: _Job, event: EngineEvent) -> None:
+        self._events.setdefault(job.loop, []).append((job, event))
+
+    def flush(self) -> None:
+        events, self._events = self._events, {}
+        for loop, posted in events.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, posted)
+            except RuntimeError:  # the loop is closed: its consumers are gone
+                for job, _ in posted:
+                    job.cancelled = True
+
+
+def _put_all(posted: list[tuple[_Job, EngineEvent]]) -> None:
+    for job, event in posted:
+        job.events.put_nowait(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +177,11 @@ class GenerationStream:
             if not self._done:
                 self.cancel()
 
+    @property
+    def enqueued_at(self) -> float:
+        """When the request was queued (monotonic)."""
+        return self._job.enqueued_at
+
     def cancel(self) -> None:
         self._engine.cancel(self._job)
 
@@ -179,6 +213,7 @@ class Engine:
         self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
         self._active: list[_Job] = []
+        self._outbox = _Outbox()
         self._stopping = False
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
@@ -191,12 +226,18 @@ class Engine:
 
     # ---- asyncio side -------------------------------------------------------
 
-    async def submit(self, request: GenerationRequest, *, wait: float) -> GenerationStream:
-        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError."""
+    async def submit(
+        self, request: GenerationRequest, *, wait: float, request_id: str | None = None
+    ) -> GenerationStream:
+        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError.
+
+        `request_id` names it in log lines and its RequestRecord (default: a new id).
+        """
         if not self.alive:
             raise EngineClosedError(f"the engine of {self.model.info.id} is not running")
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
+        job.request_id = request_id or job.request_id
         deadline = time.monotonic() + wait
         while not self._enqueue(job):
             if time.monotonic() >= deadline:
@@ -223,12 +264,9 @@ class Engine:
             try:
                 self._waiting.remove(job)
             except ValueError:
-                queued = False
+                pass
             else:
-                queued = True
                 job.deliver(Finished(FinishReason.cancelled, Usage()))
-        if queued:
-            self._report(job, FinishReason.cancelled)
         self._wake.set()
 
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
@@ -288,10 +326,12 @@ class Engine:
                 self._reap_cancelled()
                 self._admit()
                 if not self._active:
+                    self._outbox.flush()
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                     continue
                 self._step()
+                self._outbox.flush()
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
             self._shutdown_jobs(KronkError("the inference engine failed; see the server log"))
@@ -302,11 +342,11 @@ class Engine:
         self._stopping = True
         for job in list(self._active):
             self._finish(job, FinishReason.error, error=unloaded)
+        self._outbox.flush()
         with self._waiting_lock:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
             job.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
-            self._report(job, FinishReason.error)
 
     def _reap_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
@@ -336,7 +376,8 @@ class Engine:
                     held += 1
                     continue
                 del self._waiting[held]
-            self._start(job, free)
+            with request_scope(job.request_id):
+                self._start(job, free)
 
     def _start(self, job: _Job, free: list[Slot]) -> None:
         slot = self._cache.select_slot(free, job.request, self.model)
@@ -347,6 +388,7 @@ class Engine:
         try:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             job.cached_tokens = job.next_prompt_index = plan.reused
+            job.cache_ready_at = time.monotonic()
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
@@ -357,6 +399,12 @@ class Engine:
             self._reset(slot)
             return
         job.stops = StopMatcher(job.request.stop)
+        log.debug(
+            "started in slot %d: %d prompt tokens, %d cached",
+            slot.id,
+            len(job.request.prompt_tokens),
+            job.cached_tokens,
+        )
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
@@ -424,12 +472,15 @@ class Engine:
                 job.pending_token = None
             else:
                 job.next_prompt_index += len(part.tokens)
+                if part.completes:
+                    job.prefilled_at = time.monotonic()
         for part in parts:
             if part.sample and part.job in self._active:
                 try:
                     self._sample(part.job)
                 except Exception as exc:
                     self._fail(part.job, self._unexpected(exc, "sampling"))
+        self._outbox.flush()
         for part in parts:
             slot = part.job.slot
             if part.completes and slot is not None:
@@ -453,7 +504,7 @@ class Engine:
     def _fail(self, job: _Job, exc: KronkError) -> None:
         if job not in self._active:
             return  # it had finished before the fault
-        log.error("request %d failed on %s: %s", job.id, self.model.info.id, exc.message)
+        log.error("request %s failed on %s: %s", job.request_id, self.model.info.id, exc.message)
         self._finish(job, FinishReason.error, error=exc)
 
     def _reset(self, slot: Slot) -> None:
@@ -496,7 +547,7 @@ class Engine:
         piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
         text = job.stops.push(job.utf8.push(piece))
         # Delivered even when the text is held back, so every token is accounted for.
-        job.deliver(TextChunk(text, 1, logprobs))
+        self._outbox.post(job, TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
             self._finish(job, FinishReason.stop)
         elif (
@@ -510,7 +561,7 @@ class Engine:
     def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
         return RequestRecord(
-            request_id=str(job.id),
+            request_id=job.request_id,
             model=self.model.info.id,
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
@@ -521,25 +572,40 @@ class Engine:
             if job.first_token_at
             else 0.0,
             total_seconds=now - job.enqueued_at,
+            slot=job.slot.id if job.slot is not None else -1,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            cache_ready_at=job.cache_ready_at,
+            prefilled_at=job.prefilled_at,
+            first_token_at=job.first_token_at,
+            finished_at=now,
         )
 
-    def _report(self, job: _Job, reason: FinishReason) -> None:
-        if self._on_finished is not None:
-            self._on_finished(self._record(job, reason))
-
     def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
+        with request_scope(job.request_id):
+            self._end(job, reason, error)
+
+    def _end(self, job: _Job, reason: FinishReason, error: KronkError | None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:
-                job.deliver(TextChunk(tail, 0))
+                self._outbox.post(job, TextChunk(tail, 0))
         usage = Usage(
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
             cached_tokens=job.cached_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
-        job.deliver(Finished(reason, usage, error, stop_sequence=matched))
-        self._report(job, reason)
+        record = self._record(job, reason)
+        self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched, record=record))
+        log.debug(
+            "finished (%s): %d completion tokens, %.1f tokens/s",
+            reason.value,
+            job.completion_tokens,
+            record.tokens_per_second,
+        )
+        if self._on_finished is not None:
+            self._on_finished(record)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None

@@ -46,6 +46,8 @@ class CacheCounters:
     # Prompt prefixes copied from another slot's sequence instead of prefilled.
     shared_prefixes: int = 0
     tokens_saved: int = 0
+    # Bytes of KV state the strategy holds in host memory (a gauge, not a total).
+    host_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

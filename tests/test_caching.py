@@ -588,6 +588,39 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
         kronk.close()
 
 
+async def test_split_kv_streams_copy_a_shared_prefix_exactly(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """`kv_unified: false`: one KV stream per slot; a shared prefix is copied as a whole
+    stream, then cut back, and the copy sits in the same cells as in a cold context."""
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, llamacpp={"kv_unified": False})
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    try:
+        first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
+        second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
+        await ask(kronk, "m", first)
+        copied = await ask(kronk, "m", second)
+        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        assert engine.cache_counters().shared_prefixes == 1
+        assert sum(1 for slot in engine.slots if slot.tokens) == 2
+        first_prompt = await prompt_tokens(kronk, first)
+        second_prompt = await prompt_tokens(kronk, second)
+        shared = common_prefix(first_prompt, second_prompt)
+        assert copied.usage.cached_tokens == shared > 100
+        replay.prefill(first_prompt, 0)
+        reference = replay.prefill(second_prompt, shared)
+        assert_same_first_token(copied, reference)
+        assert replay.generate(copied.usage.completion_tokens) == copied.content
+        # The donor's own conversation is intact: it continues from its slot.
+        again = await ask(
+            kronk, "m", [*first, {"role": "assistant", "content": "ok"}, user_turn(1)]
+        )
+        assert again.usage.cached_tokens >= len(first_prompt) - 2
+    finally:
+        replay.close()
+        kronk.close()
+
+
 async def test_agents_sharing_a_long_prefix_keep_the_window_cache_usable(
     gemma_path: str, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ from waiting import cancelling, gated, wait_idle, wait_until
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.engine import Engine, StepRecord
-from kronk_core.events import RequestRecord
+from kronk_core.events import ChatRecord, RequestRecord
 from kronk_core.models import DEFAULT_MODEL_SETTINGS
 
 if TYPE_CHECKING:
@@ -34,14 +34,20 @@ PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
 
 
 class Finished:
-    """Records what the engine reports for every finished request."""
+    """Records what the engine reports for every request that ran in a slot, and what the
+    SDK reports for every chat, queued-only ones included."""
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
+        self.chats: list[ChatRecord] = []
 
     @hookimpl
     def kronk_request_finished(self, record: RequestRecord) -> None:
         self.records.append(record)
+
+    @hookimpl
+    def kronk_chat_finished(self, record: ChatRecord) -> None:
+        self.chats.append(record)
 
 
 @dataclass
@@ -143,7 +149,7 @@ def generating(engine: Engine, slots: int, tokens: int = 0) -> Callable[[StepRec
 async def test_dead_queued_clients_free_their_places_at_once(server: Server) -> None:
     engine = server.engine
     await wait_idle(engine)
-    seen = len(server.finished.records)
+    seen = len(server.finished.chats)
     holders: list[Client] = []
     queued: list[Client] = []
     with gated(engine, generating(engine, SLOTS)) as gate:
@@ -173,11 +179,12 @@ async def test_dead_queued_clients_free_their_places_at_once(server: Server) -> 
     for answer in answers:
         assert isinstance(answer, httpx.Response) and answer.status_code == 200, answer
     await wait_idle(engine)
+    await wait_until(lambda: len(server.finished.chats) - seen == 2 * QUEUE_PLACES + SLOTS)
     outcomes = sorted(
-        (record.finish_reason, record.completion_tokens > 0)
-        for record in server.finished.records[seen:]
+        (record.finish_reason, record.generation is not None)
+        for record in server.finished.chats[seen:]
     )
-    # The dead ones ended in the queue, reported without a token generated.
+    # The dead ones ended in the queue: they never reached a slot.
     assert outcomes == sorted(
         [("cancelled", False)] * QUEUE_PLACES
         + [("cancelled", True)] * SLOTS

@@ -61,6 +61,7 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
         "checkpoint_restores",
         "shared_prefixes",
         "tokens_saved",
+        "host_bytes",
     }
     assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]
     assert all(

@@ -15,7 +15,7 @@ from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
-from kronk_llamacpp.sampler import DryPrototypes, NativeSampler, build_sampler
+from kronk_llamacpp.sampler import DryPrototypes, GreedySampler, NativeSampler, build_sampler
 from kronk_llamacpp.settings import SETTINGS, RopeScaling
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import load_weights, metadata
@@ -197,7 +197,7 @@ class LlamaTextModel:
             token=raw.decode("utf-8", errors="replace"), logprob=min(0.0, logprob), bytes=tuple(raw)
         )
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler:
+    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler | GreedySampler:
         assert self._ctx is not None and self._dry is not None
         return build_sampler(
             self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages, self._dry
@@ -265,9 +265,7 @@ class LlamaTextModel:
     def _set_partial_state(self, seq_id: int, state: bytes) -> bool:
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        read = llama_cpp.llama_state_seq_set_data_ext(
-            self._ctx, buffer, len(state), seq_id, flags
-        )
+        read = llama_cpp.llama_state_seq_set_data_ext(self._ctx, buffer, len(state), seq_id, flags)
         return bool(read > 0)
 
     def close(self) -> None:
