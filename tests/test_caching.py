@@ -297,6 +297,17 @@ def conversation(system: str, turns: int) -> list[dict[str, str]]:
     return messages
 
 
+def disk_tier(directory: Path) -> dict[str, Any]:
+    """One slot (each new conversation evicts the last), a host tier in RAM and on disk."""
+    return {"caching": {"host_cache_dir": directory, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
+
+
+def continued(messages: list[dict[str, str]], answer: ChatResult) -> list[dict[str, str]]:
+    """The conversation with its answer and the next user turn."""
+    turn = sum(1 for message in messages if message["role"] == "user")
+    return [*messages, {"role": "assistant", "content": answer.content}, user_turn(turn)]
+
+
 async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path) -> None:
     kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
     try:
@@ -687,7 +698,7 @@ async def test_a_conversation_restored_from_the_host_tier_matches_a_cold_replay(
         assert (store.ram_bytes == 0) == (tier == "disk")
         if tier == "disk":
             assert len(list((tmp_path / "kv").glob("*/*.state"))) == 2
-        second_turn = [*first_turn, {"role": "assistant", "content": first.content}, user_turn(1)]
+        second_turn = continued(first_turn, first)
         restored = await ask(kronk, "m", second_turn)
         counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
         assert counters.restores == 1 and counters.evictions == 3
@@ -804,7 +815,7 @@ async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
     no request fails, evicted conversations stay in RAM and come back from there, and the
     disk is used again once the directory can be made."""
     disk = tmp_path / "kv"
-    settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
+    settings = disk_tier(disk)
     kronk = fresh(gemma_path, tmp_path, **settings)
     try:
         first_turn = conversation(AGENT_SYSTEMS[0], 1)
@@ -817,7 +828,7 @@ async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
         assert other.usage.completion_tokens > 0
         assert any("keeping conversations in RAM only" in r.message for r in caplog.records)
         assert entries_on_disk(disk) == [directory] and len(host_store(kronk)) == 1
-        second_turn = [*first_turn, {"role": "assistant", "content": first.content}, user_turn(1)]
+        second_turn = continued(first_turn, first)
         back = await ask(kronk, "m", second_turn)
         assert back.usage.cached_tokens > 100
         assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
@@ -856,20 +867,19 @@ async def test_a_full_disk_leaves_no_half_written_entry(gemma_path: str, tmp_pat
     """A state too large for what the disk takes: nothing of it stays on disk (a restart
     finds no entry to misread), the conversation stays in RAM and comes back from there."""
     disk = tmp_path / "kv"
-    settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
-    kronk = fresh(gemma_path, tmp_path, **settings)
+    kronk = fresh(gemma_path, tmp_path, **disk_tier(disk))
     try:
         first_turn = conversation(AGENT_SYSTEMS[0], 1)
         first = await ask(kronk, "m", first_turn)
         with file_size_limit(1 << 20):  # the state takes several MiB
             await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
         assert entries_on_disk(disk) == [] and len(host_store(kronk)) == 1
-        second_turn = [*first_turn, {"role": "assistant", "content": first.content}, user_turn(1)]
+        second_turn = continued(first_turn, first)
         back = await ask(kronk, "m", second_turn)  # evicts the second, with room on disk
         assert back.usage.cached_tokens > 100
     finally:
         kronk.close()
-    restarted = fresh(gemma_path, tmp_path, **settings)
+    restarted = fresh(gemma_path, tmp_path, **disk_tier(disk))
     try:
         store = host_store(restarted)
         # Only the entry written with room on disk; the first never reached it.
