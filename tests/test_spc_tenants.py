@@ -139,3 +139,27 @@ def test_the_model_switch_shares_or_turns_off_the_reuse(
     # "off": not even Alice's own request gets one.
     assert _chat_prompt_tokens(alice, "off", QUESTION) == lengths["bare"]
     assert _chat_prompt_tokens(bob, "off", QUESTION) == lengths["bare"]
+
+
+def test_a_stored_response_belongs_to_its_caller(tenants: Tenants) -> None:
+    """Responses: another caller cannot read, continue or delete a stored response."""
+    alice, bob = tenants.openai(tenants.alice), tenants.openai(tenants.bob)
+    stored = alice.responses.create(
+        model="subject", instructions=SECRET, input="What is the code?", max_output_tokens=16
+    )
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(stored.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(
+            model="subject", previous_response_id=stored.id, input="Again?", max_output_tokens=1
+        )
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.delete(stored.id)
+    assert alice.responses.retrieve(stored.id).id == stored.id
+    follow_up = alice.responses.create(
+        model="subject", previous_response_id=stored.id, input="Again?", max_output_tokens=1
+    )
+    assert follow_up.status in ("completed", "incomplete")
+    alice.responses.delete(stored.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(stored.id)
