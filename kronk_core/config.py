@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -102,6 +103,7 @@ class ModelConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         where = f"models.{data['id']}." if data.get("id") else ""
+        data = legacy.move_manual_keys(data, where)
         data = legacy.move_cache_flags(legacy.move_keys(data, legacy.MODEL_KEYS, where), where)
         return gather(data, cls.model_fields)
 
@@ -168,6 +170,17 @@ class KronkConfig(BaseModel):
     def model(self, model_id: str) -> ModelConfig | None:
         """The configured entry for model_id, or None."""
         return self.models.get(model_id)
+
+
+def merge_settings(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values, nested mappings merged key by key."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_settings(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def parse_model_config(model_id: str, data: dict[str, Any]) -> ModelConfig:

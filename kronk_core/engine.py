@@ -24,7 +24,7 @@ from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.drafts import Draft, DraftStrategy
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
-from kronk_core.events import RequestRecord
+from kronk_core.events import RequestRecord, new_request_id, request_scope
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.speculation import Speculating, Speculation
@@ -42,7 +42,6 @@ from kronk_core.types import (
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_SECONDS = 0.1
-_request_ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,7 @@ class _Job:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[EngineEvent]
-    id: int = field(default_factory=lambda: next(_request_ids))
+    request_id: str = field(default_factory=new_request_id)
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     slot: Slot | None = None
@@ -100,6 +99,8 @@ class _Job:
     accepted_tokens: int = 0
     rejected_tokens: int = 0
     started_at: float = 0.0
+    cache_ready_at: float = 0.0
+    prefilled_at: float = 0.0
     first_token_at: float = 0.0
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
     stops: StopMatcher | None = None
@@ -114,6 +115,34 @@ class _Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             self.cancelled = True
+
+
+class _Outbox:
+    """Events the engine thread produced, handed over once per step and event loop.
+
+    Each `call_soon_threadsafe` wakes the loop through its self-pipe (a system call);
+    one per step instead of one per token and slot.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[asyncio.AbstractEventLoop, list[tuple[_Job, EngineEvent]]] = {}
+
+    def post(self, job: _Job, event: EngineEvent) -> None:
+        self._events.setdefault(job.loop, []).append((job, event))
+
+    def flush(self) -> None:
+        events, self._events = self._events, {}
+        for loop, posted in events.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, posted)
+            except RuntimeError:  # the loop is closed: its consumers are gone
+                for job, _ in posted:
+                    job.cancelled = True
+
+
+def _put_all(posted: list[tuple[_Job, EngineEvent]]) -> None:
+    for job, event in posted:
+        job.events.put_nowait(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +194,11 @@ class GenerationStream:
             if not self._done:
                 self.cancel()
 
+    @property
+    def enqueued_at(self) -> float:
+        """When the request was queued (monotonic)."""
+        return self._job.enqueued_at
+
     def cancel(self) -> None:
         self._engine.cancel(self._job)
 
@@ -199,6 +233,7 @@ class Engine:
         self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
         self._active: list[_Job] = []
+        self._outbox = _Outbox()
         self._stopping = False
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
@@ -211,12 +246,18 @@ class Engine:
 
     # ---- asyncio side -------------------------------------------------------
 
-    async def submit(self, request: GenerationRequest, *, wait: float) -> GenerationStream:
-        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError."""
+    async def submit(
+        self, request: GenerationRequest, *, wait: float, request_id: str | None = None
+    ) -> GenerationStream:
+        """Queue a request; waits up to `wait` seconds for queue space, then QueueFullError.
+
+        `request_id` names it in log lines and its RequestRecord (default: a new id).
+        """
         if not self.alive:
             raise EngineClosedError(f"the engine of {self.model.info.id} is not running")
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
+        job.request_id = request_id or job.request_id
         deadline = time.monotonic() + wait
         while not self._enqueue(job):
             if time.monotonic() >= deadline:
@@ -321,10 +362,12 @@ class Engine:
                 self._reap_cancelled()
                 self._admit()
                 if not self._active:
+                    self._outbox.flush()
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                     continue
                 self._step()
+                self._outbox.flush()
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
             self._shutdown_jobs(KronkError("the inference engine failed; see the server log"))
@@ -335,6 +378,7 @@ class Engine:
         self._stopping = True
         for job in list(self._active):
             self._finish(job, FinishReason.error, error=unloaded)
+        self._outbox.flush()
         with self._waiting_lock:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
@@ -368,7 +412,8 @@ class Engine:
                     held += 1
                     continue
                 del self._waiting[held]
-            self._start(job, free)
+            with request_scope(job.request_id):
+                self._start(job, free)
 
     def _start(self, job: _Job, free: list[Slot]) -> None:
         slot = self._cache.select_slot(free, job.request, self.model)
@@ -379,11 +424,23 @@ class Engine:
         try:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             job.cached_tokens = job.next_prompt_index = plan.reused
+            job.cache_ready_at = time.monotonic()
             job.sampler = self.model.new_sampler(self._sampler_stages(job.request.sampling))
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
             return
+        except Exception as exc:
+            # Whatever the strategy left half done, the slot starts over empty.
+            self._finish(job, FinishReason.error, error=self._unexpected(exc, "preparing a slot"))
+            self._reset(slot)
+            return
         job.stops = StopMatcher(job.request.stop)
+        log.debug(
+            "started in slot %d: %d prompt tokens, %d cached",
+            slot.id,
+            len(job.request.prompt_tokens),
+            job.cached_tokens,
+        )
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
@@ -410,7 +467,8 @@ class Engine:
             self._decode(parts)
             if self._speculation is not None:
                 self._speculation.decoded(*_rows(parts), time.perf_counter() - started)
-        except KronkError as exc:
+        except Exception as caught:
+            exc = self._unexpected(caught, "a decode")
             # Nothing of a failed decode may stay in the KV: the slots record what is there.
             for part in parts:
                 slot = part.job.slot
@@ -424,10 +482,10 @@ class Engine:
                 for part in parts:
                     try:
                         self._decode([part])
-                    except KronkError as alone:
+                    except Exception as alone:
                         assert part.job.slot is not None
                         self.model.seq_remove(part.job.slot.seq_id, len(part.job.slot.tokens), -1)
-                        self._fail(part.job, alone)
+                        self._fail(part.job, self._unexpected(alone, "a decode"))
                     else:
                         self._commit([part])
             self._record_step(parts)
@@ -450,7 +508,9 @@ class Engine:
                     job.request.max_tokens - job.completion_tokens - 1,
                     self.n_ctx_per_seq - len(slot.tokens) - 2,
                 )
-                item = Speculating(slot, job.id, job.pending_token, room, job.request.sampling)
+                item = Speculating(
+                    slot, job.request_id, job.pending_token, room, job.request.sampling
+                )
                 generating.append(item)
             elif job.prefilling:
                 prefill += len(job.request.prompt_tokens) - job.next_prompt_index
@@ -480,23 +540,50 @@ class Engine:
             else:
                 slot.tokens.extend(part.tokens)
                 job.next_prompt_index += len(part.tokens)
+                if part.completes:
+                    job.prefilled_at = time.monotonic()
         for part in parts:
             if part.sample and part.job in self._active:
-                if part.draft is None:
-                    self._sample(part.job)
-                else:
-                    self._verify(part)
+                try:
+                    if part.draft is None:
+                        self._sample(part.job)
+                    else:
+                        self._verify(part)
+                except Exception as exc:
+                    if part.draft is not None and part.job.slot is not None:
+                        self._reset(part.job.slot)  # its KV may still hold draft tokens
+                    self._fail(part.job, self._unexpected(exc, "sampling"))
+        self._outbox.flush()
         for part in parts:
             slot = part.job.slot
             if part.completes and slot is not None:
                 # After the first token went out, so the strategy's work (a checkpoint)
                 # adds nothing to the time to first token; the next decode comes later.
                 slot.pending = False
-                self._cache.prefilled(slot, self.model)
+                try:
+                    self._cache.prefilled(slot, self.model)
+                except Exception as exc:
+                    self._fail(part.job, self._unexpected(exc, "the cache strategy"))
+                    self._reset(slot)
+
+    def _unexpected(self, exc: Exception, during: str) -> KronkError:
+        """A KronkError as it is; anything else is a fault (logged with its stack) that
+        fails the requests it touched, while the engine goes on with the others."""
+        if isinstance(exc, KronkError):
+            return exc
+        log.error("%s failed on %s", during, self.model.info.id, exc_info=exc)
+        return KronkError(f"the inference engine failed in {during}; see the server log")
 
     def _fail(self, job: _Job, exc: KronkError) -> None:
-        log.error("decode failed on %s: %s", self.model.info.id, exc.message)
+        if job not in self._active:
+            return  # it had finished before the fault
+        log.error("request %s failed on %s: %s", job.request_id, self.model.info.id, exc.message)
         self._finish(job, FinishReason.error, error=exc)
+
+    def _reset(self, slot: Slot) -> None:
+        """Empty a slot whose KV no longer matches what it records."""
+        self.model.seq_remove(slot.seq_id, 0, -1)
+        slot.tokens.clear()
 
     def _record_step(self, parts: Sequence[_Part]) -> None:
         self._steps += 1
@@ -548,8 +635,7 @@ class Engine:
         self._speculation.settled(slot.id, accepted, len(draft.tokens) - accepted)
         if not self._speculation.cut(slot):
             # The KV holds tokens that never became output: nothing of it may be reused.
-            self.model.seq_remove(slot.seq_id, 0, -1)
-            slot.tokens.clear()
+            self._reset(slot)
             self._speculation.disable(f"the KV of slot {slot.id} could not be cut back exactly")
             self._fail(
                 job,
@@ -578,7 +664,7 @@ class Engine:
         piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
         text = job.stops.push(job.utf8.push(piece))
         # Delivered even when the text is held back, so every token is accounted for.
-        job.deliver(TextChunk(text, 1, logprobs))
+        self._outbox.post(job, TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
             return FinishReason.stop
         if (
@@ -591,7 +677,7 @@ class Engine:
     def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
         return RequestRecord(
-            request_id=str(job.id),
+            request_id=job.request_id,
             model=self.model.info.id,
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
@@ -602,13 +688,24 @@ class Engine:
             if job.first_token_at
             else 0.0,
             total_seconds=now - job.enqueued_at,
+            slot=job.slot.id if job.slot is not None else -1,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            cache_ready_at=job.cache_ready_at,
+            prefilled_at=job.prefilled_at,
+            first_token_at=job.first_token_at,
+            finished_at=now,
         )
 
     def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
+        with request_scope(job.request_id):
+            self._end(job, reason, error)
+
+    def _end(self, job: _Job, reason: FinishReason, error: KronkError | None) -> None:
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:
-                job.deliver(TextChunk(tail, 0))
+                self._outbox.post(job, TextChunk(tail, 0))
         usage = Usage(
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
@@ -617,9 +714,16 @@ class Engine:
             rejected_prediction_tokens=job.rejected_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
-        job.deliver(Finished(reason, usage, error, stop_sequence=matched))
+        record = self._record(job, reason)
+        self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched, record=record))
+        log.debug(
+            "finished (%s): %d completion tokens, %.1f tokens/s",
+            reason.value,
+            job.completion_tokens,
+            record.tokens_per_second,
+        )
         if self._on_finished is not None:
-            self._on_finished(self._record(job, reason))
+            self._on_finished(record)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None
@@ -630,10 +734,9 @@ class Engine:
         job.pending_token = None
         try:
             self._cache.release(slot, self.model)
-        except KronkError as exc:
-            log.error("cache release failed on slot %d: %s", slot.id, exc.message)
-            self.model.seq_remove(slot.seq_id, 0, -1)
-            slot.tokens.clear()
+        except Exception as exc:
+            self._unexpected(exc, f"releasing slot {slot.id}")
+            self._reset(slot)
         slot.busy = slot.pending = False
         slot.last_used = time.monotonic()
 

@@ -125,6 +125,14 @@ class EngineClosedError(KronkError):
     code = "unavailable"
 
 
+class KVCacheFullError(KronkError):
+    """The KV cache has no room for a request's next tokens now; other requests free some."""
+
+    status = 503
+    code = "kv_cache_full"
+    retry_after = 1
+
+
 class CapabilityError(InvalidRequestError):
     """The model cannot do what the request asks (chat on an embedding model, and so on)."""
 

@@ -9,7 +9,7 @@ The same name means the same thing in every hook: `kronk` the SDK facade,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -17,7 +17,7 @@ import pluggy
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategyFactory
-from kronk_core.events import RequestRecord
+from kronk_core.events import ChatRecord, RequestRecord
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
@@ -57,6 +57,19 @@ def kronk_settings() -> Sequence[Section[Any]]:
     from the names, each model's entry) with errors that name the key, and
     refuses a section no active plugin declares. Read your settings with
     `section.of(settings)` or `section.of(model_config)`.
+    """
+
+
+@hookspec
+def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+    """Models your plugin can serve, by id, with their settings.
+
+    Each value is a model entry as written in the model-config file (core
+    keys, plugin sections, the Kronk manual's spellings), with `model_path`.
+    The model-config file's entry for the same id, or for a `ID/VARIANT` of
+    it, overrides these settings key by key. Called whenever the models are
+    listed or one is loaded: answer from what is on disk now, quickly. The
+    catalog plugin answers with the catalog models that are pulled.
     """
 
 
@@ -203,8 +216,31 @@ def kronk_request_finished(record: RequestRecord) -> None:
     """Called after every generation ends: finished, cancelled or failed (observability).
 
     Runs on the model's engine thread between decode steps, so it must be quick;
-    exceptions are logged and swallowed. `record` holds counts and timings, never
-    prompt or completion text.
+    exceptions are logged and swallowed. `record` holds counts and timings
+    (queue, cache, prefill, first token, decode), never prompt or completion
+    text. `current_request_id` (kronk_core.events) holds its request id.
+    """
+
+
+@hookspec
+def kronk_chat_finished(record: ChatRecord) -> None:
+    """Called when a chat stream ends: finished, failed, or left by its client.
+
+    Runs on the event loop, in the context of the task that iterated the
+    stream (so contextvars set around the request, such as a tracing span,
+    are visible); exceptions are logged and swallowed. `record` has the SDK's
+    timings (model lease, prompt creation, output parsing), the final usage
+    (reasoning tokens included) and the engine's `RequestRecord` as
+    `record.generation`; never prompt or completion text.
+    """
+
+
+@hookspec
+def kronk_model_loaded(model_config: ModelConfig, model_info: ModelInfo, seconds: float) -> None:
+    """Called after a model loaded, with how long the load took.
+
+    Runs on the thread that loaded it, in the context of the request that
+    caused the load (none for a preload); exceptions are logged and swallowed.
     """
 
 

@@ -87,7 +87,8 @@ def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
 
 def model_config_for(kronk: Kronk, model_id: str) -> ModelConfig:
     """The settings a load of `model_id` uses: resolved, with its plugin sections validated."""
-    return bind_model_settings(kronk, resolve_model_config(kronk.config, model_id))
+    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models())
+    return bind_model_settings(kronk, resolved)
 
 
 def load_model(

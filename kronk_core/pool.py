@@ -61,6 +61,7 @@ class _Entry(Generic[M]):
     leases: int = 0
     last_used: float = field(default_factory=time.monotonic)
     loaded_at: float = 0.0
+    load_seconds: float = 0.0
     keep: bool = False  # exempt from TTL expiry (the server's preloaded default model)
 
     def idle(self) -> bool:
@@ -76,6 +77,8 @@ class PoolEntry(Generic[M]):
     leases: int
     idle_seconds: float
     loaded_seconds: float
+    # How long its load took.
+    load_seconds: float
     # Seconds until TTL expiry if it stays idle; None when it never expires.
     ttl_left: float | None
 
@@ -164,6 +167,7 @@ class ModelPool(Generic[M]):
         return self._fill(entry)
 
     def _fill(self, entry: _Entry[M]) -> Lease[M]:
+        started = time.monotonic()
         try:
             model = self._load(entry.model_id)
         except BaseException as exc:
@@ -177,6 +181,7 @@ class ModelPool(Generic[M]):
             self._failures.pop(entry.model_id, None)
             entry.model = model
             entry.loaded_at = time.monotonic()
+            entry.load_seconds = entry.loaded_at - started
             lease = self._lease(entry)
             self._cond.notify_all()
         return lease
@@ -244,6 +249,7 @@ class ModelPool(Generic[M]):
             leases=entry.leases,
             idle_seconds=idle,
             loaded_seconds=now - entry.loaded_at,
+            load_seconds=entry.load_seconds,
             ttl_left=max(0.0, self.ttl - idle) if expires else None,
         )
 

@@ -80,10 +80,12 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
     return PreparedChat(generation, loaded.template.parser(options, prompt_text), dropped)
 
 
-def count_prompt(loaded: LoadedModel, request: ChatRequest, *, add_generation_prompt: bool) -> int:
+def count_prompt(
+    loaded: LoadedModel, request: ChatRequest, scope: PromptScope, *, add_generation_prompt: bool
+) -> int:
     """The prompt's length as a chat would run it (the cache strategy's additions included)."""
     options = render_options(request, add_generation_prompt=add_generation_prompt)
-    messages = loaded.cache.prompt_messages(request.messages, PromptScope(remember=False))
+    messages = loaded.cache.prompt_messages(request.messages, scope)
     return len(loaded.render(messages, options))
 
 

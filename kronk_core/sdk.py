@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 from kronk_core import inputs
-from kronk_core.chat_stream import ChatStream, collect
+from kronk_core.chat_stream import ChatStream, ChatTimes, collect
 from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.errors import InvalidRequestError
-from kronk_core.events import RequestRecord
+from kronk_core.events import ChatRecord, RequestRecord, current_request_id, new_request_id
 from kronk_core.loading import (
     LoadedModel,
     PooledModel,
@@ -89,8 +90,21 @@ class Kronk:
     # ---- models ------------------------------------------------------------
 
     def model_ids(self) -> list[str]:
-        """Every model this instance can serve: configured, installed, and the default."""
-        return known_model_ids(self.config)
+        """Every model this instance can serve: configured, provided by plugins, installed,
+        and the default."""
+        return known_model_ids(self.config, self.provided_models())
+
+    def provided_models(self) -> dict[str, Mapping[str, Any]]:
+        """The models plugins provide (`kronk_models`) with their settings, by id.
+
+        Asked anew each time: a plugin answers from what is on disk now (a
+        catalog model pulled a second ago is there). The first answer for an id wins.
+        """
+        found: dict[str, Mapping[str, Any]] = {}
+        for models in self.hook.kronk_models(kronk=self):
+            for model_id, settings in (models or {}).items():
+                found.setdefault(model_id, settings)
+        return found
 
     def devices(self) -> list[Device]:
         """Every device the backends can place models on, with free and total memory."""
@@ -144,7 +158,17 @@ class Kronk:
             raise
 
     def _load(self, model_id: str) -> PooledModel:
-        return load_model(self, model_id, self._request_finished)
+        started = time.monotonic()
+        loaded = load_model(self, model_id, self._request_finished)
+        try:
+            self.hook.kronk_model_loaded(
+                model_config=loaded.config,
+                model_info=loaded.info,
+                seconds=time.monotonic() - started,
+            )
+        except Exception:
+            log.exception("a kronk_model_loaded hook failed")
+        return loaded
 
     def unload(self, model_id: str | None = None) -> bool:
         """Unload a model now; a text model's running requests end with an error event."""
@@ -170,21 +194,31 @@ class Kronk:
     ) -> RenderOptions:
         return render_options(request, add_generation_prompt=add_generation_prompt)
 
-    async def start_chat(self, request: ChatRequest, *, wait: float | None = None) -> ChatStream:
+    async def start_chat(
+        self, request: ChatRequest, *, wait: float | None = None, subject: str | None = None
+    ) -> ChatStream:
         """Validate, render, check the context and queue the request.
 
         Everything that can fail before the first token fails here (unknown
         model, template error, context overflow, queue full), so a server can
-        answer with a proper status before it starts a stream.
+        answer with a proper status before it starts a stream. `subject` is
+        who asks (a server with authentication passes the token's subject):
+        what the cache learns from one subject never reaches another's prompt.
         """
+        started = time.monotonic()
+        request_id = current_request_id.get() or new_request_id()
         inputs.check_chat(request)
         # The lease keeps the model loaded until the request is queued; from then
         # on the engine's work keeps the pool from unloading it.
         with text_model(await self.lease(request.model)) as loaded:
-            prepared = prepare_chat(loaded, request, PromptScope())
+            leased = time.monotonic()
+            prepared = prepare_chat(loaded, request, PromptScope(subject=subject))
             stream = await loaded.engine.submit(
-                prepared.generation, wait=self.config.queue_wait_seconds if wait is None else wait
+                prepared.generation,
+                wait=self.config.queue_wait_seconds if wait is None else wait,
+                request_id=request_id,
             )
+        times = ChatTimes(request_id, started, leased, stream.enqueued_at, len(request.tools))
         return ChatStream(
             loaded.id,
             stream,
@@ -192,6 +226,8 @@ class Kronk:
             len(prepared.generation.prompt_tokens),
             prepared.dropped_tokens,
             request.parallel_tool_calls,
+            times,
+            self._chat_finished,
         )
 
     async def chat_stream(
@@ -212,10 +248,12 @@ class Kronk:
     chat_request = staticmethod(inputs.chat_request)
 
     async def count_prompt_tokens(
-        self, request: ChatRequest, *, add_generation_prompt: bool
+        self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None
     ) -> int:
+        """The prompt's length as `start_chat` with the same `subject` would run it."""
+        scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            return count_prompt(loaded, request, add_generation_prompt=add_generation_prompt)
+            return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
@@ -264,6 +302,12 @@ class Kronk:
             self.hook.kronk_request_finished(record=record)
         except Exception:
             log.exception("a kronk_request_finished hook failed")
+
+    def _chat_finished(self, record: ChatRecord) -> None:
+        try:
+            self.hook.kronk_chat_finished(record=record)
+        except Exception:
+            log.exception("a kronk_chat_finished hook failed")
 
 
 __all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]

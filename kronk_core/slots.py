@@ -46,6 +46,8 @@ class CacheCounters:
     # Prompt prefixes copied from another slot's sequence instead of prefilled.
     shared_prefixes: int = 0
     tokens_saved: int = 0
+    # Bytes of KV state the strategy holds in host memory (a gauge, not a total).
+    host_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +55,14 @@ class PromptScope:
     """What a cache strategy is told about a request before its prompt is rendered.
 
     `remember` is false when the prompt is only counted (count_tokens,
-    tokenize): the strategy must not learn from it. The scope is where more
-    about the request goes when a strategy needs it (such as who is asking).
+    tokenize): the strategy must not learn from it. `subject` is who is
+    asking: the token's subject when the server authenticates, None when it
+    does not (every caller is then one user). What a strategy learns from one
+    subject's requests must not change another subject's prompts.
     """
 
     remember: bool = True
+    subject: str | None = None
 
 
 class CacheStrategy(Protocol):

@@ -69,7 +69,7 @@ class Speculating:
     """
 
     slot: Slot
-    request_id: int
+    request_id: str
     pending: int
     room: int
     sampling: SamplingParams
@@ -79,7 +79,7 @@ class Speculating:
 class _Request:
     """The request running in a slot, as speculation tracks it."""
 
-    id: int = 0
+    id: str = ""
     accepted: int = 0
     rejected: int = 0
     random: random.Random = field(default_factory=random.Random)

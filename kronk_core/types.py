@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import KronkError
+
+if TYPE_CHECKING:
+    from kronk_core.events import RequestRecord
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -149,7 +152,8 @@ class Usage:
     reasoning_tokens: int = 0
     # context_overflow: trim — prompt tokens dropped (oldest messages) to fit the context.
     dropped_tokens: int = 0
-    # Speculative decoding: draft tokens that became output, and those that did not.
+    # Speculative decoding (OpenAI's names): drafted tokens the model accepted and
+    # rejected. A decoding strategy that drafts fills them; 0 without one.
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
 
@@ -192,6 +196,8 @@ class Finished:
     error: KronkError | None = None
     # The stop string that ended generation (None: end of generation token, length, ...).
     stop_sequence: str | None = None
+    # How the engine ran it (None: cancelled or failed before it reached a slot).
+    record: RequestRecord | None = None
 
 
 EngineEvent = TextChunk | Finished

@@ -9,6 +9,7 @@ Usage: python scripts/make_tiny_models.py [--out DIR]
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,31 @@ def make_tiny_llama(
     with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
         _fill(writer, context_length, source)
     return Path(path)
+
+
+def make_tiny_llama_split(directory: Path, parts: int = 2) -> list[Path]:
+    """The tiny LLaMA split into `parts` files named as llama.cpp's gguf-split names them
+    (`tiny-split-00001-of-00002.gguf`, ...); llama.cpp loads it from the first part."""
+    name = "Kronk tiny llama, split (random weights, Gemma 3 tokenizer)"
+    work = Path(directory) / f".tiny-split.{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    n_tensors = 2 + 9 * N_LAYER
+    writer = gguf.GGUFWriter(
+        work / "tiny-split.gguf",
+        gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA],
+        split_max_tensors=-(-n_tensors // parts),
+    )
+    writer.add_name(name)
+    _fill(writer, 256, gemma_gguf_path())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    made = []
+    for path in sorted(work.glob("*.gguf")):
+        made.append(path.replace(Path(directory) / path.name))
+    work.rmdir()
+    return made
 
 
 def _fill(writer: gguf.GGUFWriter, context_length: int, tokenizer: Path) -> None:

@@ -24,12 +24,14 @@ from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig
 from kronk_core.models import DEFAULT_MODEL_SETTINGS, cache_dir, default_model_path
 
-# The generator scripts are not a package: import them from their folder.
+# The generator scripts are not a package: import them from their folder; the tests' own
+# helpers (file_server.py) from theirs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_minilm import minilm_gguf
 from gguf_output import cached
 from make_draft_model import GEMMA_DRAFT, make_gemma_draft
-from make_tiny_models import make_tiny_llama
+from make_tiny_models import make_tiny_llama, make_tiny_llama_split
 from make_tiny_reranker import tiny_reranker_gguf
 
 # Generated test models are cached across sessions, like the default model.
@@ -78,6 +80,13 @@ def other_vocabulary_path(minilm_path: Path) -> Path:
         TEST_MODELS / "tiny-llama-bert-vocab.gguf",
         lambda path: make_tiny_llama(path, tokenizer=minilm_path),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_split_paths() -> list[Path]:
+    """The tiny chat model split in two GGUF files (`tiny-split-0000N-of-00002.gguf`)."""
+    parts = [TEST_MODELS / f"tiny-split-{n:05d}-of-00002.gguf" for n in (1, 2)]
+    return parts if all(part.is_file() for part in parts) else make_tiny_llama_split(TEST_MODELS)
 
 
 @pytest.fixture(scope="session")

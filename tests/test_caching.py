@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+import logging
+import resource
+import signal
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kronk_caching.host_store import HostStore
 from kronk_caching.prefix import common_prefix
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.sampling import Greedy
+from kronk_core.engine import StepRecord
+from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
 
@@ -87,6 +93,8 @@ class ColdReplay:
     def __init__(self, config: ModelConfig) -> None:
         self.model = LlamaTextModel(config.model_copy(update={"n_seq_max": 1}))
         self.tokens: list[int] = []
+        # Top-5 log-probs at each position the last generate() sampled from.
+        self.logprobs: list[list[tuple[str, float]]] = []
         self._index = 0
 
     def prefill(self, prompt: list[int], keep: int) -> list[tuple[str, float]]:
@@ -102,13 +110,17 @@ class ColdReplay:
         first = self.model.logprobs(self._index, 0, 5).top_logprobs
         return [(t.token, t.logprob) for t in first]
 
-    def generate(self, count: int) -> str:
-        """Greedy, one token per decode as the engine does; the last token is not decoded."""
-        sampler = self.model.new_sampler([Greedy()])
+    def generate(self, count: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
+        """Sample with `stages` (greedy unless given), one token per decode as the engine
+        does; the last token is not decoded."""
+        sampler = self.model.new_sampler(stages)
         text = b""
+        self.logprobs = []
         try:
             for produced in range(count):
                 token = sampler.sample(self._index)
+                top = self.model.logprobs(self._index, token, 5).top_logprobs
+                self.logprobs.append([(t.token, t.logprob) for t in top])
                 text += self.model.token_bytes(token)
                 if produced == count - 1:
                     break
@@ -120,7 +132,76 @@ class ColdReplay:
             sampler.close()
         return text.decode("utf-8", errors="replace")
 
+    def move_cells(self) -> None:
+        """Export the sequence and import it again, as a restore from the host tier does:
+        its cells then lie where a restored state's lie (which changes rounding)."""
+        state = self.model.seq_state(0)
+        self.model.seq_remove(0, 0, -1)
+        assert self.model.set_seq_state(0, state) > 0
+
     def close(self) -> None:
+        self.model.close()
+
+
+class BatchReplay:
+    """A cache-less context shaped like the engine's (same slots, same KV layout) that
+    decodes the batches the engine's steps decoded, built from each request's own prompt and
+    its own greedy tokens. Sequences decoded in one batch round differently than alone (up
+    to ~1 nat on this model), so requests that ran at once are checked against this.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = LlamaTextModel(config)
+        self.tokens: dict[int, list[int]] = {}
+        # Per slot, the request now replayed: its prompt, how far it is prefilled, the token
+        # to decode next; what it sampled (top-5 log-probs per token, and the text).
+        self._prompt: dict[int, Sequence[int]] = {}
+        self._prefilled: dict[int, int] = {}
+        self._pending: dict[int, int] = {}
+        self.logprobs: dict[int, list[list[tuple[str, float]]]] = {}
+        self.text: dict[int, bytes] = {}
+        self._greedy = self.model.new_sampler([Greedy()])
+
+    def start(self, slot: int, prompt: Sequence[int], keep: int) -> None:
+        """A request starts in `slot`: its sequence keeps `keep` tokens, as the cache said."""
+        tokens = self.tokens.setdefault(slot, [])
+        assert tokens[:keep] == list(prompt[:keep])
+        self.model.seq_remove(slot, keep, -1)
+        del tokens[keep:]
+        self._prompt[slot], self._prefilled[slot] = prompt, keep
+        self._pending.pop(slot, None)
+        self.logprobs[slot], self.text[slot] = [], b""
+
+    def step(self, record: StepRecord) -> None:
+        """Decode what this engine step decoded, in the same order; sample greedily."""
+        batch = Batch()
+        sampled: list[tuple[int, int]] = []
+        for slot in record.generating:
+            token = self._pending.pop(slot)
+            sampled.append((slot, batch.add(token, len(self.tokens[slot]), slot, True)))
+            self.tokens[slot].append(token)
+        for slot, count in record.prefilling.items():
+            prompt, start = self._prompt[slot], self._prefilled[slot]
+            end = start + count
+            for position in range(start, end):
+                last = end == len(prompt) and position == end - 1
+                index = batch.add(prompt[position], position, slot, last)
+            if end == len(prompt):
+                sampled.append((slot, index))
+            self.tokens[slot].extend(prompt[start:end])
+            self._prefilled[slot] = end
+        self.model.decode(batch)
+        for slot, index in sampled:
+            token = self._greedy.sample(index)
+            if self.model.is_end_of_generation(token):
+                continue
+            top = self.model.logprobs(index, token, 5).top_logprobs
+            self.logprobs[slot].append([(t.token, t.logprob) for t in top])
+            self.text[slot] += self.model.token_bytes(token)
+            self._pending[slot] = token
+
+    def close(self) -> None:
+        self._greedy.close()
         self.model.close()
 
 
@@ -136,6 +217,22 @@ def assert_same_first_token(
         assert abs(ours[token] - theirs[token]) < tolerance, (ours, theirs)
     if tolerance <= 0.02:
         assert list(ours) == [token for token, _ in reference]
+
+
+def assert_same_logprobs(
+    result: ChatResult,
+    replay: ColdReplay | list[list[tuple[str, float]]],
+    tolerance: float = 0.02,
+) -> None:
+    """Every generated token's top-5 log-probs are the replay's, not only the first one's."""
+    expected = replay.logprobs if isinstance(replay, ColdReplay) else replay
+    assert len(result.logprobs) == len(expected) == result.usage.completion_tokens
+    for position, (ours, theirs) in enumerate(zip(result.logprobs, expected, strict=True)):
+        mine = {t.token: t.logprob for t in ours.top_logprobs}
+        other = dict(theirs)
+        assert max(mine, key=lambda token: mine[token]) == theirs[0][0], position
+        for token in mine.keys() & other.keys():
+            assert abs(mine[token] - other[token]) < tolerance, (position, mine, other)
 
 
 def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
@@ -163,6 +260,7 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
             reference = replay.prefill(prompt, cached.usage.cached_tokens)
             assert_same_first_token(cached, reference)
             assert replay.generate(cached.usage.completion_tokens) == cached.content
+            assert_same_logprobs(cached, replay)
             assert cached.content == cold.content
             assert cold.usage.cached_tokens == 0
             if turn == 0:
@@ -197,6 +295,17 @@ def conversation(system: str, turns: int) -> list[dict[str, str]]:
         if turn < turns - 1:
             messages.append({"role": "assistant", "content": f"Answer {turn}: noted."})
     return messages
+
+
+def disk_tier(directory: Path) -> dict[str, Any]:
+    """One slot (each new conversation evicts the last), a host tier in RAM and on disk."""
+    return {"caching": {"host_cache_dir": directory, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
+
+
+def continued(messages: list[dict[str, str]], answer: ChatResult) -> list[dict[str, str]]:
+    """The conversation with its answer and the next user turn."""
+    turn = sum(1 for message in messages if message["role"] == "user")
+    return [*messages, {"role": "assistant", "content": answer.content}, user_turn(turn)]
 
 
 async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path) -> None:
@@ -312,6 +421,36 @@ async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: K
     assert cached.usage.cached_tokens < first.usage.prompt_tokens + first.usage.completion_tokens
 
 
+async def test_a_cut_conversation_matches_a_cold_replay(gemma_path: str, tmp_path: Path) -> None:
+    """The slot is cut where the re-rendered answer leaves the generated tokens; a replay of
+    the slot's decodes (the first turn, its answer token by token), cut at the same place,
+    gives the same log-probs at every position."""
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    try:
+        messages = [{"role": "system", "content": AGENT_SYSTEMS[2]}, user_turn(0)]
+        first = await ask(kronk, "m", messages)
+        replay.prefill(await prompt_tokens(kronk, messages), 0)
+        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert_same_logprobs(first, replay)
+        messages.append({"role": "assistant", "content": "  " + first.content.upper() + "\n\n"})
+        messages.append(user_turn(1))
+        cut = await ask(kronk, "m", messages)
+        assert kronk.get_loaded("m").engine.cache_counters().partial_hits == 1  # type: ignore[union-attr]
+        assert (
+            100
+            < cut.usage.cached_tokens
+            < first.usage.prompt_tokens + first.usage.completion_tokens
+        )
+        reference = replay.prefill(await prompt_tokens(kronk, messages), cut.usage.cached_tokens)
+        assert_same_first_token(cut, reference)
+        assert replay.generate(cut.usage.completion_tokens) == cut.content
+        assert_same_logprobs(cut, replay)
+    finally:
+        replay.close()
+        kronk.close()
+
+
 async def test_host_tier_on_disk_survives_restart_and_checks_config(
     gemma_path: str, tmp_path: Path
 ) -> None:
@@ -363,9 +502,7 @@ async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models
     other_system = [{"role": "system", "content": "Other."}, user_turn(3)]
     other = models.chat_request(other_system, model="spc")
     await models.count_prompt_tokens(other, add_generation_prompt=True)
-    spc = models.load("spc")
-    assert isinstance(spc, LoadedModel)
-    assert list(spc.cache.system_prompts) == [SYSTEM]  # type: ignore[attr-defined]
+    assert await models.count_prompt_tokens(request, add_generation_prompt=True) == count
 
 
 def long_user_turn(index: int) -> dict[str, str]:
@@ -462,6 +599,39 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
         kronk.close()
 
 
+async def test_split_kv_streams_copy_a_shared_prefix_exactly(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """`kv_unified: false`: one KV stream per slot; a shared prefix is copied as a whole
+    stream, then cut back, and the copy sits in the same cells as in a cold context."""
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, llamacpp={"kv_unified": False})
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    try:
+        first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
+        second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
+        await ask(kronk, "m", first)
+        copied = await ask(kronk, "m", second)
+        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        assert engine.cache_counters().shared_prefixes == 1
+        assert sum(1 for slot in engine.slots if slot.tokens) == 2
+        first_prompt = await prompt_tokens(kronk, first)
+        second_prompt = await prompt_tokens(kronk, second)
+        shared = common_prefix(first_prompt, second_prompt)
+        assert copied.usage.cached_tokens == shared > 100
+        replay.prefill(first_prompt, 0)
+        reference = replay.prefill(second_prompt, shared)
+        assert_same_first_token(copied, reference)
+        assert replay.generate(copied.usage.completion_tokens) == copied.content
+        # The donor's own conversation is intact: it continues from its slot.
+        again = await ask(
+            kronk, "m", [*first, {"role": "assistant", "content": "ok"}, user_turn(1)]
+        )
+        assert again.usage.cached_tokens >= len(first_prompt) - 2
+    finally:
+        replay.close()
+        kronk.close()
+
+
 async def test_agents_sharing_a_long_prefix_keep_the_window_cache_usable(
     gemma_path: str, tmp_path: Path
 ) -> None:
@@ -503,3 +673,219 @@ async def test_simultaneous_agents_prefill_their_shared_prefix_once(
     finally:
         kronk.close()
         cold.close()
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+async def test_a_conversation_restored_from_the_host_tier_matches_a_cold_replay(
+    gemma_path: str, tmp_path: Path, tier: str
+) -> None:
+    """Evicted by two other conversations, then continued: restored from RAM, or from disk
+    (no RAM copy kept), cut where the client's re-rendered answer differs, and exact."""
+    caching: dict[str, Any] = {"host_cache_bytes": 1 << 30}
+    if tier == "disk":
+        caching = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}
+    kronk = fresh(gemma_path, tmp_path, caching=caching, n_seq_max=1)
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        first = await ask(kronk, "m", first_turn)
+        replay.prefill(await prompt_tokens(kronk, first_turn), 0)
+        assert replay.generate(first.usage.completion_tokens) == first.content
+        for system in AGENT_SYSTEMS[1:]:  # each evicts the one before
+            await ask(kronk, "m", conversation(system, 1))
+        store = kronk.get_loaded("m").cache.store  # type: ignore[union-attr]
+        assert len(store) == 2  # the first two conversations; the third is in the slot
+        assert (store.ram_bytes == 0) == (tier == "disk")
+        if tier == "disk":
+            assert len(list((tmp_path / "kv").glob("*/*.state"))) == 2
+        second_turn = continued(first_turn, first)
+        restored = await ask(kronk, "m", second_turn)
+        counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
+        assert counters.restores == 1 and counters.evictions == 3
+        assert 100 < restored.usage.cached_tokens < restored.usage.prompt_tokens
+        # A restored state's cells lie elsewhere than where they were computed: move the
+        # replay's the same way, then cut and prefill as the slot did.
+        replay.move_cells()
+        reference = replay.prefill(
+            await prompt_tokens(kronk, second_turn), restored.usage.cached_tokens
+        )
+        assert_same_first_token(restored, reference)
+        assert replay.generate(restored.usage.completion_tokens) == restored.content
+        assert_same_logprobs(restored, replay)
+    finally:
+        replay.close()
+        kronk.close()
+
+
+async def test_conversations_running_at_once_match_cold_replays(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Three conversations whose turns run at once, each extended in its own slot: every
+    token of every turn is a cold replay's that decodes the same batches."""
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
+    loaded = kronk.load("m")
+    assert isinstance(loaded, LoadedModel)
+    replay = BatchReplay(loaded.config)
+    records: list[StepRecord] = []
+    loaded.engine.add_step_listener(records.append)
+    try:
+        conversations = [[{"role": "system", "content": system}] for system in AGENT_SYSTEMS]
+        for turn in range(3):
+            for index, messages in enumerate(conversations):
+                messages.append(user_turn(turn * 3 + index))
+            records.clear()
+            results = await asyncio.gather(*(ask(kronk, "m", m) for m in conversations))
+            assert any(len(r.generating) + len(r.prefilling) == 3 for r in records)
+            starts = {}
+            for messages, result in zip(conversations, results, strict=True):
+                prompt = await prompt_tokens(kronk, messages)
+                (slot,) = slot_holding(kronk, prompt)
+                starts[slot] = (prompt, result.usage.cached_tokens)
+                assert result.usage.cached_tokens > (100 if turn else -1)
+            for record in records:
+                for slot in record.prefilling:
+                    if slot in starts:
+                        replay.start(slot, *starts.pop(slot))
+                replay.step(record)
+            for messages, result in zip(conversations, results, strict=True):
+                (slot,) = slot_holding(kronk, await prompt_tokens(kronk, messages))
+                assert replay.text[slot].decode() == result.content
+                assert_same_logprobs(result, replay.logprobs[slot])
+                messages.append({"role": "assistant", "content": result.content})
+        counters = loaded.engine.cache_counters()
+        assert counters.hits + counters.partial_hits == 6 and counters.evictions == 0
+    finally:
+        loaded.engine.remove_step_listener(records.append)
+        replay.close()
+        kronk.close()
+
+
+async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Not greedy: temperature 0.9 with a seed. The cached turns sample the same tokens as
+    a cold replay running the same seeded sampler chain."""
+    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    sampling: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "seed": 4242}
+    try:
+        loaded = kronk.load("m")
+        assert isinstance(loaded, LoadedModel)
+        request = kronk.chat_request(conversation(SYSTEM, 1), model="m", **sampling)
+        params = resolve_sampling(request.sampling, loaded.config.sampling)
+        stages = kronk.hook.kronk_sampler_stages(params=params, model_info=loaded.info)
+        assert not isinstance(stages[-1], Greedy)
+        messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        texts = []
+        for turn in range(3):
+            messages.append(user_turn(turn))
+            result = await kronk.chat(
+                messages, model="m", max_tokens=24, logprobs=True, top_logprobs=5, **sampling
+            )
+            if turn:
+                assert result.usage.cached_tokens > 100
+            replay.prefill(await prompt_tokens(kronk, messages), result.usage.cached_tokens)
+            assert replay.generate(result.usage.completion_tokens, stages) == result.content
+            assert_same_logprobs(result, replay)
+            texts.append(result.content)
+            messages.append({"role": "assistant", "content": result.content})
+        # A different seed samples a different answer: the seed is what made them equal.
+        other = await kronk.chat(messages[:2], model="m", max_tokens=24, **{**sampling, "seed": 7})
+        assert other.content != texts[0]
+    finally:
+        replay.close()
+        kronk.close()
+
+
+def host_store(kronk: Kronk) -> HostStore:
+    loaded = kronk.get_loaded("m")
+    assert isinstance(loaded, LoadedModel)
+    store: HostStore = loaded.cache.store  # type: ignore[attr-defined]
+    return store
+
+
+def entries_on_disk(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file())
+
+
+async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
+    gemma_path: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory turns into something no one can write into under a running model:
+    no request fails, evicted conversations stay in RAM and come back from there, and the
+    disk is used again once the directory can be made."""
+    disk = tmp_path / "kv"
+    settings = disk_tier(disk)
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        first = await ask(kronk, "m", first_turn)
+        (directory,) = disk.iterdir()  # the model's fingerprint directory
+        directory.rmdir()
+        directory.write_text("not a directory")  # even root cannot write into it now
+        with caplog.at_level(logging.WARNING, logger="kronk_caching.host_store"):
+            other = await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
+        assert other.usage.completion_tokens > 0
+        assert any("keeping conversations in RAM only" in r.message for r in caplog.records)
+        assert entries_on_disk(disk) == [directory] and len(host_store(kronk)) == 1
+        second_turn = continued(first_turn, first)
+        back = await ask(kronk, "m", second_turn)
+        assert back.usage.cached_tokens > 100
+        assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
+        directory.unlink()  # the operator repairs it: the next eviction is written again
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[2], 1))
+        assert [p.suffix for p in entries_on_disk(disk)] == [".state", ".tokens"]
+    finally:
+        kronk.close()
+    # A directory that cannot be made at all: the model loads and serves, RAM only.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file")
+    settings["caching"] = {"host_cache_dir": blocked, "host_cache_bytes": 1 << 30}
+    kronk = fresh(gemma_path, tmp_path, **settings)
+    try:
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))
+        assert len(host_store(kronk)) == 1 and blocked.read_text() == "a file"
+    finally:
+        kronk.close()
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes fail with EFBIG, as a write fails on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+async def test_a_full_disk_leaves_no_half_written_entry(gemma_path: str, tmp_path: Path) -> None:
+    """A state too large for what the disk takes: nothing of it stays on disk (a restart
+    finds no entry to misread), the conversation stays in RAM and comes back from there."""
+    disk = tmp_path / "kv"
+    kronk = fresh(gemma_path, tmp_path, **disk_tier(disk))
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        first = await ask(kronk, "m", first_turn)
+        with file_size_limit(1 << 20):  # the state takes several MiB
+            await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
+        assert entries_on_disk(disk) == [] and len(host_store(kronk)) == 1
+        second_turn = continued(first_turn, first)
+        back = await ask(kronk, "m", second_turn)  # evicts the second, with room on disk
+        assert back.usage.cached_tokens > 100
+    finally:
+        kronk.close()
+    restarted = fresh(gemma_path, tmp_path, **disk_tier(disk))
+    try:
+        store = host_store(restarted)
+        # Only the entry written with room on disk; the first never reached it.
+        assert len(store) == 1
+        assert store.best(await prompt_tokens(restarted, first_turn), at_least=100)[0] == 0
+        second = await prompt_tokens(restarted, conversation(AGENT_SYSTEMS[1], 1))
+        assert store.best(second, at_least=100)[0] > 100
+    finally:
+        restarted.close()

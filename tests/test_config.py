@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kronk_core import Kronk, KronkConfig
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig, load_model_config_file, parse_model_config
 from kronk_core.errors import ConfigError
-from kronk_core.models import resolve_model_config
+from kronk_core.models import installed_model_files, known_model_ids, resolve_model_config
 
 
 def config_error(data: dict[str, Any], model_id: str = "m1") -> ConfigError:
@@ -194,3 +194,172 @@ def test_bad_cache_ttl_names_the_key(value: str) -> None:
 def test_pool_defaults_follow_the_manual() -> None:
     config = KronkConfig()
     assert (config.models_in_cache, config.cache_ttl) == (3, 1200.0)
+
+
+# ---- the Kronk manual's model-config files load unchanged -------------------------------
+
+# The manual's Cline example (chapter 13.2), as a Kronk user's file has it: hyphenated keys,
+# a YAML anchor, and an `/IMC` variant of the same model.
+MANUAL_MODEL_CONFIG = """\
+models:
+  Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL: &base_Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL
+    context-window: 131072
+    nbatch: 2048
+    nubatch: 512
+    cache-type-k: q8_0
+    cache-type-v: q8_0
+    flash-attention: enabled
+    nseq-max: 2
+    insecure-logging: true
+    sampling-parameters:
+      temperature: 0.7
+      top_p: 0.8
+      top_k: 20
+
+  Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL/IMC:
+    <<: *base_Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL
+    nseq-max: 1
+    incremental-cache: true
+"""
+CODER = "Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL"
+
+
+def test_the_manual_s_hyphenated_keys_are_read_without_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "model_config.yaml"
+    path.write_text(MANUAL_MODEL_CONFIG, encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
+        models = load_model_config_file(path)
+    base, imc = models[CODER], models[f"{CODER}/IMC"]
+    assert (base.context_window, base.n_batch, base.n_seq_max) == (131072, 2048, 2)
+    assert base.sections["llamacpp"] == {
+        "n_ubatch": 512,
+        "cache_type_k": "q8_0",
+        "cache_type_v": "q8_0",
+        "flash_attention": "enabled",
+    }
+    assert (base.sampling.temperature, base.sampling.top_p, base.sampling.top_k) == (0.7, 0.8, 20)
+    assert (imc.n_seq_max, imc.cache, imc.context_window) == (1, "imc", 131072)
+    # Not deprecated: only the key that means nothing here is reported, with the reason.
+    assert [record.getMessage() for record in caplog.records] == [
+        f"models.{model_id}.insecure-logging is ignored: "
+        "insecure logging is a server setting (insecure_logging)"
+        for model_id in (CODER, f"{CODER}/IMC")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"incremental-cache": True}, "imc"),
+        ({"system-prompt-cache": True}, "spc"),
+        ({"incremental-cache": False}, "none"),
+    ],
+)
+def test_the_manual_s_cache_switches(entry: dict[str, Any], expected: str) -> None:
+    assert parse_model_config("m1", entry).cache == expected
+
+
+def test_the_manual_s_draft_model_block_is_the_speculative_section() -> None:
+    config = parse_model_config(
+        "m1", {"draft-model": {"model-id": "Qwen3-0.6B-Q8_0", "ndraft": 5, "ngpu-layers": 0}}
+    )
+    assert config.sections == {
+        "speculative": {"model_id": "Qwen3-0.6B-Q8_0", "ndraft": 5, "n_gpu_layers": 0}
+    }
+
+
+def test_the_manual_s_device_pins_the_model_and_its_empty_device_pins_nothing() -> None:
+    assert parse_model_config("m1", {"device": "CUDA0"}).sections == {
+        "llamacpp": {"device": "CUDA0"}
+    }
+    assert parse_model_config("m1", {"device": ""}).sections == {}
+
+
+def test_the_manual_s_gpu_keys_and_keys_that_mean_nothing_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entry = {"main-gpu": 1, "tensor-split": [3, 1], "swa-full": True, "use-mmap": False}
+    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
+        config = parse_model_config("m1", entry)
+    assert config.sections == {
+        "llamacpp": {"main_gpu": 1, "tensor_split": [3, 1], "swa_full": True}
+    }
+    assert [record.getMessage() for record in caplog.records] == [
+        "models.m1.use-mmap is ignored: llama.cpp maps model files as it does by default"
+    ]
+
+
+def test_two_spellings_of_one_key_are_an_error() -> None:
+    error = config_error({"context-window": 4096, "context_window": 8192})
+    assert error.key == "models.m1.context-window"
+    assert "another spelling of models.m1.context_window" in str(error)
+
+
+def test_a_variant_uses_its_base_model_s_file(tmp_path: Path) -> None:
+    path = tmp_path / "model_config.yaml"
+    path.write_text(MANUAL_MODEL_CONFIG, encoding="utf-8")
+    (tmp_path / "models" / "Qwen").mkdir(parents=True)
+    model_file = tmp_path / "models" / "Qwen" / f"{CODER}.gguf"
+    model_file.write_bytes(b"GGUF")
+    config = KronkConfig(base_path=tmp_path, models=load_model_config_file(path))
+    resolved = resolve_model_config(config, f"{CODER}/IMC")
+    assert (resolved.id, resolved.model_path, resolved.cache) == (f"{CODER}/IMC", model_file, "imc")
+    model_file.unlink()
+    with pytest.raises(ConfigError) as info:
+        resolve_model_config(config, f"{CODER}/IMC")
+    assert str(info.value) == (
+        f"models.{CODER}/IMC.model_path: not set and no {CODER}.gguf under {tmp_path / 'models'}"
+    )
+
+
+def test_split_parts_and_projectors_are_not_models(tmp_path: Path) -> None:
+    root = tmp_path / "models" / "org" / "repo"
+    root.mkdir(parents=True)
+    for name in ("big-00001-of-00002.gguf", "big-00002-of-00002.gguf", "mmproj-F16.gguf", "a.gguf"):
+        (root / name).write_bytes(b"GGUF")
+    config = KronkConfig(base_path=tmp_path)
+    assert installed_model_files(config) == {
+        "a": root / "a.gguf",
+        "big": root / "big-00001-of-00002.gguf",
+    }
+    assert resolve_model_config(config, "big").model_path == root / "big-00001-of-00002.gguf"
+
+
+def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: Path) -> None:
+    """What a plugin provides (a pulled catalog model) is overridden key by key."""
+    model_file = tmp_path / "pulled.gguf"
+    model_file.write_bytes(b"GGUF")
+    provided = {
+        "pulled": {
+            "model_path": str(model_file),
+            "context-window": 8192,
+            "nseq-max": 2,
+            "cache-type-k": "q8_0",
+            "sampling-parameters": {"temperature": 0.6, "top_k": 20},
+        }
+    }
+    entry = {"n_seq_max": 1, "llamacpp": {"n_threads": 2}, "sampling": {"top_k": 5}}
+    config = KronkConfig(
+        base_path=tmp_path,
+        models={
+            "pulled": parse_model_config("pulled", entry),
+            "pulled/SPC": parse_model_config("pulled/SPC", {"cache": "spc"}),
+        },
+    )
+    alone = resolve_model_config(KronkConfig(base_path=tmp_path), "pulled", provided)
+    assert (alone.model_path, alone.context_window, alone.n_seq_max) == (model_file, 8192, 2)
+    merged = resolve_model_config(config, "pulled", provided)
+    assert (merged.model_path, merged.context_window, merged.n_seq_max) == (model_file, 8192, 1)
+    assert merged.sections["llamacpp"] == {"cache_type_k": "q8_0", "n_threads": 2}
+    assert (merged.sampling.temperature, merged.sampling.top_k) == (0.6, 5)
+    variant = resolve_model_config(config, "pulled/SPC", provided)
+    assert (variant.model_path, variant.n_seq_max, variant.cache) == (model_file, 2, "spc")
+    assert known_model_ids(config, provided) == ["pulled", "pulled/SPC", DEFAULT_MODEL_ID]
+    # Under <base>/models, the file is listed by the id the plugin gives it, not twice.
+    (tmp_path / "models").mkdir()
+    in_models = model_file.rename(tmp_path / "models" / "pulled-Q4.gguf")
+    provided["pulled"] = {**provided["pulled"], "model_path": str(in_models)}
+    listed = known_model_ids(KronkConfig(base_path=tmp_path), provided)
+    assert listed == ["pulled", DEFAULT_MODEL_ID]

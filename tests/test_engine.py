@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from waiting import wait_idle
+from waiting import wait_idle, wait_until
 
 from kronk_core import FinishReason, Kronk
 from kronk_core.engine import Engine, StepRecord
@@ -193,7 +193,9 @@ async def test_cancel_frees_slot_for_queued_request_within_one_step(kronk: Kronk
                 kronk.chat_request(user("Hello, world!"), max_tokens=4, **GREEDY)
             )
             queued = Consumer(queued_stream)
-            await asyncio.sleep(0.05)  # a few steps pass: it stays queued, all slots busy
+            submitted_at = engine.stats().steps
+            # A few steps pass: it stays queued, all slots busy.
+            await wait_until(lambda: engine.stats().steps >= submitted_at + 3)
             assert engine.stats().queued == 1
             assert all(slot.busy for slot in engine.slots)
 

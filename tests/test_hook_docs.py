@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from kronk_debug import hookspecs as debug_hookspecs
 
 from kronk_auth_jwt import hookspecs as auth_jwt_hookspecs
 from kronk_core import hookspecs as core_hookspecs
@@ -17,7 +18,9 @@ from kronk_templates import hookspecs as templates_hookspecs
 
 DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
 # The core's hooks, and those the built-in plugins define for other plugins.
-SPEC_MODULES: list[ModuleType] = [core_hookspecs, templates_hookspecs, auth_jwt_hookspecs]
+SPEC_MODULES: list[ModuleType] = [
+    core_hookspecs, templates_hookspecs, auth_jwt_hookspecs, debug_hookspecs
+]
 DOCUMENTED = re.compile(r"^### `(kronk_\w+)\(", re.MULTILINE)
 
 

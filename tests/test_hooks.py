@@ -18,7 +18,8 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import KronkGroup
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.events import RequestRecord
+from kronk_core.backend import ModelInfo
+from kronk_core.events import ChatRecord, RequestRecord, current_request_id
 from kronk_core.models import DEFAULT_MODEL_SETTINGS
 
 
@@ -54,6 +55,10 @@ class Probe:
     def __init__(self) -> None:
         self.events: list[str] = []
         self.records: list[RequestRecord] = []
+        self.chats: list[ChatRecord] = []
+        self.loads: list[tuple[str, str, float]] = []
+        # The request id the engine thread had set while it reported each record.
+        self.logged_ids: list[str | None] = []
 
     @hookimpl
     def kronk_routes(self, kronk: Kronk) -> Sequence[Any]:
@@ -88,6 +93,17 @@ class Probe:
     @hookimpl
     def kronk_request_finished(self, record: RequestRecord) -> None:
         self.records.append(record)
+        self.logged_ids.append(current_request_id.get())
+
+    @hookimpl
+    def kronk_chat_finished(self, record: ChatRecord) -> None:
+        self.chats.append(record)
+
+    @hookimpl
+    def kronk_model_loaded(
+        self, model_config: ModelConfig, model_info: ModelInfo, seconds: float
+    ) -> None:
+        self.loads.append((model_config.id, model_info.id, seconds))
 
     @hookimpl
     def kronk_cli(self, group: click.Group) -> None:
@@ -123,7 +139,7 @@ def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
         assert teapot.status_code == 418 and teapot.json()["error"]["message"] == "short and stout"
         assert teapot.headers["x-probe"] == "1"
         assert client.get("/v1/liveness", headers={"x-forbidden": "1"}).status_code == 401
-        answer = client.post("/v1/chat/completions", json=body)
+        answer = client.post("/v1/chat/completions", json=body, headers={"X-Request-ID": "r-9"})
         assert answer.status_code == 200
     assert probe.events == ["startup", "shutdown"]
     (record,) = probe.records
@@ -131,6 +147,28 @@ def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
     assert record.finish_reason == "length" and record.completion_tokens == 4
     assert record.prompt_tokens == answer.json()["usage"]["prompt_tokens"]
     assert record.total_seconds >= record.time_to_first_token > 0
+    # The client's request id, in the record and around the engine's report.
+    assert record.request_id == "r-9" and probe.logged_ids == ["r-9"]
+    moments = [
+        record.enqueued_at,
+        record.started_at,
+        record.cache_ready_at,
+        record.prefilled_at,
+        record.first_token_at,
+        record.finished_at,
+    ]
+    assert moments[0] > 0 and moments == sorted(moments)
+    assert record.prefill_tokens == record.prompt_tokens - record.cached_tokens
+    assert record.tokens_per_second > 0 and record.slot >= 0
+    (chat,) = probe.chats
+    assert chat.request_id == "r-9" and chat.generation == record
+    assert chat.finish_reason == "length" and chat.usage.completion_tokens == 4
+    assert chat.started_at <= chat.prompt_started_at <= chat.prompt_ready_at
+    assert chat.prompt_ready_at == record.enqueued_at <= record.finished_at <= chat.finished_at
+    assert chat.tools == chat.tool_calls == 0 and chat.parse_seconds > 0
+    # The first request loaded the model.
+    ((config_id, info_id, seconds),) = probe.loads
+    assert config_id == DEFAULT_MODEL_ID and info_id and seconds > 0
 
 
 def test_cli_hook_adds_a_command(probed: tuple[Probe, Kronk]) -> None:

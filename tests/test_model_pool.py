@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import gated
 
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.config import ModelConfig
-from kronk_core.engine import StepRecord
 from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
 from kronk_core.events import RequestRecord
 from kronk_core.pool import LoadState
@@ -41,33 +41,6 @@ def models(tiny_llama_path: Path, minilm_path: Path) -> dict[str, ModelConfig]:
         ),
         "minilm": ModelConfig(model_path=minilm_path),
     }
-
-
-class EngineGate:
-    """Holds a model's engine after its next decode step until `release()`: a request is then
-    running, for as long as the test needs, whatever the machine's speed."""
-
-    def __init__(self) -> None:
-        self.held = threading.Event()
-        self._open = threading.Event()
-
-    def __call__(self, _: StepRecord) -> None:  # a step listener, on the engine thread
-        self.held.set()
-        self._open.wait()
-
-    def release(self) -> None:
-        self._open.set()
-
-
-@contextmanager
-def gated(loaded: LoadedModel) -> Iterator[EngineGate]:
-    gate = EngineGate()
-    loaded.engine.add_step_listener(gate)
-    try:
-        yield gate
-    finally:
-        gate.release()  # never leave the engine blocked, whatever the test did
-        loaded.engine.remove_step_listener(gate)
 
 
 def spy_leases(kronk: Kronk, model_id: str) -> threading.Event:
@@ -107,7 +80,7 @@ async def test_full_pool_waits_for_the_active_stream(
         loaded = kronk.load("tiny")
         assert isinstance(loaded, LoadedModel)
         asked = spy_leases(kronk, "minilm")
-        with gated(loaded) as gate:
+        with gated(loaded.engine) as gate:
             stream = await kronk.start_chat(
                 kronk.chat_request(
                     [{"role": "user", "content": "Count to fifty."}],
@@ -139,7 +112,7 @@ async def test_full_pool_gives_up_after_the_wait(
     with _kronk(tmp_path, models, models_in_cache=1, queue_wait_seconds=0.3) as kronk:
         loaded = kronk.load("tiny")
         assert isinstance(loaded, LoadedModel)
-        with gated(loaded) as gate:
+        with gated(loaded.engine) as gate:
             stream = await kronk.start_chat(
                 kronk.chat_request(
                     [{"role": "user", "content": "hi"}], model="tiny", max_tokens=8, temperature=0

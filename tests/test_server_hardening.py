@@ -13,6 +13,7 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
+from file_server import FileServer, Served
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar import Litestar
@@ -381,7 +382,27 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     ),
     "/v1/kronk/security/keys": NO_BODY,
     "/v1/kronk/models/{model_id}/unload": NO_BODY,
+    # Pulls run in the background from the fuzz server's local Hub (FUZZ_HUB_FILE).
+    "/v1/kronk/pulls": st.one_of(
+        near_valid({"model": st.sampled_from(["fuzz-model", "no-such-model"])}),
+        near_valid(
+            {"url": st.sampled_from(["hub/repo/fuzz.gguf", "hub/repo/missing.gguf", "x.html"])},
+            {"proj": st.sampled_from(["hub/repo/fuzz.gguf", "not a url"])},
+        ),
+    ),
+    "/v1/kronk/catalog/update": NO_BODY,
 }
+# The fuzz server's catalog source and Hub: a local file server, never the internet.
+FUZZ_HUB_FILE = "/hub/repo/resolve/main/fuzz.gguf"
+FUZZ_CATALOG = """\
+catalog: fuzz
+models:
+  - id: fuzz-model
+    category: Reranking
+    files:
+      models:
+        - url: hub/repo/fuzz.gguf
+"""
 GENERIC_BODY = st.one_of(
     JSON,
     st.dictionaries(st.sampled_from(["model", "messages", "input", "max_tokens"]), JSON),
@@ -473,10 +494,17 @@ def fuzz_server(
         "tiny-reranker": ModelConfig(model_path=reranker_path),
     }
     kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=3))
-    app = create_app(
-        ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}}), kronk=kronk
-    )
-    with serve(app) as base_url:
+    hub = FileServer()
+    hub.routes[FUZZ_HUB_FILE] = Served(path=reranker_path)
+    hub.routes["/catalogs/fuzz.yaml"] = Served(data=FUZZ_CATALOG.encode())
+    catalog = {
+        "hf_endpoint": hub.url,
+        "source": f"{hub.url}/catalogs/fuzz.yaml",
+        "templates_source": "",
+    }
+    sections = {"auth-jwt": {"enabled": True}, "catalog": catalog}
+    app = create_app(ServerSettings(base_path=base, sections=sections), kronk=kronk)
+    with hub, serve(app) as base_url:
         keys = base / "keys"
         admin = (keys / "master.jwt").read_text()
         grants = "chat-completions,responses,messages,embeddings,rerank,tokenize"

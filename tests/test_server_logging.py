@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -60,18 +61,10 @@ def _cli(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
-def logged_server(tmp_path: Path, port_finder: Callable[[], int]) -> Iterator[str]:
-    """`kronk server start -d` with auth, debug logs and insecure logging: all a log could hold."""
-    models = tmp_path / "models.yaml"
-    models.write_text(
-        f"models:\n  {DEFAULT_MODEL_ID}:\n    template: gemma\n"
-        "    context_window: 512\n    n_seq_max: 1\n"
-    )
-    host = f"127.0.0.1:{port_finder()}"
-    flags = ["--api-host", host, "--model-config-file", str(models), "--preload"]
-    flags += ["--auth-enabled", "--insecure-logging", "--log-level", "debug"]
-    started = _cli(tmp_path, "server", "start", "-d", *flags)
+@contextlib.contextmanager
+def detached_server(base: Path, host: str, *flags: str) -> Iterator[str]:
+    """`kronk server start -d` on `host`, ready; stopped (killed if need be) on leaving."""
+    started = _cli(base, "server", "start", "-d", "--api-host", host, *flags)
     assert started.returncode == 0, started.stderr
     try:
         deadline = time.monotonic() + 120
@@ -81,15 +74,29 @@ def logged_server(tmp_path: Path, port_finder: Callable[[], int]) -> Iterator[st
                     break
             except httpx.TransportError:
                 pass
-            log = tmp_path / "logs" / "server.log"
+            log = base / "logs" / "server.log"
             assert time.monotonic() < deadline, log.read_text(errors="replace")
             time.sleep(0.2)
         yield f"http://{host}"
     finally:
-        stopped = _cli(tmp_path, "server", "stop")
-        pid_file = tmp_path / "server.pid"
+        stopped = _cli(base, "server", "stop")
+        pid_file = base / "server.pid"
         if stopped.returncode != 0 and pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.fixture
+def logged_server(tmp_path: Path, port_finder: Callable[[], int]) -> Iterator[str]:
+    """`kronk server start -d` with auth, debug logs and insecure logging: all a log could hold."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  {DEFAULT_MODEL_ID}:\n    template: gemma\n"
+        "    context_window: 512\n    n_seq_max: 1\n"
+    )
+    flags = ["--model-config-file", str(models), "--preload"]
+    flags += ["--auth-enabled", "--insecure-logging", "--log-level", "debug"]
+    with detached_server(tmp_path, f"127.0.0.1:{port_finder()}", *flags) as base_url:
+        yield base_url
 
 
 def test_bearer_tokens_never_reach_the_log_file(logged_server: str, tmp_path: Path) -> None:
@@ -139,3 +146,35 @@ def test_bearer_tokens_never_reach_the_log_file(logged_server: str, tmp_path: Pa
     for token in (admin, user, forged):
         for part in (token, *token.split(".")[1:]):  # whole, or its claims or signature alone
             assert part not in log, part
+
+
+def test_one_request_id_from_the_client_to_the_engine_and_the_access_log(
+    tmp_path: Path, port_finder: Callable[[], int]
+) -> None:
+    """A real `kronk server start`: the client's X-Request-ID is on the dialect's, the
+    engine thread's and uvicorn's access log lines of that request, and on no other."""
+    flags = ["--preload", "--log-level", "debug", "--debug-host", f"127.0.0.1:{port_finder()}"]
+    with detached_server(tmp_path, f"127.0.0.1:{port_finder()}", *flags) as base_url:
+        chat = {
+            "model": DEFAULT_MODEL_ID,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+        }
+        answer = httpx.post(
+            f"{base_url}/v1/chat/completions",
+            json=chat,
+            headers={"X-Request-ID": "e2e-4242"},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and answer.headers["x-request-id"] == "e2e-4242"
+        assert httpx.get(f"{base_url}/v1/liveness").status_code == 200
+    log = (tmp_path / "logs" / "server.log").read_text()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    ours = [line for line in lines if line.get("request_id") == "e2e-4242"]
+    by_logger = {line["logger"]: line["msg"] for line in ours}
+    assert by_logger["kronk_core.engine"].startswith("finished (length): 3 completion tokens")
+    assert any(line["msg"].startswith("started in slot") for line in ours)
+    assert "POST /v1/chat/completions" in by_logger["uvicorn.access"]
+    # The liveness check had an id of its own.
+    liveness = [line for line in lines if "GET /v1/liveness" in line["msg"]]
+    assert liveness and all(line["request_id"] != "e2e-4242" for line in liveness)

@@ -7,7 +7,6 @@ import json
 from typing import TYPE_CHECKING
 
 import httpx
-import pytest
 
 from kronk_core import DEFAULT_MODEL_ID
 
@@ -46,25 +45,6 @@ async def test_unload_mid_stream_sends_an_error_event(server: RunningServer) -> 
     assert all("choices" in json.loads(event) for event in events[:-1])
 
 
-async def test_non_streaming_client_gone_cancels_generation(server: RunningServer) -> None:
-    body = {
-        "model": DEFAULT_MODEL_ID,
-        "messages": [{"role": "user", "content": "Tell me a long story about pirates."}],
-        "max_tokens": 3000,
-        "temperature": 0,
-    }
-    engine = server.kronk.load().engine
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as client:
-        with pytest.raises(httpx.TimeoutException):
-            await client.post("/v1/chat/completions", json=body)
-    for _ in range(50):
-        if engine.stats().active == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert engine.stats().active == 0
-    assert not any(slot.busy for slot in engine.slots)
-
-
 async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         response = await client.get("/v1/kronk/slots")
@@ -81,6 +61,7 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
         "checkpoint_restores",
         "shared_prefixes",
         "tokens_saved",
+        "host_bytes",
     }
     assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]
     assert all(

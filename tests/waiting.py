@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from kronk_core.engine import Engine
+from kronk_core.engine import Engine, EngineStats, StepRecord
 
 
 async def wait_until(condition: Any, timeout: float = 10.0) -> None:
@@ -26,3 +29,49 @@ async def wait_idle(engine: Engine) -> None:
             and not any(slot.busy for slot in engine.slots)
         )
     )
+
+
+class EngineGate:
+    """Holds an engine after the first decode step that `when` accepts, until `release()`:
+    requests are then running or queued, for as long as the test needs, whatever the
+    machine's speed. `stats` is the engine's at the moment it was held."""
+
+    def __init__(self, engine: Engine, when: Callable[[StepRecord], bool]) -> None:
+        self.held = threading.Event()
+        self.stats: EngineStats | None = None
+        self._engine = engine
+        self._when = when
+        self._open = threading.Event()
+
+    def __call__(self, record: StepRecord) -> None:  # a step listener, on the engine thread
+        if self.held.is_set() or not self._when(record):
+            return
+        self.stats = self._engine.stats()
+        self.held.set()
+        self._open.wait()
+
+    async def wait_held(self, timeout: float = 60) -> EngineStats:
+        assert await asyncio.to_thread(self.held.wait, timeout), "the engine was never held"
+        assert self.stats is not None
+        return self.stats
+
+    def release(self) -> None:
+        self._open.set()
+
+
+@contextmanager
+def gated(
+    engine: Engine, when: Callable[[StepRecord], bool] = lambda _: True
+) -> Iterator[EngineGate]:
+    gate = EngineGate(engine, when)
+    engine.add_step_listener(gate)
+    try:
+        yield gate
+    finally:
+        gate.release()  # never leave the engine blocked, whatever the test did
+        engine.remove_step_listener(gate)
+
+
+def cancelling(engine: Engine) -> int:
+    """Running requests whose cancellation the engine has not reaped yet (test-only read)."""
+    return sum(1 for job in list(engine._active) if job.cancelled)

@@ -3,7 +3,8 @@
 Each case loads MODEL in its own process with glibc's LD_DEBUG=bindings,files and reports
 its exit status (-11: SIGSEGV), who loaded libstdc++, which of libstdc++'s references
 bound outside the C++ runtime, and where every reference to std::ostream::_M_insert<long>
-(the crashing frame) bound. Run on the GPU machine by bench/gpu/run.sh; works on a CPU too.
+(the crashing frame) and the num_put facet id bound. Run on the GPU machine by
+bench/gpu/run.sh; works on a CPU too.
 
 usage: load_order.py MODEL.gguf [CASE ...]
 """
@@ -42,6 +43,8 @@ CASES = {
     "numpy_then_kronk": "import numpy\n" + KRONK,
 }
 M_INSERT_LONG = "_ZNSo9_M_insertIlEERSoT_"
+# A locale facet id: a unique symbol, so the first definition loaded serves everyone.
+NUM_PUT_ID = "_ZNSt7num_putIcSt19ostreambuf_iteratorIcSt11char_traitsIcEEE2idE"
 # Mangled names in namespace std (functions, members, type_info, vtables).
 STD = re.compile(r"^_Z(St|N(K)?S[tiod]|T[IVS]S[tiod])")
 LLAMA_CPP = ("libllama", "libggml")
@@ -62,8 +65,9 @@ def main() -> int:
         print(f"   libstdc++ references bound outside the C++ runtime: {len(captured)}")
         for symbol, target in captured:
             print(f"     {symbol} -> {target}")
-        for binder, target in report.bound(M_INSERT_LONG):
-            print(f"   _M_insert<long>: {binder} -> {target}")
+        for label, symbol in (("_M_insert<long>", M_INSERT_LONG), ("num_put id", NUM_PUT_ID)):
+            for binder, target in report.bound(symbol):
+                print(f"   {label}: {binder} -> {target}")
         # llama.cpp's references to std:: symbols bound outside the C++ runtime and outside
         # llama.cpp itself (its libraries share their template instantiations, as usual).
         foreign = sorted(

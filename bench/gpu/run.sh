@@ -39,11 +39,17 @@ for lib in "$BIN"/lib*.so; do
     | comm -12 - /tmp/stdcxx.defs | c++filt | sed "s|^|$(basename "$lib"): |"
 done > "$OUT/symbols.txt"
 echo "libstdc++ ($STDCXX) symbols also defined by llama.cpp's libraries: $(wc -l < "$OUT/symbols.txt")"
-grep -i "_M_insert" "$OUT/symbols.txt" || true
+for lib in "$BIN"/libllama.so "$BIN"/libggml*.so; do
+  echo "$(basename "$lib") needs: $(readelf -d "$lib" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+done
+grep -E "^CMAKE_CXX_COMPILER:|^CMAKE_(CXX|SHARED_LINKER)_FLAGS(_RELEASE)?:" /tmp/llama-build/CMakeCache.txt
+CXX_USED=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' /tmp/llama-build/CMakeCache.txt)
+echo "static runtime in $CXX_USED's specs: $("$CXX_USED" -dumpspecs 2>/dev/null | grep -c static-libstdc); env: CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
+cut -d: -f1 "$OUT/symbols.txt" | sort | uniq -c
 
 if [[ ",$PARTS," == *",load,"* ]]; then
   echo "######## load order ($(left) s left)"
-  timeout -k 5 $(( $(left) > 240 ? 200 : $(left) / 2 )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \
+  timeout -k 5 $(( $(left) - 150 > 200 ? 200 : ($(left) - 150 > 30 ? $(left) - 150 : 30) )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \
     | tee "$OUT/load_order.txt"
 fi
 if [[ ",$PARTS," == *",bench,"* ]]; then

@@ -11,7 +11,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, SUBJECT_STATE
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.limits import LimitStore
 from kronk_auth_jwt.settings import SETTINGS
@@ -45,6 +45,18 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError("malformed Authorization header; expected Bearer <token>")
         return verify(token.strip(), self.keys, self.issuer)
+
+    def grant(self, claims: Claims, endpoint: str) -> Grant:
+        """The grant `claims` hold for the endpoint named `endpoint`, or PermissionDeniedError.
+
+        Admin tokens are granted every endpoint, unlimited.
+        """
+        if claims.admin:
+            return Grant()
+        grant = claims.endpoints.get(endpoint)
+        if grant is None:
+            raise PermissionDeniedError(f"token does not grant the {endpoint!r} endpoint")
+        return grant
 
     async def charge(self, subject: str, endpoint: str, grant: Grant) -> None:
         """Count one request against the grant's quota, or raise RateLimitError."""
@@ -84,11 +96,9 @@ async def authorize(
         return
     auth: Authenticator = connection.app.state[STATE_KEY]
     claims = auth.authenticate(_credentials(connection))
+    connection.state[SUBJECT_STATE] = claims.subject
     if claims.admin or endpoint == AUTHENTICATED:
         return
     if endpoint == ADMIN:
         raise PermissionDeniedError("this endpoint needs an admin token")
-    grant = claims.endpoints.get(endpoint)
-    if grant is None:
-        raise PermissionDeniedError(f"token does not grant the {endpoint!r} endpoint")
-    await auth.charge(claims.subject, endpoint, grant)
+    await auth.charge(claims.subject, endpoint, auth.grant(claims, endpoint))

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
 from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
-from kronk_core.slots import CachePlan, Slot
+from kronk_core.slots import CacheCounters, CachePlan, Slot
 from kronk_core.types import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ class IncrementalCache(Counted, PromptsAsGiven):
         # Slot id → length of the last prompt prefilled in it (what followed was generated).
         self._prompt_end: dict[int, int] = {}
         self.store = store
+
+    def counters(self) -> CacheCounters:
+        host_bytes = self.store.ram_bytes if self.store is not None else 0
+        return replace(super().counters(), host_bytes=host_bytes)
 
     # ---- how much of a sequence a prompt can keep ----------------------------
 

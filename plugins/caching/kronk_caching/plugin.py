@@ -56,7 +56,10 @@ def no_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrate
 
 
 def system_prompt_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
-    return SystemPromptCache(min_tokens=SETTINGS.of(model_config).cache_min_tokens)
+    settings = SETTINGS.of(model_config)
+    return SystemPromptCache(
+        min_tokens=settings.cache_min_tokens, reuse=settings.spc_system_prompt_reuse
+    )
 
 
 def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kronk_core.sections import ModelSection
+
+
+class SystemPromptReuse(StrEnum):
+    """Whose remembered system prompt SPC gives a request that has none."""
+
+    # The caller's own: with authentication on, the token subject's; without, everyone's.
+    subject = "subject"
+    # The model's, whoever sent it: one tenant behind every token.
+    model = "model"
+    # Never: a request without a system prompt runs without one.
+    off = "off"
 
 
 class CachingSettings(BaseModel):
@@ -21,6 +33,8 @@ class CachingSettings(BaseModel):
     # and a directory that keeps them on disk too.
     host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
     host_cache_dir: Path | None = None
+    # SPC: whose remembered system prompt a request without one gets.
+    spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 
 
 SETTINGS = ModelSection("caching", CachingSettings)

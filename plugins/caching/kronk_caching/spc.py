@@ -7,7 +7,9 @@ requests restore it and prefill only the rest. Entries are keyed by the
 exact system-prompt tokens and bounded (LRU).
 
 Before rendering (on the event loop), the strategy remembers the system
-prompts it sees, and a request without one gets the only one remembered.
+prompts it sees, and a request without one gets the only one remembered, by
+default only the one its own caller sent (`spc_system_prompt_reuse`): with
+authentication on, one tenant's instructions never run under another's request.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from collections.abc import Sequence
 from kronk_caching.counting import Counted
 from kronk_caching.none import NoCache, clear
 from kronk_caching.prefix import token_key
+from kronk_caching.settings import SystemPromptReuse
 from kronk_core.backend import TextModel
 from kronk_core.slots import CachePlan, PromptScope, Slot
 from kronk_core.types import ChatMessage, GenerationRequest
 
 log = logging.getLogger(__name__)
+
+# Callers whose system prompt is remembered, least recent out first (a forgotten caller's
+# requests without a system prompt then run without one).
+MAX_CALLERS = 1024
 
 
 class SystemPromptCache(Counted, NoCache):
@@ -32,30 +39,43 @@ class SystemPromptCache(Counted, NoCache):
     name = "spc"
     needs_system_tokens = True
 
-    def __init__(self, *, min_tokens: int, max_entries: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        min_tokens: int,
+        reuse: SystemPromptReuse = SystemPromptReuse.subject,
+        max_entries: int = 8,
+    ) -> None:
         self._min_tokens = min_tokens
         self._max_entries = max_entries
+        self._reuse = reuse
         # Engine thread: states by system-prompt tokens, and what each slot exports at release.
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
         self._to_export: dict[int, int] = {}
-        # Event loop: the system prompts seen, most recent last.
-        self.system_prompts: OrderedDict[str, None] = OrderedDict()
+        # Event loop: per caller (None: all of them), the one system prompt it sent, or
+        # None once it sent several; most recent caller last.
+        self._known: OrderedDict[str | None, str | None] = OrderedDict()
 
     def prompt_messages(
         self, messages: Sequence[ChatMessage], scope: PromptScope
     ) -> Sequence[ChatMessage]:
-        """Remember system prompts; prepend the single known one when a request has none."""
+        """Remember system prompts; prepend the caller's only one when a request has none."""
+        if self._reuse is SystemPromptReuse.off:
+            return messages
+        caller = scope.subject if self._reuse is SystemPromptReuse.subject else None
         first = messages[0]
         if first.role in ("system", "developer") and first.content:
             if scope.remember:
-                self.system_prompts[first.content] = None
-                self.system_prompts.move_to_end(first.content)
-                while len(self.system_prompts) > self._max_entries:
-                    self.system_prompts.popitem(last=False)
+                seen = self._known.get(caller, first.content)
+                self._known[caller] = first.content if seen == first.content else None
+                self._known.move_to_end(caller)
+                while len(self._known) > MAX_CALLERS:
+                    self._known.popitem(last=False)
             return messages
-        if len(self.system_prompts) == 1:
-            return [ChatMessage(role="system", content=next(iter(self.system_prompts))), *messages]
-        return messages
+        known = self._known.get(caller)
+        if known is None:
+            return messages
+        return [ChatMessage(role="system", content=known), *messages]
 
     def prepare(
         self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]

@@ -11,11 +11,11 @@ import numpy as np
 
 from kronk_core.backend import Batch, ModelInfo
 from kronk_core.config import ModelConfig
-from kronk_core.errors import KronkError, ModelLoadError
+from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
-from kronk_llamacpp.sampler import DryPrototypes, NativeSampler, build_sampler
+from kronk_llamacpp.sampler import DryPrototypes, GreedySampler, NativeSampler, build_sampler
 from kronk_llamacpp.settings import SETTINGS, RopeScaling
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import load_weights, metadata
@@ -23,6 +23,16 @@ from kronk_llamacpp.weights import load_weights, metadata
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_WINDOW = 8192
+
+
+def decode_error(status: int) -> KronkError:
+    """What a failed llama_decode means for the request whose tokens it refused."""
+    if status == 1:  # no KV cell for the batch: finished requests will free some
+        return KVCacheFullError(
+            "the KV cache has no room for this request's tokens now (llama_decode status 1); "
+            "retry later"
+        )
+    return KronkError(f"llama_decode failed with status {status}")
 
 
 class LlamaTextModel:
@@ -161,7 +171,7 @@ class LlamaTextModel:
         self._batch.n_tokens = count
         status = llama_cpp.llama_decode(self._ctx, self._batch)
         if status != 0:
-            raise KronkError(f"llama_decode failed with status {status}")
+            raise decode_error(status)
 
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
@@ -187,7 +197,7 @@ class LlamaTextModel:
             token=raw.decode("utf-8", errors="replace"), logprob=min(0.0, logprob), bytes=tuple(raw)
         )
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler:
+    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler | GreedySampler:
         assert self._ctx is not None and self._dry is not None
         return build_sampler(
             self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages, self._dry
@@ -257,9 +267,7 @@ class LlamaTextModel:
     def _set_partial_state(self, seq_id: int, state: bytes) -> bool:
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        read = llama_cpp.llama_state_seq_set_data_ext(
-            self._ctx, buffer, len(state), seq_id, flags
-        )
+        read = llama_cpp.llama_state_seq_set_data_ext(self._ctx, buffer, len(state), seq_id, flags)
         return bool(read > 0)
 
     def close(self) -> None:

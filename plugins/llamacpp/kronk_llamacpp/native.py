@@ -8,13 +8,15 @@ process, here, before that import:
 - else `LLAMA_CPP_LIB_PATH` if set (llama-cpp-python's own variable: a build of your own);
 - else the CPU libraries bundled in the llama-cpp-python wheel.
 
-On Linux the C++ runtime is loaded first, on its own and into the global scope. A
-shared library's symbol references are resolved in the scope of whatever loaded it
-first, so when another extension (numpy's `_multiarray_umath`, which carries copies of
-a few libstdc++ symbols) loads libstdc++ before llama.cpp does, libstdc++'s own
-references bind to that extension's copies; loaded by llama.cpp first, they bind to
-llama.cpp's copies instead. Loaded first on its own and global, libstdc++ binds only to
-itself, and it comes before every extension's copies in every later lookup. See
+On Linux the C++ runtime (the system's libstdc++) is loaded first, on its own and into
+the global scope, whether llama.cpp links it or carries a static copy of it (as CUDA
+builds made with some toolchains do). The locale facets' `id` objects are unique symbols:
+the first definition loaded serves the whole process, while the rest of the locale
+machinery (the id counter, the classic locale) stays with each copy. A static copy in
+libggml-cuda that meets ids already defined by a libstdc++ loaded earlier (numpy loads
+it) indexes its locale with another runtime's numbers and crashes at its first stream
+output. With the system runtime global and first, every copy's references to what the
+runtime exports bind to it: one C++ runtime in the process. See
 docs/gpu.md ("The load-order crash").
 """
 
@@ -105,18 +107,20 @@ def choose_directory() -> tuple[str | None, Path]:
     return None, _bundled_directory()
 
 
-def _resolved_cxx_runtime(library: Path) -> str | None:
-    """The libstdc++ that `library` resolves to (as `ldd` reports it), or None if it needs none."""
+def _resolved_cxx_runtime(library: Path) -> str:
+    """The libstdc++ `library` resolves to (as `ldd` reports it), else the system's by soname.
+
+    A library with a static copy of the runtime needs none, and is pinned to the system's
+    all the same (numpy and other extensions load that one).
+    """
     try:
         listing = subprocess.run(
             ["ldd", str(library)], capture_output=True, text=True, timeout=30, check=False
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return _CXX_RUNTIME  # no ldd: let the dynamic loader find it by its soname
-    match = re.search(r"^\s*libstdc\+\+\.so\.6 => (\S+)", listing, re.MULTILINE)
-    if match is None:
-        return None if "libstdc++" not in listing else _CXX_RUNTIME
-    return match.group(1)
+        return _CXX_RUNTIME
+    match = re.search(r"^\s*libstdc\+\+\.so\.6 => (/\S+)", listing, re.MULTILINE)
+    return match.group(1) if match else _CXX_RUNTIME
 
 
 def pin_cxx_runtime(library: Path) -> tuple[str | None, bool]:
@@ -128,15 +132,17 @@ def pin_cxx_runtime(library: Path) -> tuple[str | None, bool]:
     if not sys.platform.startswith("linux"):
         return None, False  # Mach-O and PE bind each import to its library: nothing to capture
     runtime = _resolved_cxx_runtime(library)
-    if runtime is None:
-        return None, False
     mode = os.RTLD_NOW | os.RTLD_GLOBAL
     try:
         ctypes.CDLL(runtime, mode=mode | os.RTLD_NOLOAD)
         return runtime, True
     except OSError:
+        pass
+    try:
         ctypes.CDLL(runtime, mode=mode)
-        return runtime, False
+    except OSError:
+        return None, False  # no C++ runtime installed: llama.cpp carries its own, alone
+    return runtime, False
 
 
 def _already_imported(directory: Path) -> None:

@@ -95,6 +95,27 @@ class NativeSampler:
             self._chain = None
 
 
+class GreedySampler:
+    """Greedy alone: the argmax of the logits, read in place.
+
+    llama.cpp's sampler first copies every logit into a candidate array (about 0.3 ms
+    for a 128k vocabulary), per slot and step: more than a GPU's whole decode step once
+    a few dozen slots generate. numpy's argmax picks the same token (the first of equal
+    maxima, as llama.cpp's greedy stage does) without the copy.
+    """
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int) -> None:
+        self._ctx = ctx
+        self._n_vocab = n_vocab
+
+    def sample(self, batch_index: int) -> int:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        return int(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).argmax())
+
+    def close(self) -> None:
+        pass
+
+
 def compile_json_schema(schema: str) -> str:
     return compile_structured(StructuredOutput((JsonSegment(schema),)), "json_schema")
 
@@ -135,9 +156,7 @@ class DryPrototypes:
 
     def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
         self._vocab = vocab
-        self._prototypes: OrderedDict[tuple[object, ...], llama_cpp.llama_sampler_p] = (
-            OrderedDict()
-        )
+        self._prototypes: OrderedDict[tuple[object, ...], llama_cpp.llama_sampler_p] = OrderedDict()
 
     def clone(self, stage: Dry, last_n: int) -> llama_cpp.llama_sampler_p:
         key = (stage.multiplier, stage.base, stage.allowed_length, last_n, stage.sequence_breakers)
@@ -222,9 +241,11 @@ def build_sampler(
     n_ctx: int,
     stages: Sequence[SamplerStage],
     dry: DryPrototypes,
-) -> NativeSampler:
+) -> NativeSampler | GreedySampler:
     if not stages or not isinstance(stages[-1], SELECTING_STAGES):
         raise InvalidRequestError("a sampler chain must end with a token-selecting stage")
+    if len(stages) == 1 and isinstance(stages[0], Greedy):
+        return GreedySampler(ctx, n_vocab)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     sampler = NativeSampler(ctx, chain, n_vocab, draws=isinstance(stages[-1], Distribution))
     try:

@@ -10,6 +10,8 @@ in a Kronk process it binds only to itself. Linux/glibc only: LD_DEBUG is glibc'
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,3 +72,86 @@ def test_llama_cpp_imported_first_is_captured_by_llama_cpp_itself() -> None:
     captured = report.captured()
     assert captured
     assert {target for _, target in captured} <= {"libllama.so", "libggml.so", "libggml-base.so"}
+
+
+# A C++ library with its own static copy of the runtime, as llama.cpp's CUDA build was on
+# the GPU machine (its libraries needed no libstdc++.so and defined ~7,900 of its symbols).
+STATIC_RUNTIME_SOURCE = """
+#include <cstring>
+#include <sstream>
+#include <string>
+extern "C" int format_long(long value, char * out, int size) {
+    std::ostringstream stream;
+    stream << value;
+    std::string text = stream.str();
+    std::strncpy(out, text.c_str(), size);
+    return (int) text.size();
+}
+"""
+STATIC_RUNTIME_CALL = """
+import ctypes
+library = ctypes.CDLL(sys.argv[-1], mode=ctypes.RTLD_GLOBAL)
+out = ctypes.create_string_buffer(32)
+library.format_long(1234567, out, 32)
+print(out.value.decode(), flush=True)
+"""
+M_INSERT_LONG = "_ZNSo9_M_insertIlEERSoT_"  # std::ostream::_M_insert<long>, the crash frame
+NUM_PUT_ID = "_ZNSt7num_putIcSt19ostreambuf_iteratorIcSt11char_traitsIcEEE2idE"
+
+
+@pytest.fixture(scope="module")
+def static_runtime_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    compiler = shutil.which("g++")
+    assert compiler, "g++ is needed (it also builds llama-cpp-python from source)"
+    folder = tmp_path_factory.mktemp("static-runtime")
+    (folder / "format.cpp").write_text(STATIC_RUNTIME_SOURCE)
+    library = folder / "libformat_static.so"
+    subprocess.run(
+        [compiler, "-O2", "-fPIC", "-shared", "-static-libstdc++", "-static-libgcc",
+         str(folder / "format.cpp"), "-o", str(library)],
+        check=True,
+    )  # fmt: skip
+    return library
+
+
+def _binds(report_path: Path, snippet: str) -> dict[str, str]:
+    report = run('import os, sys; print(f"pid={os.getpid()}", flush=True)\n' + snippet,
+                 str(report_path))  # fmt: skip
+    assert report.returncode == 0, report.output
+    assert "1234567" in report.output
+    name = report_path.name
+    return {
+        symbol: target
+        for (binder, symbol), target in report.bindings.items()
+        if binder == name and symbol in (M_INSERT_LONG, NUM_PUT_ID)
+    }
+
+
+def test_a_static_runtime_copy_after_numpy_mixes_two_runtimes(
+    static_runtime_library: Path,
+) -> None:
+    """The GPU crash's mechanism: the facet id is unique, so it binds to the runtime numpy
+    loaded, while the copy's stream output (and its id counter) stay its own."""
+    binds = _binds(
+        static_runtime_library, "import numpy._core._multiarray_umath\n" + STATIC_RUNTIME_CALL
+    )
+    assert binds[NUM_PUT_ID] == "libstdc++.so.6"
+    assert binds[M_INSERT_LONG] == static_runtime_library.name
+
+
+@pytest.mark.parametrize("numpy_first", [False, True], ids=["kronk-first", "numpy-first"])
+def test_kronk_binds_a_static_runtime_copy_to_the_one_runtime(
+    static_runtime_library: Path, numpy_first: bool
+) -> None:
+    """With Kronk's pin (global, first, or promoted when numpy came first) the copy's
+    references to what the runtime exports all bind to libstdc++: one runtime."""
+    snippet = (
+        ("import numpy._core._multiarray_umath\n" if numpy_first else "")
+        + "from pathlib import Path\n"
+        + "from kronk_llamacpp.native import pin_cxx_runtime\n"
+        + "assert pin_cxx_runtime(Path(sys.argv[-1]))[0] is not None\n"
+        + "import numpy._core._multiarray_umath\n"
+        + STATIC_RUNTIME_CALL
+    )
+    binds = _binds(static_runtime_library, snippet)
+    assert binds == {M_INSERT_LONG: "libstdc++.so.6", NUM_PUT_ID: "libstdc++.so.6"}

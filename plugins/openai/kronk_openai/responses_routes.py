@@ -11,6 +11,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
+from kronk_api.endpoints import subject_of
 from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
@@ -59,9 +60,10 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
     body = await parse_body(request, ResponsesRequest)
     kronk = kronk_of(request)
     store = _store(request)
+    owner = subject_of(request)
     history: tuple[ChatMessage, ...] = ()
     if body.previous_response_id is not None:
-        history = store.get(body.previous_response_id).conversation
+        history = store.get(body.previous_response_id, owner).conversation
     conversation = (*history, *body.input_messages())
     instructions = (
         (ChatMessage(role="system", content=body.instructions),) if body.instructions else ()
@@ -79,12 +81,13 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
         tool_choice=body.choice(),
         parallel_tool_calls=body.parallel_tool_calls,
     )
-    stream = await kronk.start_chat(chat)
+    stream = await kronk.start_chat(chat, subject=owner)
     builder = ResponseBuilder(_skeleton(body, f"resp_{uuid.uuid4().hex}", stream.model_id))
 
     def keep() -> None:
         if body.store:
-            stored = StoredResponse(builder.response, (*conversation, builder.assistant_message()))
+            conversation_out = (*conversation, builder.assistant_message())
+            stored = StoredResponse(builder.response, conversation_out, owner)
             store.put(builder.response["id"], stored)
 
     if body.stream:
@@ -133,14 +136,14 @@ async def _sse(
 async def get_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> dict[str, Any]:
-    return _store(request).get(response_id, param="response_id").body
+    return _store(request).get(response_id, subject_of(request), param="response_id").body
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, opt=RESPONSES)
 async def delete_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> dict[str, Any]:
-    _store(request).delete(response_id, param="response_id")
+    _store(request).delete(response_id, subject_of(request), param="response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 

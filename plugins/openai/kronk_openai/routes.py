@@ -12,7 +12,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
-from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
+from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
 from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
@@ -33,7 +33,7 @@ from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
-    stream = await kronk.start_chat(body.to_core())
+    stream = await kronk.start_chat(body.to_core(), subject=subject_of(request))
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -140,7 +140,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     if body.apply_template:
         chat = kronk.chat_request([{"role": "user", "content": body.input}], model=body.model)
         count = await kronk.count_prompt_tokens(
-            chat, add_generation_prompt=body.add_generation_prompt
+            chat, add_generation_prompt=body.add_generation_prompt, subject=subject_of(request)
         )
     else:
         count = len(await kronk.tokenize(body.input, model=body.model))

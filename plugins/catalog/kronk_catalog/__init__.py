@@ -1,0 +1,1 @@
+"""Kronk plugin: a catalog of verified models, and the downloads that pull them."""

@@ -1,0 +1,221 @@
+"""`kronk catalog list|show|pull|update` and `kronk model pull`, on this machine's files.
+
+A running server sees what these commands pull at once: the catalog plugin
+answers `kronk_models` from the files on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+
+from kronk_api.options import setting_option
+from kronk_catalog.catalog import Catalog
+from kronk_catalog.download import Downloader, FileSpec
+from kronk_catalog.plans import catalog_files, url_files
+from kronk_catalog.progress import pull_with_progress
+from kronk_catalog.pulls import Pull
+from kronk_catalog.routes import describe
+from kronk_catalog.settings import (
+    DEFAULT_HF_ENDPOINT,
+    DEFAULT_SOURCE,
+    DEFAULT_TEMPLATES_SOURCE,
+    HF_TOKEN_VARIABLE,
+)
+from kronk_catalog.update import update_catalogs
+from kronk_core.config import default_base_path
+from kronk_core.errors import KronkError
+
+_base_path = setting_option(
+    "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"
+)
+_hf_endpoint = setting_option(
+    "catalog.hf_endpoint",
+    help=f"The Hugging Face Hub of HF-REPO/FILE names [{DEFAULT_HF_ENDPOINT}]",
+)
+_hf_token = click.option(
+    "--hf-token",
+    envvar=["KRONK_CATALOG_HF_TOKEN", HF_TOKEN_VARIABLE],
+    help=f"Hugging Face token for gated models (env {HF_TOKEN_VARIABLE})",
+)
+
+
+def _base(value: Path | None) -> Path:
+    return (value or default_base_path()).expanduser()
+
+
+def _cli_errors(command: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(command)
+    def run(**options: Any) -> None:
+        try:
+            command(**options)
+        except KronkError as exc:
+            raise click.ClickException(exc.message) from None
+
+    return run
+
+
+def _pull(
+    model: str, files: list[FileSpec], kind: str, hf_endpoint: str | None, hf_token: str | None
+) -> None:
+    async def run() -> None:
+        downloader = Downloader(hf_endpoint=hf_endpoint or DEFAULT_HF_ENDPOINT, hf_token=hf_token)
+        pull = Pull(model=model, files=files, kind=kind)
+        await pull_with_progress(pull, downloader, Console(stderr=True))
+
+    _run(run())
+    click.echo(f"pulled {model}: {files[0].dest}")
+
+
+def _run(work: Coroutine[Any, Any, None]) -> None:
+    try:
+        asyncio.run(work)
+    except KeyboardInterrupt:
+        raise click.ClickException(
+            "interrupted; the same command resumes where this one stopped"
+        ) from None
+
+
+def _echo_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def add_commands(group: click.Group) -> None:
+    @group.group("catalog")
+    def catalog() -> None:
+        """The catalog of verified models: list, show, pull, update."""
+
+    @catalog.command("list")
+    @click.option("--filter-category", help="Only categories starting with this (any case)")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
+    @_base_path
+    @_cli_errors
+    def catalog_list(filter_category: str | None, as_json: bool, base_path: Path | None) -> None:
+        """List the catalog's models and whether each is pulled."""
+        base = _base(base_path)
+        found = Catalog(base)
+        for where, why in found.problems:
+            click.echo(f"warning: {where} skipped: {why}", err=True)
+        entries = [
+            describe(entry, base, DEFAULT_HF_ENDPOINT) for entry in found.list(filter_category)
+        ]
+        if as_json:
+            click.echo(json.dumps(entries, indent=2))
+            return
+        rows = [("CATALOG", "MODEL ID", "PULLED", "ENDPOINT")]
+        rows += [
+            (entry["category"], entry["id"], "yes" if entry["pulled"] else "no", entry["endpoint"])
+            for entry in entries
+        ]
+        _echo_table(rows)
+
+    @catalog.command("show")
+    @click.argument("model_id")
+    @_base_path
+    @_cli_errors
+    def catalog_show(model_id: str, base_path: Path | None) -> None:
+        """Show a catalog model: files, checksums, settings, where it is stored."""
+        base = _base(base_path)
+        entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT)
+        for key in ("id", "category", "endpoint", "owned_by", "web_page", "description"):
+            if entry[key]:
+                click.echo(f"{key + ':':<14}{entry[key]}")
+        click.echo(f"{'pulled:':<14}{'yes' if entry['pulled'] else 'no'}")
+        click.echo(f"{'model path:':<14}{entry['model_path']}")
+        if entry["projector_path"]:
+            click.echo(f"{'projector:':<14}{entry['projector_path']}")
+        click.echo("files:")
+        if entry["template"]:
+            used = entry["template_used"] or "not fetched (kronk catalog update); the GGUF's own"
+            click.echo(f"{'template:':<14}{entry['template']}: {used}")
+        for file in entry["files"]:
+            size = "size unknown" if file["size"] is None else f"{file['size']} bytes"
+            size = size if file["size_exact"] or file["size"] is None else f"about {size}"
+            click.echo(f"  {file['url']}\n    {size}, sha256 {file['sha256'] or 'not given'}")
+        if entry["config"]:
+            click.echo("settings:")
+            click.echo(
+                yaml.safe_dump(entry["config"], sort_keys=False)
+                .rstrip()
+                .replace("\n", "\n  ")
+                .join(["  ", ""])
+            )
+        click.echo(f"{'catalog file:':<14}{entry['catalog_file']}")
+
+    @catalog.command("pull")
+    @click.argument("model_id")
+    @_base_path
+    @_hf_endpoint
+    @_hf_token
+    @_cli_errors
+    def catalog_pull(
+        model_id: str, base_path: Path | None, catalog_hf_endpoint: str | None, hf_token: str | None
+    ) -> None:
+        """Download a catalog model (resumes an interrupted pull; checks every sha256)."""
+        base = _base(base_path)
+        endpoint = catalog_hf_endpoint or DEFAULT_HF_ENDPOINT
+        files = catalog_files(Catalog(base), model_id, base, endpoint)
+        _pull(model_id, files, "catalog", endpoint, hf_token)
+
+    @catalog.command("update")
+    @_base_path
+    @setting_option("catalog.source", help=f"Where the catalogs come from [{DEFAULT_SOURCE}]")
+    @setting_option(
+        "catalog.templates_source",
+        help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
+    )
+    @_cli_errors
+    def catalog_update(
+        base_path: Path | None, catalog_source: str | None, catalog_templates_source: str | None
+    ) -> None:
+        """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
+        <base>/templates) from the catalog source."""
+        base = _base(base_path)
+        templates = (
+            DEFAULT_TEMPLATES_SOURCE
+            if catalog_templates_source is None
+            else catalog_templates_source
+        )
+
+        async def run() -> None:
+            written = await update_catalogs(catalog_source or DEFAULT_SOURCE, base, templates)
+            for path in written:
+                click.echo(f"updated {path}")
+
+        _run(run())
+
+    model = group.commands.get("model")
+    if not isinstance(model, click.Group):
+        return
+
+    @model.command("pull")
+    @click.argument("reference", metavar="URL|HF-REPO/FILE")
+    @click.option("--proj", help="The model's projector (mmproj) file, URL or HF-REPO/FILE")
+    @_base_path
+    @_hf_endpoint
+    @_hf_token
+    @_cli_errors
+    def model_pull(
+        reference: str,
+        proj: str | None,
+        base_path: Path | None,
+        catalog_hf_endpoint: str | None,
+        hf_token: str | None,
+    ) -> None:
+        """Download a GGUF model by URL or Hugging Face name (every part of a split model)."""
+        base = _base(base_path)
+        endpoint = catalog_hf_endpoint or DEFAULT_HF_ENDPOINT
+        model_id, files = url_files(reference, proj, base, endpoint)
+        _pull(model_id, files, "url", endpoint, hf_token)

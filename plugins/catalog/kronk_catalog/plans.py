@@ -1,0 +1,41 @@
+"""What a pull fetches: the files of a catalog model, or of a model named by URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kronk_catalog.catalog import Catalog
+from kronk_catalog.download import FileSpec
+from kronk_catalog.sources import remote_file, with_split_parts
+from kronk_core.errors import InvalidRequestError
+from kronk_core.models import model_file_id
+
+
+def models_dir(base_path: Path) -> Path:
+    return base_path / "models"
+
+
+def catalog_files(
+    catalog: Catalog, model_id: str, base_path: Path, hf_endpoint: str
+) -> list[FileSpec]:
+    """The files of catalog model `model_id` (ModelNotFoundError if the catalog lacks it)."""
+    return catalog.get(model_id).specs(models_dir(base_path), hf_endpoint)
+
+
+def url_files(
+    reference: str, projector: str | None, base_path: Path, hf_endpoint: str
+) -> tuple[str, list[FileSpec]]:
+    """The model id a URL (or HF-REPO/FILE) is served under, and its files: every part of a
+    split model, then the projector if one is named."""
+    root = models_dir(base_path)
+    parts = with_split_parts(remote_file(reference, hf_endpoint))
+    files = [FileSpec(url=part.url, dest=root / part.relative) for part in parts]
+    model_id = model_file_id(files[0].dest)
+    if model_id is None:
+        raise InvalidRequestError(
+            f"{reference!r} names a projector, not a model: pull the model with --proj", param="url"
+        )
+    if projector:
+        proj = remote_file(projector, hf_endpoint)
+        files.append(FileSpec(url=proj.url, dest=root / proj.relative))
+    return model_id, files

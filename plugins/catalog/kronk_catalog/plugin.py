@@ -1,0 +1,54 @@
+"""Hook implementations of the catalog plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+from litestar import Litestar
+from litestar.types import ControllerRouterHandler
+
+from kronk_catalog.catalog import Catalog, templates_dir
+from kronk_catalog.cli import add_commands
+from kronk_catalog.plans import models_dir
+from kronk_catalog.pulls import Pulls
+from kronk_catalog.routes import STATE_KEY, router
+from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, SETTINGS
+from kronk_core import Kronk, hookimpl
+from kronk_core.sections import Section
+
+
+@hookimpl
+def kronk_settings() -> Sequence[Section[Any]]:
+    return [SETTINGS]
+
+
+@hookimpl
+def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+    """The pulled catalog models, with their catalog settings."""
+    base = kronk.config.base_path
+    root, templates = models_dir(base), templates_dir(base)
+    # Where a file goes does not depend on the Hub it comes from.
+    return {
+        entry.id: entry.settings(root, DEFAULT_HF_ENDPOINT, templates)
+        for entry in Catalog(base).list()
+        if entry.pulled(root, DEFAULT_HF_ENDPOINT)
+    }
+
+
+@hookimpl
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
+    return [router()]
+
+
+@hookimpl
+def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
+    pulls: Pulls | None = app.state.get(STATE_KEY)
+    if pulls is not None:
+        pulls.cancel()
+
+
+@hookimpl
+def kronk_cli(group: click.Group) -> None:
+    add_commands(group)

@@ -1,0 +1,113 @@
+"""Hook implementations of the debug plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+from litestar import Litestar
+from litestar.types import Middleware
+
+from kronk_core import Kronk, hookimpl
+from kronk_core.config import ModelConfig
+from kronk_core.events import ChatRecord
+from kronk_core.sections import Section
+from kronk_debug import hookspecs
+from kronk_debug.metrics import Metrics, current_labels
+from kronk_debug.middleware import STATE_KEY, count_requests
+from kronk_debug.profiling import LagMonitor
+from kronk_debug.server import DebugServer, debug_app, is_loopback
+from kronk_debug.settings import SETTINGS
+
+log = logging.getLogger(__name__)
+
+
+class MetricsObserver:
+    """Registered with a server's plugin manager while it runs: feeds its Metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    @hookimpl
+    def kronk_chat_finished(self, record: ChatRecord) -> None:
+        labels = current_labels.get()
+        if labels is None or labels.metrics is not self.metrics:
+            return  # not a request this server answered
+        labels.model = record.model
+        labels.failed = record.finish_reason == "error"
+        self.metrics.observe_chat(record, labels.endpoint)
+
+    @hookimpl
+    def kronk_model_loaded(self, model_config: ModelConfig, seconds: float) -> None:
+        labels = current_labels.get()
+        if labels is None or labels.metrics is self.metrics:
+            self.metrics.model_load_seconds.labels(model_config.id).observe(seconds)
+
+
+@dataclass
+class DebugState:
+    metrics: Metrics
+    observer: MetricsObserver
+    monitor: LagMonitor
+    server: DebugServer
+
+
+@hookimpl
+def kronk_addhooks(plugin_manager: pluggy.PluginManager) -> None:
+    plugin_manager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def kronk_settings() -> Sequence[Section[Any]]:
+    return [SETTINGS]
+
+
+@hookimpl
+def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
+    return [count_requests]
+
+
+# Last: once every other plugin has started (a failing one stops the server first).
+@hookimpl(trylast=True)
+def kronk_startup(kronk: Kronk, app: Litestar) -> None:
+    settings = SETTINGS.of(app.state.settings)
+    if not settings.enabled:
+        return
+    metrics = Metrics(kronk)
+    for collectors in kronk.hook.kronk_debug_collectors(kronk=kronk):
+        for collector in collectors:
+            metrics.registry.register(collector)
+    # Models loaded before the server started (--preload) count as loads too.
+    for entry in kronk.pool.entries():
+        metrics.model_load_seconds.labels(entry.model_id).observe(entry.load_seconds)
+    host, _, port = settings.host.rpartition(":")
+    guards: list[Any] = []
+    if not is_loopback(host):
+        guards = [guard for found in kronk.hook.kronk_guards(kronk=kronk) for guard in found]
+        log.warning(
+            "the debug server listens on %s, off loopback: with auth on it needs admin "
+            "tokens, without auth anyone who reaches it can read stacks and profiles",
+            settings.host,
+        )
+    loop = asyncio.get_running_loop()
+    server = DebugServer(debug_app(metrics, loop, app.state, guards), host, int(port))
+    observer = MetricsObserver(metrics)
+    kronk.plugins.register(observer, name=f"debug-metrics-{id(app)}")
+    monitor = LagMonitor(metrics.event_loop_lag.observe)
+    monitor.start()
+    server.start()
+    app.state[STATE_KEY] = DebugState(metrics, observer, monitor, server)
+
+
+@hookimpl
+def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
+    state: DebugState | None = app.state.pop(STATE_KEY, None)
+    if state is None:
+        return
+    state.monitor.stop()
+    state.server.stop()
+    kronk.plugins.unregister(state.observer)

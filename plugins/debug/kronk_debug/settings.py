@@ -1,0 +1,29 @@
+"""The debug plugin's section of the server settings (`debug`, flags `--debug-*`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kronk_api.settings import check_host_port
+from kronk_core.sections import ServerSection
+
+
+class DebugSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True, description="Run the debug server (/metrics and the /debug/ profiling routes)"
+    )
+    host: str = Field(
+        default="127.0.0.1:8090",
+        description="HOST:PORT of the debug server; off loopback it needs admin tokens when "
+        "auth is on",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        return check_host_port(value)
+
+
+SETTINGS = ServerSection("debug", DebugSettings)

@@ -1,0 +1,1 @@
+"""Kronk plugin: the MCP service and its web_search tool."""

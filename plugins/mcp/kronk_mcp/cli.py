@@ -1,0 +1,80 @@
+"""`kronk mcp start`: the MCP service on its own, without the model server."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kronk_api.logs import configure_logging
+from kronk_api.options import ServerStartCommand, cli_plugins, config_file_option
+from kronk_api.settings import Setting, all_settings, bind_sections, env_name, load_settings
+from kronk_core.errors import KronkError
+from kronk_mcp.access import LOOPBACK
+from kronk_mcp.service import ListenError, mcp_app, serve_foreground
+from kronk_mcp.settings import SETTINGS, STANDALONE_ENVIRONMENT, split_host_port
+
+log = logging.getLogger(__name__)
+
+# mcp.host names an external service: it means nothing to the service itself.
+STANDALONE_KEYS = (
+    "log_level",
+    *(f"{SETTINGS.name}.{name}" for name in SETTINGS.schema.model_fields if name != "host"),
+)
+
+
+class StandaloneCommand(ServerStartCommand):
+    """Flags and KRONK_* variables for the service's own settings only."""
+
+    @functools.cached_property
+    def schema(self) -> list[Setting]:
+        return [setting for setting in all_settings([SETTINGS]) if setting.key in STANDALONE_KEYS]
+
+
+def standalone_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ`, with the manual's MCP_MCP_* variables read as the KRONK_MCP_* ones (they win)."""
+    manual = {
+        env_name(key): environ[variable]
+        for variable, key in STANDALONE_ENVIRONMENT.items()
+        if variable in environ
+    }
+    return {**environ, **manual}
+
+
+def add_commands(group: click.Group) -> None:
+    @group.group("mcp")
+    def mcp() -> None:
+        """The MCP service (the web_search tool) on its own."""
+
+    @mcp.command("start", cls=StandaloneCommand)
+    @config_file_option
+    @click.pass_context
+    def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
+        """Run the MCP service in the foreground, without the model server.
+
+        It serves what the service of `kronk server start` serves, on
+        mcp.listen (MCP_MCP_HOST), with the key in mcp.braveapikey
+        (MCP_MCP_BRAVEAPIKEY), but checks no tokens: keep it on loopback.
+        """
+        command = ctx.command
+        assert isinstance(command, StandaloneCommand)
+        try:
+            overrides = command.overrides(ctx.params, standalone_environment(os.environ))
+            settings = bind_sections(load_settings(config_file, overrides), cli_plugins())
+            mcp_settings = SETTINGS.of(settings)
+        except KronkError as exc:
+            raise click.ClickException(exc.message) from None
+        configure_logging(settings.log_level)
+        host = split_host_port(mcp_settings.listen)[0]
+        if host not in LOOPBACK:
+            log.warning("mcp: listening on %s without authentication", mcp_settings.listen)
+        app = mcp_app(mcp_settings, gate=None)
+        try:
+            serve_foreground(app, mcp_settings.listen, settings.log_level)
+        except ListenError as exc:
+            raise click.ClickException(str(exc)) from None

@@ -1,0 +1,1 @@
+"""The tempo plugin: OpenTelemetry traces of every request, exported over OTLP."""

@@ -1,0 +1,51 @@
+"""The tempo plugin's settings and exporter choice (no server needed)."""
+
+from __future__ import annotations
+
+import pytest
+from kronk_tempo.settings import TempoSettings
+from kronk_tempo.tracing import exporter_for
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+from pydantic import ValidationError
+
+
+@pytest.mark.parametrize(
+    ("host", "endpoint"),
+    [
+        ("localhost:4318", "http://localhost:4318/v1/traces"),
+        ("http://collector:4318", "http://collector:4318/v1/traces"),
+        ("https://collector/otlp/v1/traces", "https://collector/otlp/v1/traces"),
+    ],
+)
+def test_http_endpoints(host: str, endpoint: str) -> None:
+    exporter = exporter_for(TempoSettings(host=host, protocol="http"))
+    assert isinstance(exporter, Http) and exporter._endpoint == endpoint
+    exporter.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("host", "insecure"),
+    [("localhost:4317", True), ("http://tempo:4317", True), ("https://tempo:4317", False)],
+)
+def test_grpc_endpoints_are_plain_text_unless_https(host: str, insecure: bool) -> None:
+    exporter = exporter_for(TempoSettings(host=host))
+    assert isinstance(exporter, Grpc)
+    assert (exporter._credentials is None) is insecure
+    exporter.shutdown()
+
+
+@pytest.mark.parametrize("probability", [-0.1, 1.5])
+def test_probability_is_a_share(probability: float) -> None:
+    with pytest.raises(ValidationError, match="probability"):
+        TempoSettings(probability=probability)
+
+
+def test_defaults_are_the_manuals() -> None:
+    settings = TempoSettings()
+    assert settings.host is None  # no tracing until a collector is named
+    assert (settings.service_name, settings.probability, settings.protocol) == (
+        "kronk",
+        0.25,
+        "grpc",
+    )

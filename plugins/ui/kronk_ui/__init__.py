@@ -1,0 +1,1 @@
+"""Kronk plugin: the browser UI, served from the API port."""

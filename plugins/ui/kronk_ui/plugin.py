@@ -1,0 +1,70 @@
+"""Hook implementations of the ui plugin: the page at / and its assets under /ui/.
+
+The assets are plain files shipped in the package (no build step). Every
+answer carries a Content-Security-Policy without inline scripts or styles;
+the page calls the API with the token the user enters in its settings, which
+stays in the browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.resources import files
+
+from litestar import Response, Router, get
+from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
+from litestar.types import ControllerRouterHandler
+
+from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
+from kronk_core import Kronk, hookimpl
+
+_PUBLIC = {ENDPOINT_OPT: PUBLIC}
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+STATIC = files("kronk_ui").joinpath("static")
+
+
+def _asset(name: str) -> Response[bytes]:
+    suffix = "." + name.rpartition(".")[2]
+    item = STATIC.joinpath(name)
+    if "/" in name or name.startswith(".") or suffix not in MEDIA_TYPES or not item.is_file():
+        raise NotFoundException(f"no UI asset {name!r}")
+    return Response(item.read_bytes(), media_type=MEDIA_TYPES[suffix], headers=HEADERS)
+
+
+@get("/", opt=_PUBLIC, include_in_schema=False)
+async def index() -> Response[bytes]:
+    return _asset("index.html")
+
+
+@get("/ui/{name:str}", opt=_PUBLIC, include_in_schema=False)
+async def asset(name: FromPath[str]) -> Response[bytes]:
+    return _asset(name)
+
+
+@hookimpl
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
+    return [Router(path="/", route_handlers=[index, asset])]

@@ -1,0 +1,600 @@
+// Kronk's browser UI: plain ES module, no build step. It calls the server's own API with
+// the token kept in this browser (Settings), and reads streams (chat, pull progress) as
+// server-sent events through fetch, which, unlike EventSource, can send that token.
+
+const TOKEN_KEY = "kronk.token";
+const THEME_KEY = "kronk.theme";
+const PAGES = ["dashboard", "chat", "models", "catalog", "security", "settings"];
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children) {
+    if (child !== undefined && child !== null) node.append(child);
+  }
+  return node;
+}
+
+function token() {
+  return localStorage.getItem(TOKEN_KEY) || "";
+}
+
+function headers(json) {
+  const found = {};
+  if (token()) found.Authorization = `Bearer ${token()}`;
+  if (json) found["Content-Type"] = "application/json";
+  return found;
+}
+
+class ApiError extends Error {
+  constructor(status, message, code) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function errorOf(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    // not JSON: fall back to the status line
+  }
+  const error = body && body.error;
+  const message = error && error.message ? error.message : `${response.status} ${response.statusText}`;
+  return new ApiError(response.status, message, error && error.code);
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const response = await fetch(path, {
+    method,
+    headers: headers(body !== undefined),
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (!response.ok) throw await errorOf(response);
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
+}
+
+// Server-sent events from a fetch: yields {event, data} per frame; comments are skipped.
+async function* events(path, { method = "GET", body, signal } = {}) {
+  const response = await fetch(path, {
+    method,
+    headers: headers(body !== undefined),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) throw await errorOf(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let event = "message";
+      const data = [];
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) yield { event, data: data.join("\n") };
+    }
+  }
+}
+
+function showError(error) {
+  let text = error instanceof Error ? error.message : String(error);
+  if (error instanceof ApiError && error.status === 401) {
+    text += " (enter a token in Settings)";
+  } else if (error instanceof ApiError && error.status === 403) {
+    text += " (this page needs an admin token)";
+  }
+  $("banner-text").textContent = text;
+  $("banner").hidden = false;
+}
+
+function clearError() {
+  $("banner").hidden = true;
+}
+
+function bytes(count) {
+  if (count === null || count === undefined) return "?";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = count;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  const whole = Math.round(seconds);
+  if (whole < 60) return `${whole}s`;
+  const minutes = Math.floor(whole / 60);
+  if (minutes < 60) return `${minutes}m${String(whole % 60).padStart(2, "0")}s`;
+  return `${Math.floor(minutes / 60)}h${String(minutes % 60).padStart(2, "0")}m`;
+}
+
+function fill(body, rows, emptyText, columns) {
+  body.replaceChildren();
+  if (!rows.length) {
+    body.append(el("tr", {}, el("td", { colspan: columns, class: "empty", text: emptyText })));
+    return;
+  }
+  body.append(...rows);
+}
+
+// ---- pages -----------------------------------------------------------------------------
+
+const pages = {};
+
+pages.dashboard = async function loadDashboard() {
+  const live = await api("/v1/liveness");
+  $("server-version").textContent = `kronk ${live.version}`;
+  $("dash-host").textContent = live.host;
+  const ready = await fetch("/v1/readiness", { headers: headers(false) });
+  const readiness = await ready.json();
+  $("dash-status").textContent = readiness.status;
+  $("dash-model").textContent = readiness.model || "–";
+  $("dash-model-state").textContent = readiness.model_state ? `state: ${readiness.model_state}` : "";
+  const available = await api("/v1/models");
+  $("dash-available").textContent = String(available.data.length);
+  const pool = await api("/v1/kronk/models");
+  $("dash-loaded").textContent = String(pool.data.length);
+  $("dash-pool").textContent = `of ${pool.models_in_cache} places; idle models unload after ${duration(pool.cache_ttl_seconds)}`;
+  const slots = await api("/v1/kronk/slots");
+  fill(
+    $("dash-slots"),
+    slots.data.map((model) => {
+      const busy = model.slots.filter((slot) => slot.busy).length;
+      const counters = model.counters;
+      return el(
+        "tr",
+        {},
+        el("td", { text: model.model }),
+        el("td", { text: model.cache }),
+        el("td", { class: "num", text: `${busy} / ${model.slots.length}` }),
+        el("td", { class: "num", text: String(counters.hits ?? 0) }),
+        el("td", { class: "num", text: String(counters.partial_hits ?? 0) }),
+        el("td", { class: "num", text: String(counters.rebuilds ?? 0) }),
+        el("td", { class: "num", text: String(counters.evictions ?? 0) }),
+        el("td", { class: "num", text: String(counters.tokens_saved ?? 0) }),
+      );
+    }),
+    "No chat model is loaded.",
+    8,
+  );
+};
+
+// ---- chat
+
+const chat = { history: [], controller: null };
+
+pages.chat = async function loadChat() {
+  const select = $("chat-model");
+  const chosen = select.value;
+  const models = await api("/v1/models");
+  select.replaceChildren(...models.data.map((model) => el("option", { value: model.id, text: model.id })));
+  if (chosen && models.data.some((model) => model.id === chosen)) select.value = chosen;
+};
+
+function chatMessage(role, text) {
+  $("chat-empty").hidden = true;
+  const content = el("div", { class: "content", text });
+  const node = el("div", { class: `msg ${role}`, "data-role": role }, el("div", { class: "role", text: role }), content);
+  $("chat-log").append(node);
+  node.scrollIntoView({ block: "end" });
+  return { node, content };
+}
+
+async function sendChat(event) {
+  event.preventDefault();
+  const text = $("chat-text").value.trim();
+  if (!text || chat.controller) return;
+  clearError();
+  $("chat-text").value = "";
+  chat.history.push({ role: "user", content: text });
+  chatMessage("user", text);
+  const answer = chatMessage("assistant", "");
+  answer.node.classList.add("streaming");
+  const reasoning = el("div", { class: "text" });
+  const reasoningBlock = el("details", { class: "reasoning", open: true, hidden: true }, el("summary", { text: "Reasoning" }), reasoning);
+  answer.content.before(reasoningBlock);
+  const messages = [];
+  const system = $("chat-system").value.trim();
+  if (system) messages.push({ role: "system", content: system });
+  messages.push(...chat.history);
+  const body = {
+    model: $("chat-model").value,
+    messages,
+    stream: true,
+    stream_options: { include_usage: true },
+    temperature: Number($("chat-temperature").value),
+    top_p: Number($("chat-top-p").value),
+    max_tokens: Number($("chat-max-tokens").value) || 256,
+  };
+  chat.controller = new AbortController();
+  $("chat-send").disabled = true;
+  $("chat-stop").hidden = false;
+  let content = "";
+  let finish = "";
+  let usage = null;
+  try {
+    for await (const frame of events("/v1/chat/completions", { method: "POST", body, signal: chat.controller.signal })) {
+      if (frame.data === "[DONE]") break;
+      const chunk = JSON.parse(frame.data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) usage = chunk.usage;
+      for (const choice of chunk.choices || []) {
+        const delta = choice.delta || {};
+        if (delta.reasoning_content) {
+          reasoning.textContent += delta.reasoning_content;
+          reasoningBlock.hidden = !$("chat-show-reasoning").checked;
+        }
+        if (delta.content) {
+          content += delta.content;
+          answer.content.textContent = content;
+          answer.node.scrollIntoView({ block: "end" });
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    }
+    chat.history.push({ role: "assistant", content });
+  } catch (error) {
+    if (error.name === "AbortError") {
+      finish = "stopped";
+      chat.history.push({ role: "assistant", content });
+    } else {
+      answer.node.classList.add("error");
+      answer.content.textContent = content || error.message;
+      chat.history.pop();
+      showError(error);
+    }
+  } finally {
+    answer.node.classList.remove("streaming");
+    answer.node.dataset.done = "true";
+    const parts = [];
+    if (finish) parts.push(`finish: ${finish}`);
+    if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
+    if (parts.length) answer.node.append(el("div", { class: "meta", text: parts.join(" · ") }));
+    $("chat-usage").textContent = usage ? `Last answer: ${usage.completion_tokens} tokens` : "";
+    chat.controller = null;
+    $("chat-send").disabled = false;
+    $("chat-stop").hidden = true;
+  }
+}
+
+function newChat() {
+  if (chat.controller) chat.controller.abort();
+  chat.history = [];
+  $("chat-log").replaceChildren($("chat-empty"));
+  $("chat-empty").hidden = false;
+  $("chat-usage").textContent = "";
+}
+
+// ---- models
+
+pages.models = async function loadModels() {
+  const pool = await api("/v1/kronk/models");
+  $("models-pool").textContent = `${pool.data.length} of ${pool.models_in_cache} places in use.`;
+  fill(
+    $("models-loaded"),
+    pool.data.map((model) =>
+      el(
+        "tr",
+        { "data-model": model.id },
+        el("td", { text: model.id }),
+        el("td", { text: model.capabilities.join(", ") }),
+        el("td", { class: "num", text: bytes(model.memory_bytes) }),
+        el("td", { class: "num", text: String(model.slots) }),
+        el("td", { class: "num", text: String(model.active_requests) }),
+        el("td", { class: "num", text: model.ttl_left_seconds === null ? "never" : duration(model.ttl_left_seconds) }),
+        el("td", {}, el("button", { class: "danger small", type: "button", text: "Unload", onclick: () => unload(model.id) })),
+      ),
+    ),
+    "No model is loaded; one loads on its first request.",
+    7,
+  );
+  const loaded = new Set(pool.data.map((model) => model.id));
+  const available = await api("/v1/models");
+  fill(
+    $("models-available"),
+    available.data.map((model) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: model.id }),
+        el("td", { text: model.owned_by || "" }),
+        el("td", {}, el("span", { class: loaded.has(model.id) ? "pill ok" : "pill", text: loaded.has(model.id) ? "loaded" : "on disk" })),
+      ),
+    ),
+    "No models.",
+    3,
+  );
+};
+
+async function unload(modelId) {
+  await api(`/v1/kronk/models/${encodeURIComponent(modelId)}/unload`, { method: "POST" });
+  await pages.models();
+}
+
+// ---- catalog and downloads
+
+const followed = new Set();
+
+pages.catalog = async function loadCatalog() {
+  const filter = $("catalog-filter").value.trim();
+  const query = filter ? `?category=${encodeURIComponent(filter)}` : "";
+  const catalog = await api(`/v1/kronk/catalog${query}`);
+  fill(
+    $("catalog-models"),
+    catalog.data.map((model) => {
+      const size = model.files.reduce((sum, file) => (file.size === null || sum === null ? null : sum + file.size), 0);
+      return el(
+        "tr",
+        { "data-model": model.id },
+        el("td", { class: "nowrap", text: model.category }),
+        el("td", {}, el("div", { text: model.id }), el("div", { class: "muted", text: model.description })),
+        el("td", { class: "nowrap", text: model.endpoint }),
+        el("td", { class: "num nowrap", text: bytes(size) }),
+        el("td", {}, el("span", { class: model.pulled ? "pill ok" : "pill", text: model.pulled ? "yes" : "no" })),
+        el("td", {}, el("button", { type: "button", class: "small", text: model.pulled ? "Pulled" : "Pull", disabled: model.pulled, onclick: () => startPull({ model: model.id }) })),
+      );
+    }),
+    "No catalog models match.",
+    6,
+  );
+  for (const problem of catalog.problems) {
+    showError(`catalog ${problem.file} skipped: ${problem.message}`);
+  }
+  const pulls = await api("/v1/kronk/pulls");
+  if (pulls.data.length) $("pulls").replaceChildren();
+  for (const pull of pulls.data.slice().reverse()) {
+    renderPull(pull);
+    if (pull.status === "running") follow(pull.id);
+  }
+};
+
+function pullRow(pull) {
+  let row = $(`pull-${pull.id}`);
+  if (!row) {
+    const empty = $("pulls").querySelector(".empty");
+    if (empty) empty.remove();
+    row = el(
+      "div",
+      { class: "pull", id: `pull-${pull.id}`, "data-model": pull.model },
+      el("div", { class: "name", text: pull.model }),
+      el("progress", { max: "100", value: "0" }),
+      el("div", { class: "percent" }),
+      el("div", { class: "status pill" }),
+      el("div", { class: "figures" }),
+    );
+    $("pulls").prepend(row);
+  }
+  return row;
+}
+
+function renderPull(pull) {
+  const row = pullRow(pull);
+  const percent = pull.percent ?? (pull.status === "done" ? 100 : 0);
+  row.querySelector("progress").value = percent;
+  row.querySelector(".percent").textContent = `${percent.toFixed(percent === 100 ? 0 : 1)}%`;
+  const status = row.querySelector(".status");
+  status.textContent = pull.status;
+  status.className = `status pill ${pull.status === "done" ? "ok" : pull.status === "failed" ? "bad" : ""}`;
+  row.dataset.status = pull.status;
+  const figures = [`${bytes(pull.done_bytes)} of ${bytes(pull.total_bytes)}`];
+  if (pull.status === "running") {
+    figures.push(`${bytes(pull.bytes_per_second)}/s`, `${duration(pull.eta_seconds)} left`);
+  }
+  row.querySelector(".figures").textContent = figures.join(" · ");
+  let error = row.querySelector(".error");
+  if (pull.error && !error) {
+    error = el("div", { class: "error" });
+    row.append(error);
+  }
+  if (error) error.textContent = pull.error ? pull.error.message : "";
+}
+
+async function follow(pullId) {
+  if (followed.has(pullId)) return;
+  followed.add(pullId);
+  try {
+    for await (const frame of events(`/v1/kronk/pulls/${pullId}/events`)) {
+      const pull = JSON.parse(frame.data);
+      renderPull(pull);
+      if (pull.status !== "running") {
+        if (pull.status === "done" && currentPage() === "catalog") await pages.catalog();
+        return;
+      }
+    }
+  } catch (error) {
+    showError(error);
+  } finally {
+    followed.delete(pullId);
+  }
+}
+
+async function startPull(body) {
+  clearError();
+  try {
+    const pull = await api("/v1/kronk/pulls", { method: "POST", body });
+    renderPull(pull);
+    follow(pull.id);
+  } catch (error) {
+    showError(error);
+  }
+}
+
+// ---- keys and tokens
+
+pages.security = async function loadSecurity() {
+  let keys;
+  try {
+    keys = await api("/v1/kronk/security/keys");
+  } catch (error) {
+    if (error instanceof ApiError && (error.code === "auth_disabled" || error.status === 404)) {
+      $("security-off").hidden = false;
+      $("security-on").hidden = true;
+      return;
+    }
+    throw error;
+  }
+  $("security-off").hidden = true;
+  $("security-on").hidden = false;
+  fill(
+    $("keys"),
+    keys.data.map((key) =>
+      el(
+        "tr",
+        { "data-key": key.id },
+        el("td", {}, el("code", { text: key.id })),
+        el("td", { text: key.created }),
+        el("td", {}, key.id === "master"
+          ? el("span", { class: "muted", text: "signs admin tokens" })
+          : el("button", { class: "danger small", type: "button", text: "Delete", onclick: () => deleteKey(key.id) })),
+      ),
+    ),
+    "No keys.",
+    3,
+  );
+};
+
+async function deleteKey(keyId) {
+  if (!window.confirm(`Delete key ${keyId}? Every token it signed stops working.`)) return;
+  await api(`/v1/kronk/security/keys/${encodeURIComponent(keyId)}`, { method: "DELETE" });
+  await pages.security();
+}
+
+async function createToken(event) {
+  event.preventDefault();
+  clearError();
+  try {
+    const result = await api("/v1/kronk/security/tokens", {
+      method: "POST",
+      body: { duration: $("token-duration").value.trim(), endpoints: $("token-endpoints").value.trim() },
+    });
+    $("token-value").value = result.token;
+    $("token-result").hidden = false;
+  } catch (error) {
+    showError(error);
+  }
+}
+
+// ---- settings
+
+pages.settings = async function loadSettings() {
+  $("settings-token").value = token();
+  const theme = document.documentElement.dataset.theme;
+  for (const radio of document.querySelectorAll('input[name="theme"]')) radio.checked = radio.value === theme;
+};
+
+function showTokenState() {
+  const state = $("token-state");
+  state.textContent = token() ? "token set" : "no token";
+  state.className = token() ? "pill ok" : "pill";
+}
+
+// ---- navigation
+
+function currentPage() {
+  const name = location.hash.replace(/^#\//, "");
+  return PAGES.includes(name) ? name : "dashboard";
+}
+
+async function show() {
+  const name = currentPage();
+  for (const page of PAGES) $(`page-${page}`).hidden = page !== name;
+  for (const link of document.querySelectorAll(".sidebar a")) {
+    link.classList.toggle("active", link.dataset.page === name);
+  }
+  clearError();
+  try {
+    await pages[name]();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function setTheme(theme) {
+  document.documentElement.dataset.theme = theme;
+  localStorage.setItem(THEME_KEY, theme);
+}
+
+function start() {
+  setTheme(localStorage.getItem(THEME_KEY) || (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
+  $("banner-close").addEventListener("click", clearError);
+  $("dashboard-refresh").addEventListener("click", show);
+  $("models-refresh").addEventListener("click", show);
+  $("catalog-refresh").addEventListener("click", show);
+  $("security-refresh").addEventListener("click", show);
+  $("catalog-filter").addEventListener("change", show);
+  $("chat-form").addEventListener("submit", sendChat);
+  $("chat-text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+      event.preventDefault();
+      $("chat-form").requestSubmit();
+    }
+  });
+  $("chat-stop").addEventListener("click", () => chat.controller && chat.controller.abort());
+  $("chat-clear").addEventListener("click", newChat);
+  for (const [input, output] of [["chat-temperature", "chat-temperature-value"], ["chat-top-p", "chat-top-p-value"]]) {
+    $(input).addEventListener("input", () => { $(output).textContent = $(input).value; });
+  }
+  $("chat-show-reasoning").addEventListener("change", () => {
+    for (const block of document.querySelectorAll("details.reasoning")) {
+      block.hidden = !$("chat-show-reasoning").checked || !block.querySelector(".text").textContent;
+    }
+  });
+  $("url-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const proj = $("url-proj").value.trim();
+    startPull(proj ? { url: $("url-model").value.trim(), proj } : { url: $("url-model").value.trim() });
+  });
+  $("key-create").addEventListener("click", async () => {
+    try {
+      await api("/v1/kronk/security/keys", { method: "POST" });
+      await pages.security();
+    } catch (error) {
+      showError(error);
+    }
+  });
+  $("token-form").addEventListener("submit", createToken);
+  $("token-copy").addEventListener("click", () => navigator.clipboard.writeText($("token-value").value));
+  $("settings-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    localStorage.setItem(TOKEN_KEY, $("settings-token").value.trim());
+    showTokenState();
+    clearError();
+  });
+  $("settings-clear").addEventListener("click", () => {
+    localStorage.removeItem(TOKEN_KEY);
+    $("settings-token").value = "";
+    showTokenState();
+  });
+  for (const radio of document.querySelectorAll('input[name="theme"]')) {
+    radio.addEventListener("change", () => setTheme(radio.value));
+  }
+  window.addEventListener("hashchange", show);
+  showTokenState();
+  api("/v1/liveness").then((live) => { $("server-version").textContent = `kronk ${live.version}`; }, () => {});
+  show();
+}
+
+start();

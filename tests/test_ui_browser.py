@@ -1,0 +1,239 @@
+"""The browser UI in a real headless Chromium (Debian's, driven by Playwright) against a
+real server: a streamed chat, a catalog pull whose progress reaches 100%, and a token
+created with auth on. Screenshots of every page are kept in a temporary directory the run
+prints, never in the source tree (docs/images is refreshed from there by hand)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from file_server import FileServer, Served
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from test_catalog import TINY_PATH, write_catalog
+from test_reasoning import THINKING_GEMMA
+
+from kronk_api import ServerSettings, create_app
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core.config import parse_model_config
+from kronk_ui.plugin import CONTENT_SECURITY_POLICY
+
+# Chromium as the tests run it: no sandbox (root in a container), no network of its own.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SMALL_GEMMA = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
+# The default model under a template that opens a <think> block it never closes: all it
+# writes is reasoning.
+THINKING_MODEL = "thinking-gemma"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    found = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(found).is_file():
+        pytest.fail(
+            "Debian's chromium is not installed; `python3 -m nox -s tests` installs it "
+            "(apt-get install -y chromium) before the tests run"
+        )
+    return found
+
+
+SOURCE_TREE = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ui-screenshots").resolve()
+    # pytest's temporary directory could be put in the checkout (--basetemp): refuse it.
+    assert not folder.is_relative_to(SOURCE_TREE), f"screenshots would land in {folder}"
+    print(f"UI screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Browser]:
+    """Debian's chromium, never a browser of Playwright's own; Playwright gives each launch
+    a fresh profile (--user-data-dir). Module-scoped: while Playwright's synchronous API is
+    open its event loop counts as running, and the async tests after these need it closed."""
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 820})
+    opened = context.new_page()
+    problems: list[str] = []
+    opened.on("pageerror", lambda error: problems.append(str(error)))
+    opened.on(
+        "console",
+        lambda message: (
+            problems.append(message.text)
+            if message.type == "error" and "Failed to load resource" not in message.text
+            else None
+        ),
+    )
+    yield opened
+    context.close()
+    # A script blocked by the Content-Security-Policy, or any script error, fails the test.
+    assert problems == []
+
+
+def shoot(page: Page, folder: Path, name: str) -> None:
+    page.screenshot(path=str(folder / f"ui-{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def ui_server(
+    tmp_path: Path, tiny_llama_path: Path, gemma_path: str, serve: Any
+) -> Iterator[tuple[str, FileServer]]:
+    write_catalog(tmp_path, tiny_llama_path)
+    template = tmp_path / "thinking-gemma.jinja"
+    template.write_text(THINKING_GEMMA, encoding="utf-8")
+    thinking = {**SMALL_GEMMA, "model_path": gemma_path, "templates": {"template": str(template)}}
+    models = {
+        DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA),
+        THINKING_MODEL: parse_model_config(THINKING_MODEL, thinking),
+    }
+    with FileServer() as hub:
+        kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
+        settings = ServerSettings(
+            base_path=tmp_path, sections={"catalog": {"hf_endpoint": hub.url}}
+        )
+        with serve(create_app(settings, kronk=kronk)) as base_url:
+            yield base_url, hub
+
+
+def test_the_page_and_its_assets_carry_the_content_security_policy(
+    ui_server: tuple[str, FileServer],
+) -> None:
+    base_url, _ = ui_server
+    for path, kind in (
+        ("/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ):
+        response = httpx.get(base_url + path)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith(kind)
+        assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert response.headers["x-content-type-options"] == "nosniff"
+    index = httpx.get(base_url + "/").text
+    assert "<script>" not in index and " style=" not in index and "onclick" not in index
+    assert (
+        "script-src 'self'" in CONTENT_SECURITY_POLICY
+        and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    )
+    assert httpx.get(base_url + "/ui/missing.js").status_code == 404
+    assert httpx.get(base_url + "/ui/..%2Fplugin.py").status_code == 404
+
+
+def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
+    ui_server: tuple[str, FileServer], page: Page, screenshots: Path, tiny_llama_path: Path
+) -> None:
+    base_url, hub = ui_server
+    page.goto(f"{base_url}/#/chat")
+    page.select_option("#chat-model", DEFAULT_MODEL_ID)
+    page.fill("#chat-system", "You are a poet.")
+    page.fill("#chat-max-tokens", "24")
+    page.fill("#chat-temperature", "0")
+    page.fill("#chat-text", "Write one line about the sea.")
+    page.click("#chat-send")
+    answer = page.locator('.msg.assistant[data-done="true"]')
+    expect(answer).to_have_count(1, timeout=60_000)
+    assert answer.locator(".content").inner_text().strip()
+    expect(answer.locator(".meta")).to_contain_text("completion tokens")
+    expect(page.locator(".msg.user .content")).to_have_text("Write one line about the sea.")
+    assert answer.locator("details.reasoning").is_hidden()
+    shoot(page, screenshots, "chat")
+
+    # Reasoning is shown apart from the answer, and "Show reasoning" folds it away.
+    page.click("#chat-clear")
+    page.select_option("#chat-model", THINKING_MODEL)
+    page.fill("#chat-max-tokens", "12")
+    page.fill("#chat-text", "Why is the sky blue?")
+    page.click("#chat-send")
+    expect(answer).to_have_count(1, timeout=60_000)
+    reasoning = answer.locator("details.reasoning")
+    expect(reasoning).to_be_visible()
+    # Open, so the reasoning is read as it streams; its summary folds it.
+    expect(reasoning.locator(".text")).to_be_visible()
+    assert reasoning.locator(".text").inner_text().strip()
+    expect(answer.locator(".content")).to_have_text("")
+    shoot(page, screenshots, "chat-reasoning")
+    page.uncheck("#chat-show-reasoning")
+    expect(reasoning).to_be_hidden()
+    page.check("#chat-show-reasoning")
+
+    size = tiny_llama_path.stat().st_size
+    served = hub.routes[TINY_PATH] = Served(path=tiny_llama_path, pause_after=size // 2)
+    page.goto(f"{base_url}/#/catalog")
+    row = page.locator('#catalog-models tr[data-model="tiny-chat"]')
+    row.get_by_role("button", name="Pull").click()
+    pull = page.locator('#pulls .pull[data-model="tiny-chat"]')
+    expect(pull).to_have_attribute("data-status", "running")
+    assert served.paused.wait(30)
+    expect(pull.locator(".percent")).to_have_text("50.0%", timeout=10_000)
+    shoot(page, screenshots, "catalog-pulling")
+    served.go.set()
+    expect(pull).to_have_attribute("data-status", "done", timeout=30_000)
+    expect(pull.locator(".percent")).to_have_text("100%")
+    expect(row.locator(".pill")).to_have_text("yes")
+    shoot(page, screenshots, "catalog")
+
+    page.goto(f"{base_url}/#/dashboard")
+    expect(page.locator("#dash-loaded")).to_have_text("2")
+    expect(page.locator("#dash-slots tr")).to_have_count(2)
+    shoot(page, screenshots, "dashboard")
+    page.goto(f"{base_url}/#/models")
+    expect(page.locator(f'#models-loaded tr[data-model="{DEFAULT_MODEL_ID}"]')).to_have_count(1)
+    shoot(page, screenshots, "models")
+    for model in (DEFAULT_MODEL_ID, THINKING_MODEL):
+        page.locator(f'#models-loaded tr[data-model="{model}"] button').click()
+        expect(page.locator(f'#models-loaded tr[data-model="{model}"]')).to_have_count(0)
+    expect(page.locator("#models-loaded")).to_contain_text("No model is loaded")
+
+
+def test_with_auth_on_a_token_is_created_from_the_admin_token_in_settings(
+    tmp_path: Path, page: Page, screenshots: Path, serve: Any
+) -> None:
+    models = {DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA)}
+    kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
+    settings = ServerSettings(base_path=tmp_path, sections={"auth-jwt": {"enabled": True}})
+    with serve(create_app(settings, kronk=kronk)) as base_url:
+        admin = (tmp_path / "keys" / "master.jwt").read_text().strip()
+        page.goto(f"{base_url}/#/models")
+        expect(page.locator("#banner")).to_contain_text("enter a token in Settings")
+        page.goto(f"{base_url}/#/settings")
+        page.fill("#settings-token", admin)
+        page.click("#settings-form button[type=submit]")
+        expect(page.locator("#token-state")).to_have_text("token set")
+        shoot(page, screenshots, "settings")
+        page.goto(f"{base_url}/#/security")
+        expect(page.locator('#keys tr[data-key="master"]')).to_have_count(1)
+        page.fill("#token-endpoints", "chat-completions:10/day")
+        page.fill("#token-duration", "1h")
+        page.click("#token-form button[type=submit]")
+        expect(page.locator("#token-result")).to_be_visible()
+        token = page.input_value("#token-value")
+        shoot(page, screenshots, "security")
+        user = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{base_url}/v1/models", headers=user).status_code == 200
+        assert httpx.get(f"{base_url}/v1/kronk/models", headers=user).status_code == 403
+        # The token stays in the browser: nothing of it was written under the base path.
+        stored = [path for path in tmp_path.rglob("*") if path.is_file()]
+        assert all(token not in path.read_text(errors="ignore") for path in stored)
