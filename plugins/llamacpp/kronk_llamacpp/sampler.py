@@ -112,6 +112,12 @@ class GreedySampler:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         return int(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).argmax())
 
+    def distribution(self, batch_index: int, limit: int) -> TokenDistribution | None:
+        return None  # greedy draws nothing: a draft stands where it is the argmax
+
+    def accept(self, token: int) -> None:
+        pass  # greedy alone keeps no state
+
     def close(self) -> None:
         pass
 
