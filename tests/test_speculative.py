@@ -551,6 +551,17 @@ def test_a_bad_draft_strategy_fails_the_load_naming_the_key(
     assert load_error(loading(tmp_path, gemma_path, speculation)).message.startswith(message)
 
 
+def test_the_manuals_draft_model_block_turns_the_draft_model_on(
+    tmp_path: Path, gemma_path: str, gemma_draft_path: Path
+) -> None:
+    block = {"draft-model": {"model-id": "small", "ndraft": 3, "ngpu-layers": -1, "device": ""}}
+    kronk = loading(tmp_path, gemma_path, block, small=ModelConfig(model_path=gemma_draft_path))
+    with kronk:
+        strategy = kronk.load("m").engine.draft_strategy
+        assert strategy is not None
+        assert (strategy.name, strategy.ndraft) == ("draft", 3)
+
+
 def test_ndraft_out_of_range_is_refused_before_anything_loads(
     tmp_path: Path, gemma_path: str
 ) -> None:

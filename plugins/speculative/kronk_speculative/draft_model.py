@@ -98,12 +98,12 @@ def _backend_sections(
     sections = dict(base.sections)
     backend = sections.get(_BACKEND_SECTION)
     if not isinstance(backend, BaseModel):
-        if settings.ngpu_layers is not None or settings.device is not None:
+        if settings.n_gpu_layers is not None or settings.device is not None:
             raise ConfigError(key, "ngpu-layers and device need the llamacpp backend")
         return sections
     overrides: dict[str, object] = {"swa_full": True}
-    if settings.ngpu_layers is not None:
-        overrides["n_gpu_layers"] = settings.ngpu_layers
+    if settings.n_gpu_layers is not None:
+        overrides["n_gpu_layers"] = settings.n_gpu_layers
     if settings.device is not None:
         overrides.update(device=settings.device, tensor_split=None)
     sections[_BACKEND_SECTION] = backend.model_validate({**backend.model_dump(), **overrides})

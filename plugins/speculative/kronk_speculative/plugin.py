@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kronk_core.sdk import Kronk
 
 # Keys that only one strategy reads: setting them for the other would be silently ignored.
-_DRAFT_ONLY = ("model_id", "ngpu_layers", "device")
+_DRAFT_ONLY = ("model_id", "n_gpu_layers", "device")
 _LOOKUP_ONLY = ("ngram_min", "ngram_max")
 
 

@@ -1,15 +1,16 @@
 """The speculative plugin's section of each model's entry (`models.<id>.speculative`).
 
 The model's core key `draft_strategy` turns speculation on and picks `draft`
-or `lookup`; this section tunes it. The manual's `draft-model` keys
-(`model-id`, `ndraft`, `ngpu-layers`, `device`) are accepted as written there.
+or `lookup`; this section tunes it. The manual's `draft-model` block is read
+as this section with `draft_strategy: draft` (kronk_core/legacy.py), and its
+keys (`model-id`, `ndraft`, `ngpu-layers`, `device`) as written there.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kronk_core.sections import ModelSection
 
@@ -30,11 +31,16 @@ class SpeculativeSettings(BaseModel):
     # draft: the draft model's id (a configured or installed model with the same vocabulary).
     model_id: str | None = Field(default=None, alias="model-id", min_length=1)
     # draft: its GPU layers (0 = all, -1 = none) and device, else those of its own config.
-    ngpu_layers: int | None = Field(default=None, alias="ngpu-layers", ge=-1)
+    n_gpu_layers: int | None = Field(default=None, alias="ngpu-layers", ge=-1)
     device: Annotated[str, Field(min_length=1)] | None = None
     # lookup: the shortest and longest n-gram of recent tokens it looks for in the context.
     ngram_min: Annotated[int, Field(ge=1, le=16)] = 2
     ngram_max: Annotated[int, Field(ge=1, le=16)] = 4
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _no_device(cls, value: object) -> object:
+        return None if value == "" else value  # the manual writes "" for "none pinned"
 
     @model_validator(mode="after")
     def _ngram_range(self) -> Self:

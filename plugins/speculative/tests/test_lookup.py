@@ -72,7 +72,7 @@ def section(**values: object) -> object:
 
 def test_the_manuals_draft_model_keys_are_accepted() -> None:
     settings = section(**{"model-id": "small", "ndraft": 6, "ngpu-layers": -1, "device": "CPU"})
-    assert (settings.model_id, settings.ndraft, settings.ngpu_layers, settings.device) == (
+    assert (settings.model_id, settings.ndraft, settings.n_gpu_layers, settings.device) == (
         "small",
         6,
         -1,
