@@ -3,10 +3,11 @@
 Greedy, one request at a time, on the default model:
   (a) code editing: the prompt holds a 300-line Python file, the answer repeats it with a
       rename (target with prompt lookup: >= 1.8x);
-  (b) free text: stories, where little of the answer is in the prompt (target: >= 0.97x);
+  (b) free text: stories, where little of the answer is in the prompt, with the default
+      DRY penalty that keeps greedy decoding from looping (target: >= 0.97x);
   and each with a draft model: the default model requantized to Q4_0 (same vocabulary,
-  agrees often, costs as much as the target) and a tiny random model with the same
-  vocabulary (never agrees: what the adaptive back-off costs).
+  agrees often, costs as much as the target), adaptive and drafting every step, and a tiny
+  random model with the same vocabulary (never agrees: what the adaptive back-off costs).
 
 Decode tok/s counts the tokens after the first one over the time after the first one (the
 prompt's prefill is the same with or without speculation); each figure is the best of
@@ -73,6 +74,14 @@ def code_edit() -> list[dict[str, str]]:
     ]
 
 
+@dataclass(frozen=True)
+class Workload:
+    """Requests of one kind: (messages, answer length) each, and their sampling keys."""
+
+    requests: list[tuple[list[dict[str, str]], int]]
+    sampling: dict[str, float]
+
+
 @dataclass
 class Row:
     """Best decode rate of a (workload, model) over the repeats, and its draft counts."""
@@ -87,18 +96,27 @@ class Row:
         return max(self.rates)
 
     @property
-    def acceptance(self) -> float:
-        drafted = self.accepted + self.rejected
-        return self.accepted / drafted if drafted else 0.0
+    def drafted(self) -> int:
+        return self.accepted + self.rejected
+
+    def acceptance(self) -> str:
+        if not self.drafted:
+            return "none drafted"
+        return f"{self.accepted / self.drafted:.0%} of {self.drafted}"
 
 
 async def decode_rate(
-    kronk: Kronk, model: str, messages: list[dict[str, str]], tokens: int, row: Row
+    kronk: Kronk,
+    model: str,
+    messages: list[dict[str, str]],
+    tokens: int,
+    row: Row,
+    sampling: dict[str, float],
 ) -> None:
     """One greedy answer, streamed: its decode rate and draft counts go into `row`."""
     first = 0.0
     async for delta in kronk.chat_stream(
-        messages, model=model, max_tokens=tokens, temperature=0, dry_multiplier=0
+        messages, model=model, max_tokens=tokens, temperature=0, **sampling
     ):
         if not first:
             first = time.perf_counter()
@@ -131,13 +149,15 @@ def main() -> None:
     def entry(**settings: object) -> ModelConfig:
         return ModelConfig.model_validate({**base, **settings})
 
-    def draft(model_id: str) -> ModelConfig:
-        return entry(draft_strategy="draft", speculative={"model-id": model_id})
+    def draft(model_id: str, adaptive: bool = True) -> ModelConfig:
+        settings = {"model-id": model_id, "adaptive": adaptive}
+        return entry(draft_strategy="draft", speculative=settings)
 
     models = {
         "plain": entry(),
         "lookup": entry(draft_strategy="lookup"),
         "draft Q4_0": draft("gemma-q4_0"),
+        "draft Q4_0 *": draft("gemma-q4_0", adaptive=False),
         "draft random": draft("tiny-random"),
     }
     config = KronkConfig(
@@ -151,37 +171,38 @@ def main() -> None:
     kronk = Kronk(config)
     for model in models:
         kronk.load(model, keep=True)
-        asyncio.run(decode_rate(kronk, model, code_edit(), 16, Row()))  # warm-up
+        asyncio.run(decode_rate(kronk, model, code_edit(), 16, Row(), {}))  # warm-up
     workloads = {
-        "code editing": [(code_edit(), args.tokens)],
-        "free text": [
-            ([{"role": "user", "content": story}], args.story_tokens) for story in STORIES
-        ],
+        # DRY off: it would keep the model from repeating the file it is asked to repeat.
+        "code editing": Workload([(code_edit(), args.tokens)], {"dry_multiplier": 0.0}),
+        "free text": Workload(
+            [([{"role": "user", "content": story}], args.story_tokens) for story in STORIES], {}
+        ),
     }
     rows = {(w, m): Row() for w in workloads for m in models}
     for _ in range(args.repeat):
-        for workload, requests in workloads.items():
+        for name, workload in workloads.items():
             for model in models:
                 row = Row()
-                for messages, tokens in requests:
-                    asyncio.run(decode_rate(kronk, model, messages, tokens, row))
-                total = rows[(workload, model)]
+                for messages, tokens in workload.requests:
+                    asyncio.run(decode_rate(kronk, model, messages, tokens, row, workload.sampling))
+                total = rows[(name, model)]
                 total.rates.append(len(row.rates) / sum(1 / rate for rate in row.rates))
                 total.accepted += row.accepted
                 total.rejected += row.rejected
                 total.tokens += row.tokens
     kronk.close()
     print(f"\n{DEFAULT_MODEL_ID}, greedy, one request at a time (best of {args.repeat})")
-    print(f"{'workload':<14}{'model':<14}{'decode tok/s':>13}{'x plain':>9}{'acceptance':>12}")
-    for workload in workloads:
-        plain = rows[(workload, "plain")].best
+    print(f"{'workload':<14}{'model':<14}{'decode tok/s':>13}{'x plain':>9}  drafts accepted")
+    for name in workloads:
+        plain = rows[(name, "plain")].best
         for model in models:
-            row = rows[(workload, model)]
-            acceptance = f"{row.acceptance:.0%}" if model != "plain" else "-"
+            row = rows[(name, model)]
+            acceptance = row.acceptance() if model != "plain" else "-"
             print(
-                f"{workload:<14}{model:<14}{row.best:>13.1f}{row.best / plain:>9.2f}"
-                f"{acceptance:>12}"
+                f"{name:<14}{model:<14}{row.best:>13.1f}{row.best / plain:>9.2f}  {acceptance}"
             )
+    print("* adaptive: false, drafting ndraft tokens every step: the draft model's own effect")
     print("targets: code editing with lookup >= 1.80x; free text >= 0.97x")
 
 

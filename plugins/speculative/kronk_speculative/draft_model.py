@@ -21,7 +21,13 @@ from kronk_core.config import ModelConfig
 from kronk_core.drafts import Draft, DraftRequest
 from kronk_core.errors import ConfigError, KronkError, ModelLoadError
 from kronk_core.loading import model_config_for
-from kronk_core.sampling import Distribution, Greedy, MinP, SamplerStage, Temperature, TopK, TopP
+from kronk_core.sampling import (
+    Distribution,
+    Greedy,
+    SamplerStage,
+    Temperature,
+    truncation_stages,
+)
 from kronk_core.types import SamplingParams, TokenDistribution
 from kronk_speculative.settings import SpeculativeSettings
 from kronk_speculative.vocab import check_vocabulary
@@ -125,14 +131,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def draft_stages(params: SamplingParams) -> list[SamplerStage]:
     """The draft's own distribution q for a sampled request: the target's truncation and
     temperature, without the stateful stages (any q keeps the output exact)."""
-    stages: list[SamplerStage] = []
-    if params.top_k > 0:
-        stages.append(TopK(params.top_k))
-    if params.top_p < 1.0:
-        stages.append(TopP(params.top_p))
-    if params.min_p > 0.0:
-        stages.append(MinP(params.min_p))
-    return [*stages, Temperature(params.temperature), Distribution(0)]
+    return [*truncation_stages(params), Temperature(params.temperature), Distribution(0)]
 
 
 @dataclass(slots=True)
