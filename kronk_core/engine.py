@@ -2,9 +2,11 @@
 
 Each step builds ONE batch holding a token for every generating slot plus
 prompt chunks for prefilling slots (bounded by n_batch), runs one decode, then
-samples, detokenizes and checks stop conditions per slot. The asyncio side
-talks to the thread only through a bounded request queue and per-request
-output queues fed with `loop.call_soon_threadsafe`.
+samples, detokenizes and checks stop conditions per slot. With a draft
+strategy (speculative decoding), a generating slot's token may carry draft
+tokens behind it; kronk_core/speculation.py decides which of them stand. The
+asyncio side talks to the thread only through a bounded request queue and
+per-request output queues fed with `loop.call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
+from kronk_core.drafts import Draft, DraftStrategy
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord, new_request_id, request_scope
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
+from kronk_core.speculation import Speculating, Speculation
 from kronk_core.types import (
     EngineEvent,
     Finished,
@@ -42,7 +46,10 @@ _IDLE_WAIT_SECONDS = 0.1
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What one engine step put into its decode: slot id → token count."""
+    """What one engine step put into its decode: slot id → token count.
+
+    A generating slot decodes one token, plus its draft tokens when it speculates.
+    """
 
     index: int
     generating: dict[int, int]
@@ -58,6 +65,11 @@ class SlotState:
     idle_seconds: float
     busy: bool
     pending: bool
+    # Speculative decoding: the draft tokens of the slot's current (or last) request that
+    # became output and that did not, and the acceptance rate its drafting goes by.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    draft_acceptance: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,8 @@ class _Job:
     pending_token: int | None = None
     batch_index: int = -1
     completion_tokens: int = 0
+    accepted_tokens: int = 0
+    rejected_tokens: int = 0
     started_at: float = 0.0
     cache_ready_at: float = 0.0
     prefilled_at: float = 0.0
@@ -136,7 +150,9 @@ class _Part:
     """One job's tokens in a step: its pending generated token, or a prompt chunk.
 
     `completes`: the chunk ends the prompt. A generated token, and a chunk
-    that completes the prompt, need the logits of their last token.
+    that completes the prompt, need the logits of their last token. A
+    generated token may be followed by its `draft`'s tokens, which need logits
+    too.
     """
 
     job: _Job
@@ -144,6 +160,7 @@ class _Part:
     start: int
     generated: bool
     completes: bool = False
+    draft: Draft | None = None
 
     @property
     def sample(self) -> bool:
@@ -198,6 +215,7 @@ class Engine:
         cache: CacheStrategy,
         sampler_stages: Callable[[SamplingParams], Sequence[SamplerStage]],
         on_finished: Callable[[RequestRecord], None] | None = None,
+        drafter: DraftStrategy | None = None,
     ) -> None:
         self.model = model
         self.n_ctx_per_seq = model.info.n_ctx_per_seq
@@ -206,6 +224,8 @@ class Engine:
         self._cache = cache
         self._sampler_stages = sampler_stages
         self._on_finished = on_finished
+        # The engine owns the draft strategy from here on and closes it when it stops.
+        self._speculation = None if drafter is None else Speculation(model, drafter, n_batch)
         # Requests waiting for a slot, oldest first; the asyncio side appends and
         # removes cancelled ones, the engine thread takes them.
         self._waiting: deque[_Job] = deque()
@@ -279,16 +299,30 @@ class Engine:
     def slot_states(self) -> list[SlotState]:
         """Read from any thread: a momentary, not transactional, view."""
         now = time.monotonic()
-        return [
-            SlotState(
+        states = []
+        for slot in self.slots:
+            state = SlotState(
                 id=slot.id,
                 cached_tokens=len(slot.tokens),
                 idle_seconds=0.0 if slot.busy or not slot.last_used else now - slot.last_used,
                 busy=slot.busy,
                 pending=slot.pending,
             )
-            for slot in self.slots
-        ]
+            if self._speculation is not None:
+                counts = self._speculation.counts(slot.id)
+                state = replace(
+                    state,
+                    accepted_prediction_tokens=counts.accepted,
+                    rejected_prediction_tokens=counts.rejected,
+                    draft_acceptance=round(counts.acceptance, 3),
+                )
+            states.append(state)
+        return states
+
+    @property
+    def draft_strategy(self) -> DraftStrategy | None:
+        """The model's draft strategy (speculative decoding), if it has one."""
+        return None if self._speculation is None else self._speculation.strategy
 
     def cache_counters(self) -> CacheCounters:
         return self._cache.counters()
@@ -317,6 +351,8 @@ class Engine:
         self._stopping = True
         self._wake.set()
         self._thread.join()
+        if self._speculation is not None:
+            self._speculation.close()
 
     # ---- engine thread ------------------------------------------------------
 
@@ -408,11 +444,14 @@ class Engine:
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
+        drafts = self._drafts() if self._speculation is not None else {}
         parts: list[_Part] = []
         for job in self._active:
             if job.pending_token is not None and job.slot is not None:
-                parts.append(_Part(job, (job.pending_token,), len(job.slot.tokens), True))
-        budget = self.n_batch - len(parts)
+                draft = drafts.get(job.slot.id)
+                tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
+                parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
+        budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         for job in self._active:
             if budget <= 0:
                 break
@@ -424,7 +463,10 @@ class Engine:
             parts.append(_Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
         try:
+            started = time.perf_counter()
             self._decode(parts)
+            if self._speculation is not None:
+                self._speculation.decoded(*_rows(parts), time.perf_counter() - started)
         except Exception as caught:
             exc = self._unexpected(caught, "a decode")
             # Nothing of a failed decode may stay in the KV: the slots record what is there.
@@ -451,15 +493,40 @@ class Engine:
         self._commit(parts)
         self._record_step(parts)
 
+    def _drafts(self) -> dict[int, Draft]:
+        """Draft tokens by slot id for the generating slots (speculative decoding)."""
+        assert self._speculation is not None
+        generating: list[Speculating] = []
+        prefill = 0
+        for job in self._active:
+            slot = job.slot
+            if slot is None:
+                continue
+            if job.pending_token is not None:
+                # Draft tokens past max_tokens or the context could never be output.
+                room = min(
+                    job.request.max_tokens - job.completion_tokens - 1,
+                    self.n_ctx_per_seq - len(slot.tokens) - 2,
+                )
+                item = Speculating(
+                    slot, job.request_id, job.pending_token, room, job.request.sampling
+                )
+                generating.append(item)
+            elif job.prefilling:
+                prefill += len(job.request.prompt_tokens) - job.next_prompt_index
+        return self._speculation.drafts(generating, min(prefill, self.n_batch - len(generating)))
+
     def _decode(self, parts: Sequence[_Part]) -> None:
         batch = Batch()
         for part in parts:
             assert part.job.slot is not None
             seq_id = part.job.slot.seq_id
             last = part.start + len(part.tokens) - 1
+            # Rows with logits: the last token's, and every token's of a drafted part.
+            first = part.start if part.draft is not None else last
             for position, token in zip(itertools.count(part.start), part.tokens, strict=False):
-                index = batch.add(token, position, seq_id, part.sample and position == last)
-            part.job.batch_index = index
+                index = batch.add(token, position, seq_id, part.sample and position >= first)
+            part.job.batch_index = index - (last - first)
         self.model.decode(batch)
 
     def _commit(self, parts: Sequence[_Part]) -> None:
@@ -467,18 +534,24 @@ class Engine:
         for part in parts:
             job, slot = part.job, part.job.slot
             assert slot is not None
-            slot.tokens.extend(part.tokens)
             if part.generated:
+                slot.tokens.append(part.tokens[0])  # draft tokens join once they stand
                 job.pending_token = None
             else:
+                slot.tokens.extend(part.tokens)
                 job.next_prompt_index += len(part.tokens)
                 if part.completes:
                     job.prefilled_at = time.monotonic()
         for part in parts:
             if part.sample and part.job in self._active:
                 try:
-                    self._sample(part.job)
+                    if part.draft is None:
+                        self._sample(part.job)
+                    else:
+                        self._verify(part)
                 except Exception as exc:
+                    if part.draft is not None and part.job.slot is not None:
+                        self._reset(part.job.slot)  # its KV may still hold draft tokens
                     self._fail(part.job, self._unexpected(exc, "sampling"))
         self._outbox.flush()
         for part in parts:
@@ -514,7 +587,9 @@ class Engine:
 
     def _record_step(self, parts: Sequence[_Part]) -> None:
         self._steps += 1
-        generating = {p.job.slot.id: 1 for p in parts if p.generated and p.job.slot is not None}
+        generating = {
+            p.job.slot.id: len(p.tokens) for p in parts if p.generated and p.job.slot is not None
+        }
         prefilling = {
             p.job.slot.id: len(p.tokens)
             for p in parts
@@ -530,33 +605,74 @@ class Engine:
                     log.exception("step listener failed")
 
     def _sample(self, job: _Job) -> None:
-        assert job.sampler is not None and job.slot is not None and job.stops is not None
+        assert job.sampler is not None
         token = job.sampler.sample(job.batch_index)
+        reason = self._emit(job, token, job.batch_index)
+        if reason is None:
+            job.pending_token = token
+        else:
+            self._finish(job, reason)
+
+    def _verify(self, part: _Part) -> None:
+        """Emit the target's tokens for a drafted part; drop what it did not confirm from the KV."""
+        job, slot, draft = part.job, part.job.slot, part.draft
+        assert self._speculation is not None and slot is not None and draft is not None
+        assert job.sampler is not None
+        chosen = self._speculation.verify(slot.id, job.sampler, job.batch_index, draft)
+        reason: FinishReason | None = None
+        accepted = 0
+        for offset, token in enumerate(chosen):
+            reason = self._emit(job, token, job.batch_index + offset)
+            if reason is not None:
+                break
+            if offset < len(chosen) - 1:
+                slot.tokens.append(token)  # a draft token that stood: its KV is in place
+                accepted += 1
+            else:
+                job.pending_token = token
+        job.accepted_tokens += accepted
+        job.rejected_tokens += len(draft.tokens) - accepted
+        self._speculation.settled(slot.id, accepted, len(draft.tokens) - accepted)
+        if not self._speculation.cut(slot):
+            # The KV holds tokens that never became output: nothing of it may be reused.
+            self._reset(slot)
+            self._speculation.disable(f"the KV of slot {slot.id} could not be cut back exactly")
+            self._fail(
+                job,
+                KronkError(
+                    "speculative decoding could not drop rejected draft tokens from the KV "
+                    "cache; it is now off for this model (retry the request)"
+                ),
+            )
+        elif reason is not None:
+            self._finish(job, reason)
+
+    def _emit(self, job: _Job, token: int, batch_index: int) -> FinishReason | None:
+        """Hand one sampled token to the consumer; the reason it ends the request, if it does."""
+        assert job.slot is not None and job.stops is not None
         if job.completion_tokens == 0:
             job.first_token_at = time.monotonic()
         if self.model.is_end_of_generation(token):
-            self._finish(job, FinishReason.stop)
-            return
+            return FinishReason.stop
         job.completion_tokens += 1
         self._generated += 1
         logprobs: tuple[TokenLogprob, ...] = ()
         if job.request.logprobs:
             # The native chain samples from a copy, so these are the raw
             # log-probs the token was chosen from, as before acceptance.
-            logprobs = (self.model.logprobs(job.batch_index, token, job.request.top_logprobs),)
+            logprobs = (self.model.logprobs(batch_index, token, job.request.top_logprobs),)
         piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
         text = job.stops.push(job.utf8.push(piece))
         # Delivered even when the text is held back, so every token is accounted for.
         self._outbox.post(job, TextChunk(text, 1, logprobs))
         if job.stops.matched is not None:
-            self._finish(job, FinishReason.stop)
-        elif (
+            return FinishReason.stop
+        if (
             job.completion_tokens >= job.request.max_tokens
             or len(job.slot.tokens) + 1 >= self.n_ctx_per_seq
         ):
-            self._finish(job, FinishReason.length)
-        else:
-            job.pending_token = token
+            return FinishReason.length
+        return None
 
     def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
@@ -594,6 +710,8 @@ class Engine:
             prompt_tokens=len(job.request.prompt_tokens),
             completion_tokens=job.completion_tokens,
             cached_tokens=job.cached_tokens,
+            accepted_prediction_tokens=job.accepted_tokens,
+            rejected_prediction_tokens=job.rejected_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
         record = self._record(job, reason)
@@ -621,3 +739,15 @@ class Engine:
             self._reset(slot)
         slot.busy = slot.pending = False
         slot.last_used = time.monotonic()
+
+
+def _rows(parts: Sequence[_Part]) -> tuple[int, int]:
+    """A step's logit rows (generated tokens, drafts, completing chunks) and prompt tokens."""
+    rows = prefill = 0
+    for part in parts:
+        if part.generated:
+            rows += len(part.tokens)
+        else:
+            prefill += len(part.tokens)
+            rows += part.completes
+    return rows, prefill

@@ -16,6 +16,7 @@ import pluggy
 
 from kronk_core.backend import Backend, ModelInfo
 from kronk_core.config import ModelConfig
+from kronk_core.drafts import DraftStrategyFactory
 from kronk_core.events import ChatRecord, RequestRecord
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.registry import Register
@@ -116,6 +117,20 @@ def kronk_register_cache_strategies(
     called as `factory(model_config=..., model_info=...)` and returns the
     CacheStrategy for that model; it lives as long as the model's engine.
     `model_info.kv_trimmable` says whether the KV can be cut at any position.
+    """
+
+
+@hookspec
+def kronk_register_draft_strategies(
+    register: Register[DraftStrategyFactory], kronk: Kronk
+) -> None:
+    """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
+
+    A model's `draft_strategy:` key selects one by name (default: none, no
+    speculation; the speculative plugin registers "draft" and "lookup"). At
+    each load the factory is called as `factory(model_config=...,
+    model_info=..., model=...)` with the loaded target model and returns the
+    DraftStrategy, which the model's engine owns and closes.
     """
 
 

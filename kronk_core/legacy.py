@@ -171,6 +171,8 @@ def move_manual_keys(data: dict[str, Any], where: str = "") -> dict[str, Any]:
         moved["draft-model"] = move_keys(
             dict(draft), MANUAL_DRAFT_KEYS, f"{where}draft-model.", deprecated=False
         )
+        # The manual's block is what turns speculation on, with its draft model.
+        moved.setdefault("draft_strategy", "draft")
     moved = move_keys(moved, MANUAL_MODEL_KEYS, where, deprecated=False)
     return move_cache_flags(moved, where, MANUAL_CACHE_FLAGS, deprecated=False)
 

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from kronk_core.backend import ModelInfo, TextModel
 from kronk_core.config import ModelConfig
+from kronk_core.drafts import DraftStrategy
 from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
 from kronk_core.engine import Engine
-from kronk_core.errors import CapabilityError, ModelLoadError
+from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError
 from kronk_core.events import RequestRecord
 from kronk_core.models import resolve_model_config
 from kronk_core.plugins import PluginManager
@@ -126,14 +127,21 @@ def load_model(
 
         if not stages(SamplingParams()):
             raise ModelLoadError("no plugin provides sampler stages")
-        engine = Engine(
-            model,
-            n_batch=config.n_batch,
-            queue_depth=config.queue_depth,
-            cache=cache,
-            sampler_stages=stages,
-            on_finished=on_finished,
-        )
+        drafter = draft_strategy(kronk, config, model)
+        try:
+            engine = Engine(
+                model,
+                n_batch=config.n_batch,
+                queue_depth=config.queue_depth,
+                cache=cache,
+                sampler_stages=stages,
+                on_finished=on_finished,
+                drafter=drafter,
+            )
+        except BaseException:
+            if drafter is not None:
+                drafter.close()
+            raise
     except BaseException:
         model.close()
         raise
@@ -148,6 +156,24 @@ def load_model(
         info.n_ctx_per_seq,
     )
     return LoadedModel(config=config, model=model, engine=engine, template=template, cache=cache)
+
+
+def draft_strategy(kronk: Kronk, config: ModelConfig, model: TextModel) -> DraftStrategy | None:
+    """The model's draft strategy for speculative decoding, if its `draft_strategy` names one."""
+    if config.draft_strategy is None:
+        return None
+    if not model.info.kv_trimmable and not model.info.n_swa:
+        raise ConfigError(
+            config.section_key("draft_strategy"),
+            f"{config.id} keeps recurrent state that cannot be cut back, and speculative "
+            "decoding must drop the draft tokens the model rejects",
+        )
+    factory = kronk.registry("draft_strategies").get(
+        config.draft_strategy, config.section_key("draft_strategy")
+    )
+    drafter: DraftStrategy = factory(model_config=config, model_info=model.info, model=model)
+    log.info("%s: speculative decoding with draft strategy %s", config.id, drafter.name)
+    return drafter
 
 
 def release_if_leased(future: asyncio.Future[Lease[PooledModel]]) -> None:

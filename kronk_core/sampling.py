@@ -119,6 +119,18 @@ SELECTING_STAGES = (Greedy, Distribution, AdaptiveP)
 RANDOM_SEED = 0xFFFFFFFF
 
 
+def truncation_stages(params: SamplingParams) -> list[SamplerStage]:
+    """The stages that cut the candidates down: top-k, top-p, min-p, where set."""
+    stages: list[SamplerStage] = []
+    if params.top_k > 0:
+        stages.append(TopK(params.top_k))
+    if params.top_p < 1.0:
+        stages.append(TopP(params.top_p))
+    if params.min_p > 0.0:
+        stages.append(MinP(params.min_p))
+    return stages
+
+
 def resolve_sampling(*layers: SamplingConfig | None) -> SamplingParams:
     """Merge sampling layers, highest precedence first (request, model config), over defaults."""
     values: dict[str, object] = {}

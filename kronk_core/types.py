@@ -107,6 +107,20 @@ class SamplingParams:
 DEFAULT_MAX_TOKENS = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class TokenDistribution:
+    """Probabilities over some tokens; every token not listed has probability 0."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+
+    def prob(self, token: int) -> float:
+        try:
+            return self.probs[self.tokens.index(token)]
+        except ValueError:
+            return 0.0
+
+
 class FinishReason(StrEnum):
     stop = "stop"
     length = "length"

@@ -70,11 +70,18 @@ def copy_tokenizer(source: Path, writer: gguf.GGUFWriter) -> int:
     return n_vocab
 
 
-def make_tiny_llama(path: Path, *, context_length: int = 256) -> Path:
-    """Writes a 2-layer LLaMA GGUF with random weights and Gemma 3's tokenizer to `path`."""
-    name = "Kronk tiny llama (random weights, Gemma 3 tokenizer)"
+def make_tiny_llama(
+    path: Path, *, context_length: int = 256, tokenizer: Path | None = None
+) -> Path:
+    """Writes a 2-layer LLaMA GGUF with random weights to `path`.
+
+    Its tokenizer is Gemma 3's, or that of the GGUF `tokenizer` (a model whose
+    vocabulary differs from the default model's, as a draft model must not).
+    """
+    source = tokenizer or gemma_gguf_path()
+    name = f"Kronk tiny llama (random weights, tokenizer of {source.name})"
     with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
-        _fill(writer, context_length)
+        _fill(writer, context_length, source)
     return Path(path)
 
 
@@ -91,7 +98,7 @@ def make_tiny_llama_split(directory: Path, parts: int = 2) -> list[Path]:
         split_max_tensors=-(-n_tensors // parts),
     )
     writer.add_name(name)
-    _fill(writer, 256)
+    _fill(writer, 256, gemma_gguf_path())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -103,9 +110,9 @@ def make_tiny_llama_split(directory: Path, parts: int = 2) -> list[Path]:
     return made
 
 
-def _fill(writer: gguf.GGUFWriter, context_length: int) -> None:
+def _fill(writer: gguf.GGUFWriter, context_length: int, tokenizer: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = copy_tokenizer(gemma_gguf_path(), writer)
+    n_vocab = copy_tokenizer(tokenizer, writer)
 
     head_dim = N_EMBD // N_HEAD
     writer.add_vocab_size(n_vocab)

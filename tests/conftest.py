@@ -29,6 +29,8 @@ from kronk_core.models import DEFAULT_MODEL_SETTINGS, cache_dir, default_model_p
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_minilm import minilm_gguf
+from gguf_output import cached
+from make_draft_model import GEMMA_DRAFT, make_gemma_draft
 from make_tiny_models import make_tiny_llama, make_tiny_llama_split
 from make_tiny_reranker import tiny_reranker_gguf
 
@@ -62,6 +64,22 @@ def tiny_llama_path() -> Path:
     """A tiny random-weight chat model (fast to load and to generate with)."""
     path = TEST_MODELS / "tiny-llama.gguf"
     return path if path.is_file() else make_tiny_llama(path)
+
+
+@pytest.fixture(scope="session")
+def gemma_draft_path() -> Path:
+    """The default model requantized to Q4_0 (scripts/make_draft_model.py): a draft model
+    with its vocabulary that agrees with it most of the time."""
+    return cached(TEST_MODELS / GEMMA_DRAFT, make_gemma_draft)
+
+
+@pytest.fixture(scope="session")
+def other_vocabulary_path(minilm_path: Path) -> Path:
+    """A tiny chat model with MiniLM's BERT vocabulary: a draft the default model refuses."""
+    return cached(
+        TEST_MODELS / "tiny-llama-bert-vocab.gguf",
+        lambda path: make_tiny_llama(path, tokenizer=minilm_path),
+    )
 
 
 @pytest.fixture(scope="session")

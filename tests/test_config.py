@@ -92,11 +92,11 @@ def test_both_caches_on_is_an_error() -> None:
 def test_a_section_no_plugin_reads_is_refused(tmp_path: Path) -> None:
     """Without plugins (the core alone), every section is unknown: none is silently ignored."""
     config = KronkConfig(
-        base_path=tmp_path, models={"m1": ModelConfig.model_validate({"speculative": {"n": 4}})}
+        base_path=tmp_path, models={"m1": ModelConfig.model_validate({"lookahead": {"n": 4}})}
     )
     with pytest.raises(ConfigError) as info:
         Kronk(config)
-    assert info.value.key == "models.m1.speculative"
+    assert info.value.key == "models.m1.lookahead"
     assert "no active plugin reads this section" in str(info.value)
 
 
@@ -268,6 +268,8 @@ def test_the_manual_s_draft_model_block_is_the_speculative_section() -> None:
     assert config.sections == {
         "speculative": {"model_id": "Qwen3-0.6B-Q8_0", "ndraft": 5, "n_gpu_layers": 0}
     }
+    # The block is what turns speculation on, with that draft model.
+    assert config.draft_strategy == "draft"
 
 
 def test_the_manual_s_device_pins_the_model_and_its_empty_device_pins_nothing() -> None:

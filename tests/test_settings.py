@@ -56,7 +56,7 @@ def test_a_plugin_section_is_validated_by_its_plugin(tmp_path: Path) -> None:
         ({"templates": {"bogus": 1}}, "models.m1.templates.bogus", "Extra inputs"),
         # A check across keys: the section's n_ubatch against the core's n_batch.
         ({"n_batch": 256, "llamacpp": {"n_ubatch": 512}}, "models.m1.llamacpp.n_ubatch", "256"),
-        ({"speculative": {"ndraft": 4}}, "models.m1.speculative", "is not installed"),
+        ({"lookahead": {"ndraft": 4}}, "models.m1.lookahead", "is not installed"),
     ],
     ids=["enum", "range", "unknown-key", "cross-key", "unknown-section"],
 )
@@ -110,35 +110,35 @@ class Greeting(BaseModel):
     loud: bool = Field(default=False, description="Shout it")
 
 
-DRAFT = ModelSection("speculative", Draft)
-GREETING = ServerSection("speculative", Greeting)
+DRAFT = ModelSection("lookahead", Draft)
+GREETING = ServerSection("lookahead", Greeting)
 
 
-class Speculative:
+class Lookahead:
     @hookimpl
     def kronk_settings(self) -> list[Section[Any]]:
         return [DRAFT, GREETING]
 
 
 def test_a_third_party_section_is_validated_like_a_built_in(tmp_path: Path) -> None:
-    plugins = {"speculative": Speculative()}
-    config = bound(tmp_path, {"speculative": {"ndraft": 8}}, plugins=plugins)
+    plugins = {"lookahead": Lookahead()}
+    config = bound(tmp_path, {"lookahead": {"ndraft": 8}}, plugins=plugins)
     assert DRAFT.of(config) == Draft(ndraft=8)
-    error = refused(tmp_path, {"speculative": {"ndraft": 0}}, plugins=plugins)
-    assert error.key == "models.m1.speculative.ndraft"
-    assert str(error) == "models.m1.speculative.ndraft: Input should be greater than or equal to 1"
+    error = refused(tmp_path, {"lookahead": {"ndraft": 0}}, plugins=plugins)
+    assert error.key == "models.m1.lookahead.ndraft"
+    assert str(error) == "models.m1.lookahead.ndraft: Input should be greater than or equal to 1"
 
 
 def test_a_third_party_server_section_gets_flags_and_variables(tmp_path: Path) -> None:
-    kronk = Kronk(KronkConfig(base_path=tmp_path), plugins={"speculative": Speculative()})
+    kronk = Kronk(KronkConfig(base_path=tmp_path), plugins={"lookahead": Lookahead()})
     names = {(s.key, s.flag, s.env) for s in all_settings(server_sections(kronk.plugins))}
-    assert ("speculative.greeting", "--speculative-greeting", "KRONK_SPECULATIVE_GREETING") in names
-    assert ("speculative.loud", "--speculative-loud", "KRONK_SPECULATIVE_LOUD") in names
-    app = create_app(ServerSettings(sections={"speculative": {"greeting": "hi"}}), kronk=kronk)
+    assert ("lookahead.greeting", "--lookahead-greeting", "KRONK_LOOKAHEAD_GREETING") in names
+    assert ("lookahead.loud", "--lookahead-loud", "KRONK_LOOKAHEAD_LOUD") in names
+    app = create_app(ServerSettings(sections={"lookahead": {"greeting": "hi"}}), kronk=kronk)
     assert GREETING.of(app.state.settings) == Greeting(greeting="hi")
     with pytest.raises(ConfigError) as info:
-        create_app(ServerSettings(sections={"speculative": {"loud": "maybe"}}), kronk=kronk)
-    assert info.value.key == "speculative.loud"
+        create_app(ServerSettings(sections={"lookahead": {"loud": "maybe"}}), kronk=kronk)
+    assert info.value.key == "lookahead.loud"
     kronk.close()
 
 
@@ -146,7 +146,7 @@ def test_two_plugins_may_not_declare_one_section(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         Kronk(
             KronkConfig(base_path=tmp_path),
-            plugins={"speculative": Speculative(), "copycat": Speculative()},
+            plugins={"lookahead": Lookahead(), "copycat": Lookahead()},
         )
     assert "declared by both plugins" in str(info.value)
 

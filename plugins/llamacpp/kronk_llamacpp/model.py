@@ -240,13 +240,15 @@ class LlamaTextModel:
         return int(llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id))
 
     def trim_floor(self, seq_id: int) -> int:
-        if self.info.kv_trimmable:
-            return 0
         if self._recurrent:
             return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+        if not self.info.n_swa:
+            return 0
         # The token at position p attends to positions above p - n_swa; the cache
         # holds positions from pos_min on, so a cut at p is exact from pos_min + n_swa
-        # (one position of margin) unless nothing was dropped yet.
+        # (one position of margin) unless nothing was dropped yet. A full-size window
+        # cache (swa_full) drops positions too: llama.cpp reuses a cell whose position
+        # left the window whenever its search for free cells passes it.
         lowest = int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
         return 0 if lowest <= 0 else lowest + self.info.n_swa
 

@@ -29,18 +29,65 @@ from kronk_core.sampling import (
     TopP,
     Xtc,
 )
-from kronk_core.types import JsonSegment, StructuredOutput
+from kronk_core.types import JsonSegment, StructuredOutput, TokenDistribution
+
+# llama_token_data as numpy sees it: {int32 id; float logit; float p}.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class NativeSampler:
-    """A llama.cpp sampler chain; `sample` picks from batch logits and accepts the token."""
+    """A llama.cpp sampler chain; `sample` picks from batch logits and accepts the token.
 
-    def __init__(self, ctx: llama_cpp.llama_context_p, chain: llama_cpp.llama_sampler_p) -> None:
+    `draws`: the chain ends in a plain random draw (`Distribution`), so the
+    distribution it draws from can be given (`distribution`).
+    """
+
+    def __init__(
+        self,
+        ctx: llama_cpp.llama_context_p,
+        chain: llama_cpp.llama_sampler_p,
+        n_vocab: int,
+        draws: bool = False,
+    ) -> None:
         self._ctx = ctx
         self._chain: llama_cpp.llama_sampler_p | None = chain
+        self._n_vocab = n_vocab
+        self._draws = draws
 
     def sample(self, batch_index: int) -> int:
         return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, batch_index))
+
+    def distribution(self, batch_index: int, limit: int) -> TokenDistribution | None:
+        """Every stage but the final draw applied to the logits, then their softmax (as
+        llama.cpp's dist sampler computes it before drawing)."""
+        if not self._draws:
+            return None
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        data = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(self._n_vocab, dtype=np.int32)
+        data["logit"] = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        data["p"] = 0.0
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+            self._n_vocab,
+            -1,
+            False,
+        )
+        for index in range(llama_cpp.llama_sampler_chain_n(self._chain) - 1):
+            stage = llama_cpp.llama_sampler_chain_get(self._chain, index)
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
+        kept = data[: candidates.size]
+        logits = kept["logit"].astype(np.float64)
+        finite = np.isfinite(logits)
+        if int(finite.sum()) > limit or not finite.any():
+            return None
+        ids, logits = kept["id"][finite], logits[finite]
+        weights = np.exp(logits - logits.max())
+        probs = weights / weights.sum()
+        return TokenDistribution(tuple(int(t) for t in ids), tuple(float(p) for p in probs))
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._chain, token)
 
     def close(self) -> None:
         if self._chain is not None:
@@ -65,8 +112,63 @@ class GreedySampler:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         return int(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).argmax())
 
+    def distribution(self, batch_index: int, limit: int) -> TokenDistribution | None:
+        return None  # greedy draws nothing: a draft stands where it is the argmax
+
+    def accept(self, token: int) -> None:
+        pass  # greedy alone keeps no state
+
     def close(self) -> None:
         pass
+
+
+class ShortlistGreedySampler(NativeSampler):
+    """Greedy behind stages that only ever lower logits (a grammar, DRY, penalties that
+    do not reward repeats): the chain runs on the tokens near the maximum only.
+
+    The full chain copies every logit into a candidate array and DRY looks each one up
+    in a map (about 1 ms per slot and step on Gemma's 262k vocabulary; llama-server
+    runs no DRY by default). A token left out starts below `floor` and can only go
+    down, so when the chain's pick on the shortlist still scores at least `floor` it is
+    the pick of the whole vocabulary, ties included (the shortlist keeps vocabulary
+    order, and greedy takes the first of equal maxima). Otherwise the chain runs on
+    the whole vocabulary.
+    """
+
+    MARGIN = 10.0  # nats below the maximum: a few dozen tokens on a confident step
+
+    def sample(self, batch_index: int) -> int:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        floor = logits.max() - self.MARGIN
+        shortlist = np.flatnonzero(logits >= floor).astype(np.int32)
+        picked = self._select(shortlist, logits[shortlist]) if len(shortlist) else None
+        if picked is None or not picked[1] >= floor:
+            picked = self._select(np.arange(self._n_vocab, dtype=np.int32), logits)
+        llama_cpp.llama_sampler_accept(self._chain, picked[0])
+        return picked[0]
+
+    def _select(self, ids: np.ndarray, logits: np.ndarray) -> tuple[int, float]:
+        """The chain's pick among `ids` and its logit after the chain, accepting nothing."""
+        data = np.empty(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), len(ids), -1, False
+        )
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        return int(data["id"][candidates.selected]), float(data["logit"][candidates.selected])
+
+
+def _only_lowers(stage: SamplerStage) -> bool:
+    """The stage never raises a logit (so a token below the shortlist stays below it)."""
+    match stage:
+        case Grammar() | JsonSchemaGrammar() | StructuredGrammar() | Dry():
+            return True
+        case Penalties(repeat=repeat, frequency=frequency, presence=presence):
+            return repeat >= 1.0 and frequency >= 0.0 and presence >= 0.0
+    return False
 
 
 def compile_json_schema(schema: str) -> str:
@@ -200,7 +302,11 @@ def build_sampler(
     if len(stages) == 1 and isinstance(stages[0], Greedy):
         return GreedySampler(ctx, n_vocab)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    sampler = NativeSampler(ctx, chain)
+    sampler: NativeSampler
+    if isinstance(stages[-1], Greedy) and all(_only_lowers(stage) for stage in stages[:-1]):
+        sampler = ShortlistGreedySampler(ctx, chain, n_vocab)
+    else:
+        sampler = NativeSampler(ctx, chain, n_vocab, draws=isinstance(stages[-1], Distribution))
     try:
         for stage in stages:
             llama_cpp.llama_sampler_chain_add(

@@ -25,7 +25,12 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
             "cached_tokens": usage.cached_tokens,
             "dropped_tokens": usage.dropped_tokens,
         },
-        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": usage.reasoning_tokens,
+            # Speculative decoding's draft tokens, in the fields OpenAI uses for predictions.
+            "accepted_prediction_tokens": usage.accepted_prediction_tokens,
+            "rejected_prediction_tokens": usage.rejected_prediction_tokens,
+        },
     }
 
 

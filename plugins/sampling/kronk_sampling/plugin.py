@@ -16,14 +16,12 @@ from kronk_core.sampling import (
     Grammar,
     Greedy,
     JsonSchemaGrammar,
-    MinP,
     Penalties,
     SamplerStage,
     StructuredGrammar,
     Temperature,
-    TopK,
-    TopP,
     Xtc,
+    truncation_stages,
 )
 from kronk_core.types import SamplingParams
 
@@ -62,12 +60,7 @@ def default_stages(params: SamplingParams) -> list[SamplerStage]:
     if params.greedy:
         stages.append(Greedy())
         return stages
-    if params.top_k > 0:
-        stages.append(TopK(params.top_k))
-    if params.top_p < 1.0:
-        stages.append(TopP(params.top_p))
-    if params.min_p > 0.0:
-        stages.append(MinP(params.min_p))
+    stages += truncation_stages(params)
     if params.xtc_probability > 0.0:
         stages.append(Xtc(params.xtc_probability, params.xtc_threshold, params.xtc_min_keep, seed))
     stages.append(Temperature(params.temperature))

@@ -1,0 +1,1 @@
+"""Kronk plugin: speculative decoding strategies (draft model, prompt lookup)."""
