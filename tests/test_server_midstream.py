@@ -64,7 +64,14 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
         "host_bytes",
     }
     assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]
+    speculation = {"accepted_prediction_tokens", "rejected_prediction_tokens", "draft_acceptance"}
     assert all(
-        set(slot) == {"id", "cached_tokens", "idle_seconds", "busy", "pending"}
+        set(slot) == {"id", "cached_tokens", "idle_seconds", "busy", "pending", *speculation}
+        for slot in entry["slots"]
+    )
+    # No draft strategy on this model: nothing drafted, no acceptance rate.
+    assert all(
+        (slot["accepted_prediction_tokens"], slot["rejected_prediction_tokens"]) == (0, 0)
+        and slot["draft_acceptance"] is None
         for slot in entry["slots"]
     )
