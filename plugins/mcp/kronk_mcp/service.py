@@ -124,6 +124,9 @@ class ListenError(Exception):
     pass
 
 
+LISTEN_BACKLOG = 128
+
+
 def _bind(listen: str) -> socket.socket:
     host, port = split_host_port(listen)
     try:
@@ -136,6 +139,10 @@ def _bind(listen: str) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        # Listening here decides the race with another process binding the same port (two
+        # Kronk servers started at once): with SO_REUSEADDR both binds succeed, and the
+        # second to listen must learn it here, not inside uvicorn's thread.
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from None

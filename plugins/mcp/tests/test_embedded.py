@@ -31,6 +31,7 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import ConfigError
 from kronk_mcp.plugin import STATE_KEY
 from kronk_mcp.service import BackgroundService
+from kronk_mcp.service import _bind as bind_service
 from kronk_mcp.settings import DEFAULT_LISTEN
 
 if TYPE_CHECKING:
@@ -226,3 +227,14 @@ def test_the_default_address_in_use_leaves_the_models_served(
         with model_server(tmp_path, {}):
             pass
     assert f"mcp: no MCP service: cannot listen on {DEFAULT_LISTEN}" in caplog.text
+
+
+def test_two_servers_racing_for_one_address_leave_no_half_bound_service() -> None:
+    """Another server bound the port (SO_REUSEADDR, as the service binds) but had not listened
+    yet: the service's bind listens at once, so the other one is refused there, and the
+    service never learns of the conflict later, inside uvicorn's thread."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", 0))
+        with bind_service(f"127.0.0.1:{other.getsockname()[1]}"), pytest.raises(OSError):
+            other.listen()
