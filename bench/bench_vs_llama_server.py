@@ -139,12 +139,14 @@ def run_llama_server(log_dir: Path, w3: bool) -> Results:
         return asyncio.run(drive(client, w3))
 
 
-def run_kronk(log_dir: Path, w3: bool) -> Results:
+def run_kronk(log_dir: Path, w3: bool, model_config: Path | None = None) -> Results:
     port = free_port()
     command = [
         sys.executable, "-m", "kronk_api.cli", "server", "start",
         "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
     ]
+    if model_config is not None:
+        command += ["--model-config-file", str(model_config)]
     client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
@@ -264,6 +266,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-w3", action="store_true", help="skip W3 (the longest workload)")
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
+    parser.add_argument(
+        "--kronk-model-config",
+        type=Path,
+        help="run Kronk with this model-config file instead of its defaults (e.g. to try "
+        "draft_strategy: lookup); the targets are for the defaults",
+    )
     args = parser.parse_args()
     llama_server_binary()  # build before anything is timed
     with tempfile.TemporaryDirectory(prefix="kronk-vs-llama-") as scratch:
@@ -272,7 +280,7 @@ def main() -> None:
         print("running llama-server ...", flush=True)
         llama = run_llama_server(log_dir, not args.no_w3)
         print("running kronk ...", flush=True)
-        kronk = run_kronk(log_dir, not args.no_w3)
+        kronk = run_kronk(log_dir, not args.no_w3, args.kronk_model_config)
     print("measuring kronk's own prefill references ...", flush=True)
     cold, refs = kronk_references(kronk.w1)
     report(llama, kronk, cold, refs)
