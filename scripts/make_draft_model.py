@@ -12,23 +12,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import llama_cpp
 from gguf_output import main
 
 from kronk_core.models import default_model_path
-from kronk_llamacpp.library import ensure_initialised
 
 GEMMA_DRAFT = "gemma-3-270m-q4_0.gguf"
 
 
-def make_gemma_draft(path: Path, ftype: int = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0) -> Path:
+def make_gemma_draft(path: Path, ftype: int | None = None) -> Path:
     """Requantize the default model into `path` (Q4_0 unless `ftype` says otherwise)."""
+    # Imported here: the core-only test session imports this module without llama.cpp.
+    import llama_cpp
+
+    from kronk_llamacpp.library import ensure_initialised
+
     ensure_initialised()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0 if ftype is None else ftype
     params.allow_requantize = True
     status = llama_cpp.llama_model_quantize(
         str(default_model_path()).encode(), str(partial).encode(), params
