@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# What a new request's drafts are assumed to achieve until it has drafted.
+# What the first request's drafts are assumed to achieve until it has drafted; later
+# requests start from what earlier ones achieved (`DraftPolicy.prior`).
 PRIOR_ACCEPTANCE = 0.5
+# Weight of each finished request's acceptance in the prior of the next ones.
+_PRIOR_STEP = 0.3
 # Weight of each verified draft token in the acceptance estimate.
 _ACCEPTANCE_STEP = 0.2
 # A slot that stopped drafting probes with one token once that costs at most this share of
@@ -77,12 +80,19 @@ class DraftPolicy:
         self.adaptive = adaptive
         self.cost = cost or StepCost()
         self.acceptance = [PRIOR_ACCEPTANCE] * n_slots
+        # Where a new request's acceptance starts: a draft model that never agrees, or text
+        # that never repeats, should not cost every new request a few rounds of drafts.
+        self.prior = PRIOR_ACCEPTANCE
+        self._verified = [False] * n_slots
         self._idle_steps = [0] * n_slots
         self._draft_seconds = 0.0  # drafting one token, smoothed
 
     def reset(self, slot_id: int) -> None:
-        """A new request in the slot: its text says nothing yet about how it drafts."""
-        self.acceptance[slot_id] = PRIOR_ACCEPTANCE
+        """A new request in the slot: it starts from what earlier requests' drafts achieved."""
+        if self._verified[slot_id]:
+            self.prior += _PRIOR_STEP * (self.acceptance[slot_id] - self.prior)
+        self.acceptance[slot_id] = self.prior
+        self._verified[slot_id] = False
         self._idle_steps[slot_id] = 0
 
     def _all_it_can(self, wishes: Sequence[Wish], budget: int) -> dict[int, int]:
@@ -96,6 +106,7 @@ class DraftPolicy:
 
     def verified(self, slot_id: int, drafted: int, matched: int) -> None:
         """`matched` leading tokens of a `drafted`-token draft stood (the first miss ends it)."""
+        self._verified[slot_id] = True
         outcomes = [1.0] * matched + ([0.0] if matched < drafted else [])
         for outcome in outcomes:
             self.acceptance[slot_id] += _ACCEPTANCE_STEP * (outcome - self.acceptance[slot_id])

@@ -103,3 +103,28 @@ def test_a_new_request_starts_from_the_prior() -> None:
     chosen = policy(0.0)
     chosen.reset(0)
     assert chosen.plan([Wish(0, 100)], prefill=0, n_batch=2048).get(0, 0) >= 1
+
+
+def test_new_requests_start_from_what_earlier_requests_achieved() -> None:
+    """Requests whose drafts never stand teach the next ones to wait for probes; requests
+    whose drafts stand teach them to draft from their first step."""
+    chosen = DraftPolicy(1, ndraft=8, cost=measured())
+    drafted_per_request = []
+    for _ in range(8):
+        chosen.reset(0)
+        drafted = 0
+        for _ in range(30):
+            length = chosen.plan([Wish(0, 1000)], prefill=0, n_batch=2048).get(0, 0)
+            if length:
+                chosen.verified(0, drafted=length, matched=0)
+                drafted += length
+        drafted_per_request.append(drafted)
+    assert drafted_per_request[0] >= 5
+    assert drafted_per_request[-1] <= 2  # what the probes alone draft in 30 steps
+    assert chosen.prior < 0.2
+    for _ in range(6):
+        chosen.reset(0)
+        chosen.verified(0, drafted=8, matched=8)
+    chosen.reset(0)
+    assert chosen.acceptance[0] > 0.5
+    assert chosen.plan([Wish(0, 1000)], prefill=0, n_batch=2048).get(0, 0) >= 4
