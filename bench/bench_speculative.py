@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kronk_llamacpp  # noqa: F401  (llama.cpp's libraries before the scripts' numpy)
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
 from kronk_core.models import cache_dir, default_model_path
 

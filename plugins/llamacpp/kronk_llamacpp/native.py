@@ -180,7 +180,7 @@ def prepare() -> None:
             log.warning(
                 "the C++ runtime %s was loaded by another extension (imported before Kronk, "
                 "e.g. numpy) before llama.cpp; a few of its references may be bound to that "
-                "extension's copies. If loading a model crashes, import kronk_core before it",
+                "extension's copies. If loading a model crashes, import kronk_llamacpp before it",
                 runtime,
             )
         if processor is not None or "LLAMA_CPP_LIB_PATH" in os.environ:
