@@ -64,9 +64,9 @@ class Recording(ShortlistGreedySampler):
 
     full_runs = 0
 
-    def _select(self, ids: np.ndarray, logits: np.ndarray) -> tuple[int, float]:
-        self.full_runs += len(ids) == len(logits) == self._n_vocab
-        return super()._select(ids, logits)
+    def _sample_whole_vocabulary(self, batch_index: int) -> int:
+        self.full_runs += 1
+        return super()._sample_whole_vocabulary(batch_index)
 
 
 def generate_with_both(
