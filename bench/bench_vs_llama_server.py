@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.backend import Batch
 from kronk_core.models import default_model_path, resolve_model_config
 from kronk_core.sampling import Greedy
+from kronk_core.tokens import common_prefix
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_templates.jinja import bundled_source
 
@@ -151,11 +152,6 @@ def run_kronk(log_dir: Path, w3: bool, model_config: Path | None = None) -> Resu
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
         return asyncio.run(drive(client, w3))
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    size = min(len(a), len(b))
-    return next((i for i in range(size) if a[i] != b[i]), size)
 
 
 def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:

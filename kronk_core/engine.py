@@ -630,10 +630,12 @@ class Engine:
                 accepted += 1
             else:
                 job.pending_token = token
+        rejected = len(draft.tokens) - accepted
         job.accepted_tokens += accepted
-        job.rejected_tokens += len(draft.tokens) - accepted
-        self._speculation.settled(slot.id, accepted, len(draft.tokens) - accepted)
-        if not self._speculation.cut(slot):
+        job.rejected_tokens += rejected
+        self._speculation.settled(slot.id, accepted, rejected)
+        # Draft tokens that did not become output are still in the KV behind the slot's text.
+        if rejected and not self._speculation.cut(slot):
             # The KV holds tokens that never became output: nothing of it may be reused.
             self._reset(slot)
             self._speculation.disable(f"the KV of slot {slot.id} could not be cut back exactly")

@@ -47,10 +47,10 @@ def accept_or_correct(
         return draft
     residual = [(token, prob - q_of.get(token, 0.0)) for token, prob in p_of.items()]
     positive = [(token, mass) for token, mass in residual if mass > 0.0]
-    return _draw(positive or list(p_of.items()), rng)
+    return draw(positive or list(p_of.items()), rng)
 
 
-def _draw(weights: Sequence[tuple[int, float]], rng: random.Random) -> int:
+def draw(weights: Sequence[tuple[int, float]], rng: random.Random) -> int:
     """One token drawn in proportion to its weight (weights need not sum to 1)."""
     target = rng.random() * sum(weight for _, weight in weights)
     for token, weight in weights:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from kronk_caching.host_store import HostStore
-from kronk_caching.prefix import common_prefix
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.engine import StepRecord
 from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
+from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kronk_caching.prefix import common_prefix, token_key
+from kronk_caching.prefix import token_key
+from kronk_core.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 

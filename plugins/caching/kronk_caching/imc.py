@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
-from kronk_caching.prefix import common_prefix
 from kronk_core.backend import TextModel
 from kronk_core.slots import CacheCounters, CachePlan, Slot
+from kronk_core.tokens import common_prefix
 from kronk_core.types import GenerationRequest
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,8 @@ from kronk_core.sampling import (
     Temperature,
     truncation_stages,
 )
+from kronk_core.speculation import draw
+from kronk_core.tokens import common_prefix
 from kronk_core.types import SamplingParams, TokenDistribution
 from kronk_speculative.settings import SpeculativeSettings
 from kronk_speculative.vocab import check_vocabulary
@@ -116,18 +118,6 @@ def _backend_sections(
     return sections
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix (binary search over C-speed slice compares)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if list(a[:middle]) == list(b[:middle]):
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def draft_stages(params: SamplingParams) -> list[SamplerStage]:
     """The draft's own distribution q for a sampled request: the target's truncation and
     temperature, without the stateful stages (any q keeps the output exact)."""
@@ -155,18 +145,10 @@ class _Drafting:
             if q is None:
                 self.done = True
                 return
-            self.tokens.append(_draw(q, self.request))
+            weights = tuple(zip(q.tokens, q.probs, strict=True))
+            self.tokens.append(draw(weights, self.request.random))
             self.distributions.append(q)
         self.done = len(self.tokens) >= self.request.max_tokens
-
-
-def _draw(q: TokenDistribution, request: DraftRequest) -> int:
-    target = request.random.random()
-    for token, prob in zip(q.tokens, q.probs, strict=True):
-        target -= prob
-        if target < 0.0:
-            return token
-    return q.tokens[-1]
 
 
 class DraftModel:
