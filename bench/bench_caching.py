@@ -106,6 +106,7 @@ def config(path: Path, slots: int, **extra: Any) -> ModelConfig:
             "context_window": 8192,
             "n_seq_max": slots,
             "sampling": {"dry_multiplier": 0.0},
+            "draft_strategy": "none",  # the caches alone
             **extra,
         }
     )

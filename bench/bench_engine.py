@@ -105,6 +105,8 @@ def main() -> None:
             "templates": {"template": "gemma"},
             "context_window": 2048,
             "n_seq_max": 8,
+            # The engine's own cost per token, against a loop that decodes one token a step.
+            "draft_strategy": "none",
         }
     )
     # Its own process: llama.cpp's CPU thread pool belongs to the thread that first

@@ -128,6 +128,7 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
     config = ModelConfig(
         model_path=args.model, context_window=args.engine_context, n_seq_max=max(args.streams),
         templates={"template": args.template}, llamacpp={"n_gpu_layers": args.n_gpu_layers},
+        draft_strategy="none",  # one token per slot and step, as llama-batched-bench decodes
     )  # fmt: skip
     kronk = Kronk(KronkConfig(default_model="bench", models={"bench": config}))
     began = time.perf_counter()

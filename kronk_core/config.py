@@ -87,7 +87,9 @@ class ModelConfig(BaseModel):
     # Message caching is on by default: every client worth serving resends its history.
     cache: str = "imc"
     template_processor: str = "jinja"
-    # Speculative decoding: a name from kronk_register_draft_strategies (None: off).
+    # Speculative decoding: a name from kronk_register_draft_strategies, or "none". Unset:
+    # "lookup" (prompt lookup, free where it misses) if a plugin registers it and the model
+    # can drop rejected tokens; agents resend text the answer repeats.
     draft_strategy: str | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
     # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an

@@ -126,8 +126,9 @@ def kronk_register_draft_strategies(
 ) -> None:
     """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
 
-    A model's `draft_strategy:` key selects one by name (default: none, no
-    speculation; the speculative plugin registers "draft" and "lookup"). At
+    A model's `draft_strategy:` key selects one by name, or "none" (unset:
+    "lookup" where one is registered and the model can drop rejected tokens;
+    the speculative plugin registers "draft" and "lookup"). At
     each load the factory is called as `factory(model_config=...,
     model_info=..., model=...)` with the loaded target model and returns the
     DraftStrategy, which the model's engine owns and closes.

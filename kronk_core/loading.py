@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What a model whose `draft_strategy` is unset speculates with, where it is registered.
+DEFAULT_DRAFT_STRATEGY = "lookup"
+
 
 @dataclass(eq=False)
 class LoadedModel:
@@ -159,18 +162,24 @@ def load_model(
 
 
 def draft_strategy(kronk: Kronk, config: ModelConfig, model: TextModel) -> DraftStrategy | None:
-    """The model's draft strategy for speculative decoding, if its `draft_strategy` names one."""
-    if config.draft_strategy is None:
+    """The model's draft strategy for speculative decoding: the one `draft_strategy` names,
+    none for "none", and where it is unset the default one if this model can use it."""
+    name, key = config.draft_strategy, config.section_key("draft_strategy")
+    registry = kronk.registry("draft_strategies")
+    can_cut = model.info.kv_trimmable or bool(model.info.n_swa)
+    if name is None:
+        if not can_cut or DEFAULT_DRAFT_STRATEGY not in registry.names():
+            return None
+        name = DEFAULT_DRAFT_STRATEGY
+    elif name == "none":
         return None
-    if not model.info.kv_trimmable and not model.info.n_swa:
+    elif not can_cut:
         raise ConfigError(
-            config.section_key("draft_strategy"),
+            key,
             f"{config.id} keeps recurrent state that cannot be cut back, and speculative "
             "decoding must drop the draft tokens the model rejects",
         )
-    factory = kronk.registry("draft_strategies").get(
-        config.draft_strategy, config.section_key("draft_strategy")
-    )
+    factory = registry.get(name, key)
     drafter: DraftStrategy = factory(model_config=config, model_info=model.info, model=model)
     log.info("%s: speculative decoding with draft strategy %s", config.id, drafter.name)
     return drafter

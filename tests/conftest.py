@@ -96,13 +96,14 @@ def kronk(
     minilm_path: Path,
     reranker_path: Path,
 ) -> Iterator[Kronk]:
-    """The default Gemma 3 270M with 4 slots and no message caching, loaded once.
+    """The default Gemma 3 270M with 4 slots, no message caching, no speculation, loaded once.
 
-    Without caching every request is computed from scratch, which the engine
-    and dialect tests compare against. The pool also knows IMC_MODEL_ID (the
-    default model with the Incremental Message Cache, as it is served on its
-    defaults), "minilm" (Matryoshka cuts allowed, for the `dimensions` tests),
-    "minilm-plain" (not allowed) and "tiny-reranker", loaded on first use.
+    Every request is computed from scratch, one token per slot and step, which
+    the engine and dialect tests compare against. The pool also knows
+    IMC_MODEL_ID (the default model as it is served on its defaults: the
+    Incremental Message Cache and prompt lookup), "minilm" (Matryoshka cuts
+    allowed, for the `dimensions` tests), "minilm-plain" (not allowed) and
+    "tiny-reranker", loaded on first use.
     """
     imc = {
         **DEFAULT_MODEL_SETTINGS,
@@ -116,9 +117,15 @@ def kronk(
         queue_wait_seconds=2.0,
         models_in_cache=5,
         models={
-            # A small queue (8 places) that the 429 test can fill.
+            # A small queue (8 places) that the 429 test can fill; one token per slot and
+            # step, which the engine tests count (speculation: tests/test_speculative.py).
             DEFAULT_MODEL_ID: ModelConfig.model_validate(
-                {**DEFAULT_MODEL_SETTINGS, "cache": "none", "queue_depth": 2}
+                {
+                    **DEFAULT_MODEL_SETTINGS,
+                    "cache": "none",
+                    "queue_depth": 2,
+                    "draft_strategy": "none",
+                }
             ),
             IMC_MODEL_ID: ModelConfig.model_validate(imc),
             "minilm": ModelConfig(model_path=minilm_path, n_seq_max=2, matryoshka=True),

@@ -27,6 +27,9 @@ BASE = {
     "templates": {"template": "gemma"},
     "context_window": 4096,
     "sampling": {"dry_multiplier": 0.0},
+    # The cold replays decode what each engine step decoded: one token per generating slot
+    # (speculation's exactness is tests/test_speculative.py's).
+    "draft_strategy": "none",
 }
 SYSTEM = (
     "You are the ship's computer of the research vessel Kestrel. Answer crew questions about "

@@ -224,6 +224,8 @@ def server(
         **DEFAULT_MODEL_SETTINGS,
         "model_path": gemma_path,
         "cache": "faulty",
+        # The gate holds requests mid-answer: drafts could finish one inside a step.
+        "draft_strategy": "none",
         "context_window": 1024,
         "n_seq_max": 3,
         "sampling": {"dry_multiplier": 0.0},

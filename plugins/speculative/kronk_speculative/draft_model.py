@@ -75,7 +75,7 @@ def load_draft_model(
             "n_seq_max": info.n_seq_max,
             "context_window": info.n_ctx_per_seq,
             "n_batch": model_config.n_batch,
-            "draft_strategy": None,
+            "draft_strategy": "none",
             "sections": _backend_sections(base, settings, key),
         }
     )
