@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, ClassVar, TypeVar
 
 from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from litestar.types import ExceptionHandlersMap
@@ -162,10 +163,15 @@ class Dialect:
             error = first.exception()
             if error is not None and not isinstance(error, StopAsyncIteration):
                 raise error
+        stream = keepalive(frames(_resume(first, items)), self.keepalive_frame, KEEPALIVE_SECONDS)
+        # A client that leaves while a frame is being sent leaves the stream suspended at
+        # that frame, and its generation running until the garbage collector finds it:
+        # closing it once the response is over stops the generation at once.
         return Stream(
-            keepalive(frames(_resume(first, items)), self.keepalive_frame, KEEPALIVE_SECONDS),
+            stream,
             media_type="text/event-stream",
             headers=SSE_HEADERS,
+            background=BackgroundTask(stream.aclose),
         )
 
 
