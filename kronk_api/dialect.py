@@ -164,14 +164,20 @@ class Dialect:
             if error is not None and not isinstance(error, StopAsyncIteration):
                 raise error
         stream = keepalive(frames(_resume(first, items)), self.keepalive_frame, KEEPALIVE_SECONDS)
-        # A client that leaves while a frame is being sent leaves the stream suspended at
-        # that frame, and its generation running until the garbage collector finds it:
-        # closing it once the response is over stops the generation at once.
+
+        async def close() -> None:
+            # A client that leaves while a frame is being sent leaves every generator of
+            # the stream suspended at a frame, and the generation running until the garbage
+            # collector finds them: closing the ends once the response is over stops it.
+            await stream.aclose()
+            if isinstance(items, AsyncGenerator):
+                await items.aclose()
+
         return Stream(
             stream,
             media_type="text/event-stream",
             headers=SSE_HEADERS,
-            background=BackgroundTask(stream.aclose),
+            background=BackgroundTask(close),
         )
 
 

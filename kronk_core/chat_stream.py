@@ -70,6 +70,8 @@ class ChatStream:
             async for delta in self._deltas(outcome):
                 yield delta
         finally:
+            # Closed before the end: the generation stops (a no-op once it finished).
+            self._stream.cancel()
             self._report(outcome)
 
     def _report(self, outcome: _Outcome) -> None:

@@ -200,7 +200,8 @@ class GenerationStream:
         return self._job.enqueued_at
 
     def cancel(self) -> None:
-        self._engine.cancel(self._job)
+        if not self._done:
+            self._engine.cancel(self._job)
 
 
 class Engine:

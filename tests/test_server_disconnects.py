@@ -75,8 +75,6 @@ def server(
         "context_window": 1024,
         "n_seq_max": SLOTS,
         "queue_depth": 2,
-        # The gates hold the engine after a number of steps and tokens, one token a step.
-        "draft_strategy": "none",
     }
     finished = Finished()
     kronk = Kronk(
