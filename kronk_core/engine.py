@@ -191,8 +191,7 @@ class GenerationStream:
                     self._done = True
                 yield event
         finally:
-            if not self._done:
-                self.cancel()
+            self.cancel()
 
     @property
     def enqueued_at(self) -> float:
@@ -200,6 +199,7 @@ class GenerationStream:
         return self._job.enqueued_at
 
     def cancel(self) -> None:
+        """Stop the request, unless it has finished (its Finished event was read)."""
         if not self._done:
             self._engine.cancel(self._job)
 

@@ -178,14 +178,13 @@ def penalized_gap(
 
     def gap(index: int, token: str) -> float:
         answer = [single_token(model, t.token) for t in expected.logprobs[:index]]
-        tokens = [*prompt, *answer]
         picked = single_token(model, expected.logprobs[index].token)
         other = single_token(model, token)
-        penalized = distribution(
-            model, [*default_stages(params)[:-1], Distribution(0)], tokens, 1 << 20, answer
-        )
-        plain = distribution(model, [Distribution(0)], tokens, 1 << 20)
-        shift = math.log(penalized[picked] / penalized[other] * plain[other] / plain[picked])
+        row = decode_alone(model, [*prompt, *answer])
+        stages = [*default_stages(params)[:-1], Distribution(0)]
+        penalized = chain_distribution(model, stages, row, 1 << 20, answer)
+        raw = model.logprobs(row, picked, 0).logprob - model.logprobs(row, other, 0).logprob
+        shift = math.log(penalized[picked] / penalized[other]) - raw
         return logprob_gap(expected)(index, token) + shift
 
     return gap
@@ -296,29 +295,41 @@ SAMPLED = SamplingParams(temperature=1.0, top_k=4, top_p=1.0, dry_multiplier=0.0
 RUNS = 240
 
 
-def distribution(
-    model: LlamaTextModel,
-    stages: list[SamplerStage],
-    tokens: list[int],
-    limit: int = 64,
-    accepted: Sequence[int] = (),
-) -> dict[int, float]:
-    """What `stages` draw from after `tokens`, decoded on a context of its own, once the
-    chain has seen `accepted` (the answer so far)."""
+def decode_alone(model: LlamaTextModel, tokens: list[int]) -> int:
+    """Decode `tokens` on a context of their own; the row of the last one's logits."""
     model.seq_remove(0, 0, -1)
     batch = Batch()
     for position, token in enumerate(tokens):
         batch.add(token, position, 0, position == len(tokens) - 1)
     model.decode(batch)
+    return len(tokens) - 1
+
+
+def chain_distribution(
+    model: LlamaTextModel,
+    stages: list[SamplerStage],
+    row: int,
+    limit: int = 64,
+    accepted: Sequence[int] = (),
+) -> dict[int, float]:
+    """What `stages` draw from at a decoded `row`, once the chain has seen `accepted`
+    (the answer so far)."""
     sampler = model.new_sampler(stages)
     try:
         for token in accepted:
             sampler.accept(token)
-        found = sampler.distribution(len(tokens) - 1, limit)
+        found = sampler.distribution(row, limit)
     finally:
         sampler.close()
     assert found is not None
     return dict(zip(found.tokens, found.probs, strict=True))
+
+
+def distribution(
+    model: LlamaTextModel, stages: list[SamplerStage], tokens: list[int]
+) -> dict[int, float]:
+    """What `stages` draw from after `tokens`, decoded on a context of their own."""
+    return chain_distribution(model, stages, decode_alone(model, tokens))
 
 
 @dataclass
