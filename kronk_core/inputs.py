@@ -63,11 +63,13 @@ def chat_request(
     tools: Sequence[ToolSpec] = (),
     tool_choice: ToolChoice | str = "auto",
     parallel_tool_calls: bool = True,
+    continue_final_message: bool = False,
     **sampling: Any,
 ) -> ChatRequest:
     """A ChatRequest from keyword arguments; sampling keys as in the manual.
 
-    `tool_choice` is "auto", "none", "required" or the name of one of `tools`.
+    `tool_choice` is "auto", "none", "required" or the name of one of `tools`;
+    `continue_final_message` continues the last (assistant) message's text.
     """
     try:
         overrides = SamplingConfig.model_validate(sampling)
@@ -95,6 +97,7 @@ def chat_request(
         tools=tuple(tools),
         tool_choice=as_tool_choice(tool_choice),
         parallel_tool_calls=parallel_tool_calls,
+        continue_final_message=continue_final_message,
     )
 
 
@@ -108,6 +111,14 @@ def check_chat(request: ChatRequest) -> None:
         raise InvalidRequestError("messages must not be empty", param="messages")
     if "" in request.stop:
         raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
+    if request.continue_final_message:
+        _check_continued(request.messages[-1])
+        if request.enable_thinking:
+            raise InvalidRequestError(
+                "continue_final_message: a continued message cannot be combined with "
+                "thinking (the answer goes on with its text)",
+                param="enable_thinking",
+            )
     choice = request.tool_choice
     if not forces_call(request):
         return
@@ -124,6 +135,27 @@ def check_chat(request: ChatRequest) -> None:
         raise InvalidRequestError(
             "a forced tool call cannot be combined with a grammar or a JSON schema output",
             param="tool_choice",
+        )
+
+
+def _check_continued(final: ChatMessage) -> None:
+    """Only an assistant message's text can be continued: calls and reasoning cannot."""
+    if final.role != "assistant":
+        raise InvalidRequestError(
+            "continue_final_message: the last message must be an assistant message, "
+            f"not {final.role}",
+            param="messages",
+        )
+    if final.tool_calls:
+        raise InvalidRequestError(
+            "continue_final_message: an assistant message with tool calls cannot be continued",
+            param="messages",
+        )
+    if final.reasoning_content:
+        raise InvalidRequestError(
+            "continue_final_message: only an assistant message's text can be continued, "
+            "not its reasoning",
+            param="messages",
         )
 
 

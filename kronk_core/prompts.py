@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kronk_core.config import ContextOverflow
-from kronk_core.errors import ContextOverflowError
+from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.inputs import forces_call
 from kronk_core.loading import LoadedModel
 from kronk_core.sampling import resolve_sampling
@@ -33,8 +33,10 @@ def render_options(request: ChatRequest, *, add_generation_prompt: bool = True) 
     thinking = request.enable_thinking
     if request.grammar or request.json_schema or forces_call(request):
         thinking = False  # a grammar applies from the first generated token
+    if request.continue_final_message:
+        thinking = False  # the answer goes on with the message's text, not with reasoning
     return RenderOptions(
-        add_generation_prompt=add_generation_prompt,
+        add_generation_prompt=add_generation_prompt or request.continue_final_message,
         enable_thinking=True if thinking is None else thinking,
         reasoning_effort=request.reasoning_effort,
         tools=() if request.tool_choice.mode == "none" else request.tools,
@@ -46,7 +48,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
     """Render, fit into the context and resolve sampling; everything that can fail does here."""
     options = render_options(request)
     messages = loaded.cache.prompt_messages(request.messages, scope)
-    prompt_text = loaded.template.render(messages, options)
+    prompt_text = render_prompt(loaded, messages, options, request)
     prompt = loaded.tokenize_prompt(prompt_text)
     dropped = 0
     if loaded.config.context_overflow is ContextOverflow.trim:
@@ -86,7 +88,27 @@ def count_prompt(
     """The prompt's length as a chat would run it (the cache strategy's additions included)."""
     options = render_options(request, add_generation_prompt=add_generation_prompt)
     messages = loaded.cache.prompt_messages(request.messages, scope)
-    return len(loaded.render(messages, options))
+    return len(loaded.tokenize_prompt(render_prompt(loaded, messages, options, request)))
+
+
+def render_prompt(
+    loaded: LoadedModel,
+    messages: Sequence[ChatMessage],
+    options: RenderOptions,
+    request: ChatRequest,
+) -> str:
+    """The prompt's text. A continued final message is its text after the generation prompt
+    of the messages before it: templates close every message they render, and some trim
+    or rewrite its text, so it is not given to the template."""
+    if not request.continue_final_message:
+        return loaded.template.render(messages, options)
+    *head, final = messages
+    if not head:
+        raise InvalidRequestError(
+            "continue_final_message: the assistant message to continue needs a message before it",
+            param="messages",
+        )
+    return loaded.template.render(head, options) + (final.content or "")
 
 
 def _trim_to_fit(
@@ -99,7 +121,8 @@ def _trim_to_fit(
     """context_overflow: trim — drop the oldest non-system messages until the request fits.
 
     Returns the kept messages and their prompt, or (messages, None) when
-    nothing had to go. The last message is never dropped.
+    nothing had to go. The last message is never dropped (nor the one before a continued
+    final message).
     """
     wanted = request.max_tokens or 1
     limit = loaded.model.info.n_ctx_per_seq
@@ -107,10 +130,12 @@ def _trim_to_fit(
         return messages, None
     kept = list(messages)
     head = 1 if kept[0].role in ("system", "developer") else 0
+    # A continued message keeps the message it answers.
+    last = 2 if request.continue_final_message else 1
     prompt: list[int] | None = None
-    while len(kept) - head > 1:
+    while len(kept) - head > last:
         del kept[head]
-        prompt = loaded.render(kept, options)
+        prompt = loaded.tokenize_prompt(render_prompt(loaded, kept, options, request))
         if len(prompt) + wanted <= limit:
             return kept, prompt
     return kept, prompt

@@ -251,6 +251,7 @@ class Kronk:
         self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None
     ) -> int:
         """The prompt's length as `start_chat` with the same `subject` would run it."""
+        inputs.check_chat(request)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
             return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)

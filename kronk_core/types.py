@@ -256,3 +256,5 @@ class ChatRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
+    # The last message is an assistant message whose text the answer continues (prefill).
+    continue_final_message: bool = False

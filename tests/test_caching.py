@@ -17,7 +17,10 @@ from kronk_caching.host_store import HostStore
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.engine import StepRecord
+from kronk_core.errors import ContextOverflowError
+from kronk_core.prompts import prepare_chat
 from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
+from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
@@ -486,6 +489,37 @@ async def test_context_overflow_trim_drops_oldest_messages(gemma_path: str, tmp_
         result = await kronk.chat(long, model="m", max_tokens=32, temperature=0)
         assert result.usage.dropped_tokens > 0
         assert result.usage.prompt_tokens + 32 <= 512
+    finally:
+        kronk.close()
+
+
+async def test_context_overflow_trim_keeps_the_turn_a_continued_message_answers(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    kronk = fresh(gemma_path, tmp_path, context_window=512, context_overflow="trim")
+    prefill = {"role": "assistant", "content": "Answer 11:"}
+    try:
+        long = [*conversation("Be brief.", 12), prefill]
+        result = await kronk.chat(
+            long, model="m", max_tokens=32, temperature=0, continue_final_message=True
+        )
+        assert result.usage.dropped_tokens > 0
+        request = kronk.chat_request(long, model="m", max_tokens=32, continue_final_message=True)
+        loaded = kronk.get_loaded("m")
+        assert loaded is not None
+        prepared = prepare_chat(loaded, request, PromptScope())
+        tail = loaded.tokenize_prompt(
+            f"<start_of_turn>user\n{user_turn(11)['content']}<end_of_turn>\n"
+            "<start_of_turn>model\nAnswer 11:"
+        )
+        assert list(prepared.generation.prompt_tokens[-len(tail) :]) == tail
+        # A question that alone does not fit is not dropped from under its answer.
+        huge = {"role": "user", "content": "word " * 600}
+        with pytest.raises(ContextOverflowError):
+            await kronk.chat(
+                [{"role": "system", "content": "Be brief."}, huge, prefill],
+                model="m", max_tokens=32, continue_final_message=True,
+            )  # fmt: skip
     finally:
         kronk.close()
 

@@ -210,6 +210,70 @@ def test_empty_stop_sequence_is_400_naming_the_field(
     assert error["message"].startswith("stop_sequences"), error
 
 
+QUESTION = "Write a JSON object with a name and an age."
+PREFILL = '{"name": "'
+# The default model's template (Gemma 3): the generation prompt, then the prefilled text.
+CONTINUED_PROMPT = (
+    f"<bos><start_of_turn>user\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n{PREFILL}"
+)
+
+
+def _prefilled(*content: Any) -> list[MessageParam]:
+    return [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": list(content) or PREFILL},
+    ]
+
+
+def test_a_final_assistant_message_is_a_prefill(client: anthropic.Anthropic, server: Any) -> None:
+    tokenized = httpx.post(
+        server.base_url + "/v1/tokenize",
+        json={"model": MODEL, "input": CONTINUED_PROMPT},
+        timeout=30,
+    )
+    assert tokenized.status_code == 200, tokenized.text
+    expected = tokenized.json()["tokens"]
+    message = client.messages.create(
+        model=MODEL, max_tokens=MAX_TOKENS, messages=_prefilled(), extra_body=GREEDY
+    )
+    usage = message.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == expected
+    text = _text(message)
+    assert text and not text.startswith(PREFILL)  # the answer continues the prefill
+    counted = client.messages.count_tokens(model=MODEL, messages=_prefilled())
+    assert counted.input_tokens == expected
+    with client.messages.stream(
+        model=MODEL, max_tokens=MAX_TOKENS, messages=_prefilled(), extra_body=GREEDY
+    ) as stream:
+        assert "".join(stream.text_stream) == text
+
+
+@pytest.mark.parametrize(
+    ("messages", "extra", "error"),
+    [
+        (
+            _prefilled({"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}),
+            {},
+            "tool calls cannot be continued",
+        ),
+        (
+            _prefilled(),
+            {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+            "cannot be combined with thinking",
+        ),
+    ],
+    ids=["tool_use", "thinking"],
+)
+def test_a_prefill_that_cannot_be_continued_is_400(
+    client: anthropic.Anthropic, messages: list[MessageParam], extra: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(anthropic.BadRequestError, match=error) as caught:
+        client.messages.create(
+            model=MODEL, max_tokens=1, messages=messages, tools=[WEATHER], extra_body=extra
+        )
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
 def test_count_tokens(client: anthropic.Anthropic, greedy: Message) -> None:
     counted = client.messages.count_tokens(
         model=MODEL, messages=[{"role": "user", "content": PROMPT}]

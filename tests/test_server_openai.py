@@ -324,6 +324,106 @@ def test_enable_thinking_rejects_other_strings(client: openai.OpenAI) -> None:
     assert "enable_thinking" in str(info.value)
 
 
+# ---- continuing an assistant message (prefill) ---------------------------------
+
+QUESTION = "Write a JSON object with a name and an age."
+PREFILL = '{"name": "'
+# The default model's template (Gemma 3) around the question: the generation prompt, then
+# the continued text; a message not continued is closed and a new turn opened after it.
+OPENED = f"<bos><start_of_turn>user\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
+CONTINUED_PROMPT = OPENED + PREFILL
+NEW_TURN_PROMPT = f"{OPENED}{PREFILL}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def _prefilled(**final: Any) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": PREFILL, **final},
+    ]
+
+
+def raw_tokens(server: Any, text: str) -> int:
+    """Tokens of `text` as it stands (special-token text parsed), through /v1/tokenize."""
+    response = httpx.post(
+        server.base_url + "/v1/tokenize", json={"model": MODEL, "input": text}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    count = response.json()["tokens"]
+    assert isinstance(count, int)
+    return count
+
+
+def test_a_final_assistant_message_is_continued(client: openai.OpenAI, server: Any) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL, messages=_prefilled(), temperature=0, max_tokens=MAX_TOKENS
+    )  # type: ignore[call-overload]
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == raw_tokens(server, CONTINUED_PROMPT)
+    content = answer.choices[0].message.content
+    assert content and not content.startswith(PREFILL)  # only the continuation comes back
+    explicit = client.chat.completions.create(
+        model=MODEL, messages=_prefilled(), temperature=0, max_tokens=MAX_TOKENS,
+        extra_body={"continue_final_message": True},
+    )  # type: ignore[call-overload]  # fmt: skip
+    assert explicit.usage is not None
+    assert explicit.usage.prompt_tokens == answer.usage.prompt_tokens
+    assert explicit.choices[0].message.content == content
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=_prefilled(), temperature=0, max_tokens=MAX_TOKENS, stream=True
+    )  # type: ignore[call-overload]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed) == content
+
+
+def test_continue_final_message_false_answers_in_a_new_turn(
+    client: openai.OpenAI, server: Any
+) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL, messages=_prefilled(), temperature=0, max_tokens=1,
+        extra_body={"continue_final_message": False},
+    )  # type: ignore[call-overload]  # fmt: skip
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == raw_tokens(server, NEW_TURN_PROMPT)
+
+
+def test_a_final_assistant_message_with_a_call_is_not_continued(client: openai.OpenAI) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    answered = client.chat.completions.create(
+        model=MODEL, messages=_prefilled(tool_calls=[call]), temperature=0, max_tokens=1
+    )  # type: ignore[call-overload]
+    assert answered.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="tool calls cannot be continued"):
+        client.chat.completions.create(
+            model=MODEL, messages=_prefilled(tool_calls=[call]), max_tokens=1,
+            extra_body={"continue_final_message": True},
+        )  # type: ignore[call-overload]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("messages", "extra", "error"),
+    [
+        (_messages(), {"continue_final_message": True}, "must be an assistant message, not user"),
+        (_prefilled(reasoning_content="Think."), {}, "not its reasoning"),
+        (_prefilled(), {"enable_thinking": True}, "cannot be combined with thinking"),
+        (
+            [{"role": "assistant", "content": PREFILL}],
+            {},
+            "needs a message before it",
+        ),
+    ],
+    ids=["last_is_user", "reasoning", "thinking", "nothing_before"],
+)
+def test_what_cannot_be_continued_is_400(
+    client: openai.OpenAI, messages: list[dict[str, Any]], extra: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=error) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, extra_body=extra
+        )  # type: ignore[call-overload]
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["param"] in ("messages", "enable_thinking"), body
+
+
 # ---- models, tokenize, probes -------------------------------------------------
 
 

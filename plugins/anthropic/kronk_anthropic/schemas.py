@@ -208,15 +208,6 @@ class _Conversation(BaseModel):
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
 
-    @model_validator(mode="after")
-    def _ends_with_user(self) -> _Conversation:
-        if self.messages[-1].role == "assistant":
-            raise ValueError(
-                "the last message must be a user message: continuing an assistant "
-                "message (prefill) is not supported"
-            )
-        return self
-
     def core_messages(self) -> tuple[ChatMessage, ...]:
         out: list[ChatMessage] = []
         system = self.system
@@ -244,6 +235,8 @@ class _Conversation(BaseModel):
             tool_choice=choice.to_core() if choice is not None else ToolChoice(),
             parallel_tool_calls=choice is None or not choice.disable_parallel_tool_use,
             enable_thinking=self.thinking is not None and self.thinking.type != "disabled",
+            # A final assistant message is a prefill: the answer continues its text.
+            continue_final_message=self.messages[-1].role == "assistant",
         )
 
 

@@ -138,7 +138,6 @@ def test_tool_choice(choice: dict[str, str], expected: ToolChoice) -> None:
         ({"temperature": 1.5}, "temperature"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tool"),
         ({"tool_choice": {"type": "tool"}}, "needs a name"),
-        ({"messages": [{"role": "assistant", "content": "Hi"}]}, "prefill"),
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content"),
         (
             {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},

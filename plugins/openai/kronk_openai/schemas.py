@@ -184,6 +184,8 @@ class ChatCompletionRequest(SamplingConfig):
     tools: list[ToolIn] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # None: continue a final assistant message without tool calls (llama-server's prefill).
+    continue_final_message: bool | None = None
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -251,7 +253,14 @@ class ChatCompletionRequest(SamplingConfig):
             tools=tuple(tool.to_core() for tool in self.tools or ()),
             tool_choice=tool_choice(self.tool_choice),
             parallel_tool_calls=self.parallel_tool_calls,
+            continue_final_message=self._continues(),
         )
+
+    def _continues(self) -> bool:
+        if self.continue_final_message is not None:
+            return self.continue_final_message
+        final = self.messages[-1]
+        return final.role == "assistant" and not final.tool_calls
 
 
 class TokenizeRequest(BaseModel):
