@@ -2,7 +2,11 @@
 
 Everything is measured side by side in one run on the default model:
   1. single-stream decode tok/s: bare llama.cpp loop vs the Kronk engine (target overhead ≤ 5%);
-  2. aggregate decode tok/s at 1/2/4/8 concurrent streams (target at 8: ≥ 2x one stream).
+  2. aggregate decode tok/s at 1/2/4/8 concurrent streams (target at 8: ≥ 2x one stream);
+  3. sampled decode (temperature 0.8, the default chain) at 1 and 8 streams: top-k's chain
+     run on a shortlist against the same chain on the whole vocabulary. Both draw the same
+     tokens from the same logits (same seeds), so only the sampler's cost differs; the
+     tokens produced are printed for both.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
 from kronk_core.models import default_model_path
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import context_params, model_params
+from kronk_llamacpp.sampler import ShortlistTopKSampler
 
 PROMPT = (
     "<bos><start_of_turn>user\nCount from 1 upwards, one number a line.<end_of_turn>\n"
@@ -76,22 +81,45 @@ def _greedy(ctx: llama_cpp.llama_context_p, model: llama_cpp.llama_model_p, toke
     return tokens / elapsed
 
 
-async def engine_streams(kronk: Kronk, streams: int, tokens: int) -> float:
-    """Aggregate tok/s of `streams` concurrent greedy generations (short prompts, streamed)."""
+GREEDY = {"temperature": 0, "dry_multiplier": 0}
+
+
+async def engine_streams(
+    kronk: Kronk, streams: int, tokens: int, sampling: dict[str, float] = GREEDY
+) -> tuple[float, int]:
+    """Aggregate tok/s of `streams` concurrent generations (short prompts, streamed), and
+    the tokens they produced."""
 
     async def one(i: int) -> int:
         messages = [{"role": "user", "content": f"Count from {i + 1} upwards, one number a line."}]
         produced = 0
-        async for delta in kronk.chat_stream(
-            messages, max_tokens=tokens, temperature=0, dry_multiplier=0
-        ):
+        async for delta in kronk.chat_stream(messages, max_tokens=tokens, seed=i, **sampling):
             if delta.usage is not None:
                 produced = delta.usage.completion_tokens
         return produced
 
     began = time.perf_counter()
-    counts = await asyncio.gather(*(one(i) for i in range(streams)))
-    return sum(counts) / (time.perf_counter() - began)
+    total = sum(await asyncio.gather(*(one(i) for i in range(streams))))
+    return total / (time.perf_counter() - began), total
+
+
+def sampled_decode(kronk: Kronk, tokens: int) -> None:
+    print(
+        f"\n{'sampled decode (T 0.8)':<24}{'whole vocab':>12}{'shortlist':>12}{'ratio':>8}"
+        f"{'tokens':>14}"
+    )
+    shortlist = ShortlistTopKSampler.MARGINS
+    for streams in (1, 8):
+        rates = {}
+        for name, margins in (("whole", ()), ("shortlist", shortlist)):
+            ShortlistTopKSampler.MARGINS = margins  # no margin: the whole vocabulary, always
+            rates[name] = asyncio.run(engine_streams(kronk, streams, tokens, {"temperature": 0.8}))
+        ShortlistTopKSampler.MARGINS = shortlist
+        (whole, produced), (fast, same) = rates["whole"], rates["shortlist"]
+        print(
+            f"{f'{streams} stream(s)':<24}{whole:>12.1f}{fast:>12.1f}{fast / whole:>7.2f}x"
+            f"{f'{produced} / {same}':>14}"
+        )
 
 
 def main() -> None:
@@ -118,7 +146,7 @@ def main() -> None:
     kronk = Kronk(KronkConfig(models={DEFAULT_MODEL_ID: config}))
     kronk.load()
     asyncio.run(engine_streams(kronk, 1, 16))  # warm-up
-    single = asyncio.run(engine_streams(kronk, 1, args.tokens))
+    single, _ = asyncio.run(engine_streams(kronk, 1, args.tokens))
     print(f"\n{'single stream decode':<34}{'tok/s':>10}")
     print(f"{'bare llama_decode loop':<34}{bare_rate:>10.1f}")
     print(f"{'kronk engine':<34}{single:>10.1f}")
@@ -126,10 +154,11 @@ def main() -> None:
     print(f"\n{'concurrent streams':<20}{'aggregate tok/s':>16}{'x single':>10}")
     base = 0.0
     for streams in (1, 2, 4, 8):
-        rate = asyncio.run(engine_streams(kronk, streams, args.tokens))
+        rate, _ = asyncio.run(engine_streams(kronk, streams, args.tokens))
         base = base or rate
         print(f"{streams:<20}{rate:>16.1f}{rate / base:>10.2f}")
     print("target at 8 streams: >= 2.00x")
+    sampled_decode(kronk, args.tokens)
     kronk.close()
 
 

@@ -148,6 +148,68 @@ class ShortlistGreedySampler(NativeSampler):
         return super().sample(batch_index)
 
 
+class ShortlistTopKSampler(NativeSampler):
+    """A random draw behind top-k, with only stages that lower logits before top-k (a
+    grammar, DRY, penalties that do not reward repeats): the chain runs on the tokens
+    near the maximum only.
+
+    The full chain fills a candidate array with every logit, lets DRY look each one up,
+    and sorts the whole vocabulary for top-k: about 1.5 ms per slot and step on Gemma's
+    262k vocabulary on two CPU cores, a sixth of an 8-stream decode step at the default
+    temperature. Here only tokens within `margin` nats of the maximum are candidates. A
+    token left out starts below `floor` and can only go down, so when at least k
+    candidates still score `floor` or more after the stages before top-k, top-k keeps
+    the same k tokens with the same logits as on the whole vocabulary, and every later
+    stage (top-p, min-p, XTC, temperature, the draw) sees what it would have seen; the
+    draw then takes the same random number. Otherwise a wider margin is tried, then the
+    whole vocabulary.
+    """
+
+    MARGINS = (10.0, 20.0)
+
+    def __init__(
+        self,
+        ctx: llama_cpp.llama_context_p,
+        chain: llama_cpp.llama_sampler_p,
+        n_vocab: int,
+        top_k: int,
+        before_top_k: int,
+    ) -> None:
+        super().__init__(ctx, chain, n_vocab, draws=True)
+        self._top_k = top_k
+        self._before_top_k = before_top_k
+
+    def sample(self, batch_index: int) -> int:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        top = logits.max()
+        stages = [
+            llama_cpp.llama_sampler_chain_get(self._chain, index)
+            for index in range(llama_cpp.llama_sampler_chain_n(self._chain))
+        ]
+        for margin in self.MARGINS:
+            floor = top - margin
+            shortlist = np.flatnonzero(logits >= floor).astype(np.int32)
+            if len(shortlist) < self._top_k:
+                continue
+            data, candidates = _candidates(shortlist, logits[shortlist])
+            # The stages before top-k keep no state between calls and draw nothing.
+            for stage in stages[: self._before_top_k]:
+                llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
+            if np.count_nonzero(data["logit"][: candidates.size] >= floor) < self._top_k:
+                continue
+            for stage in stages[self._before_top_k :]:
+                llama_cpp.llama_sampler_apply(stage, ctypes.byref(candidates))
+            # Through the array's own pointer: XTC moves it past the tokens it cuts.
+            token = int(candidates.data[candidates.selected].id)
+            self.accept(token)
+            return token
+        return self._sample_whole_vocabulary(batch_index)
+
+    def _sample_whole_vocabulary(self, batch_index: int) -> int:
+        return super().sample(batch_index)
+
+
 def _candidates(
     ids: np.ndarray, logits: np.ndarray
 ) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
@@ -168,6 +230,16 @@ def _only_lowers(stage: SamplerStage) -> bool:
         case Penalties(repeat=repeat, frequency=frequency, presence=presence):
             return repeat >= 1.0 and frequency >= 0.0 and presence >= 0.0
     return False
+
+
+def _top_k_behind_lowering_stages(stages: Sequence[SamplerStage]) -> tuple[int, int] | None:
+    """Where a top-k stage with only logit-lowering stages before it is, and its k."""
+    for index, stage in enumerate(stages):
+        if isinstance(stage, TopK) and stage.k > 0:
+            return index, stage.k
+        if not _only_lowers(stage):
+            return None
+    return None
 
 
 def compile_json_schema(schema: str) -> str:
@@ -302,8 +374,12 @@ def build_sampler(
         return GreedySampler(ctx, n_vocab)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     sampler: NativeSampler
+    top_k = _top_k_behind_lowering_stages(stages)
     if isinstance(stages[-1], Greedy) and all(_only_lowers(stage) for stage in stages[:-1]):
         sampler = ShortlistGreedySampler(ctx, chain, n_vocab)
+    elif isinstance(stages[-1], Distribution) and top_k is not None:
+        index, k = top_k
+        sampler = ShortlistTopKSampler(ctx, chain, n_vocab, k, index)
     else:
         sampler = NativeSampler(ctx, chain, n_vocab, draws=isinstance(stages[-1], Distribution))
     try:
