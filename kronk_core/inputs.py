@@ -10,7 +10,14 @@ from pydantic import ValidationError
 from kronk_core.config import SamplingConfig
 from kronk_core.embeddings import EmbeddingInput
 from kronk_core.errors import InvalidRequestError
-from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
+from kronk_core.types import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 
 
 def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
@@ -71,16 +78,7 @@ def chat_request(
     `tool_choice` is "auto", "none", "required" or the name of one of `tools`;
     `continue_final_message` continues the last (assistant) message's text.
     """
-    try:
-        overrides = SamplingConfig.model_validate(sampling)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(part) for part in first["loc"])
-        raise InvalidRequestError(f"{key}: {first['msg']}", param=key) from None
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
-    if not 0 <= top_logprobs <= 5:
-        raise InvalidRequestError("top_logprobs must be between 0 and 5", param="top_logprobs")
+    overrides = _sampling_overrides(sampling, max_tokens, top_logprobs)
     return ChatRequest(
         messages=tuple(as_message(item) for item in messages),
         model=model,
@@ -99,6 +97,50 @@ def chat_request(
         parallel_tool_calls=parallel_tool_calls,
         continue_final_message=continue_final_message,
     )
+
+
+def completion_request(
+    prompt: str | Sequence[int],
+    *,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    **sampling: Any,
+) -> CompletionRequest:
+    """A CompletionRequest from keyword arguments: `prompt` is text or token ids."""
+    overrides = _sampling_overrides(sampling, max_tokens, top_logprobs)
+    if not isinstance(prompt, str):
+        if not all(isinstance(token, int) and not isinstance(token, bool) for token in prompt):
+            raise InvalidRequestError("prompt must be a string or token ids", param="prompt")
+        prompt = tuple(prompt)
+    return CompletionRequest(
+        prompt=prompt,
+        model=model,
+        sampling=overrides,
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _sampling_overrides(
+    sampling: Mapping[str, Any], max_tokens: int | None, top_logprobs: int
+) -> SamplingConfig:
+    """The sampling keys a caller set, checked, and the limits every request shares."""
+    try:
+        overrides = SamplingConfig.model_validate(sampling)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise InvalidRequestError(f"{key}: {first['msg']}", param=key) from None
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+    if not 0 <= top_logprobs <= 5:
+        raise InvalidRequestError("top_logprobs must be between 0 and 5", param="top_logprobs")
+    return overrides
 
 
 def forces_call(request: ChatRequest) -> bool:
@@ -136,6 +178,14 @@ def check_chat(request: ChatRequest) -> None:
             "a forced tool call cannot be combined with a grammar or a JSON schema output",
             param="tool_choice",
         )
+
+
+def check_completion(request: CompletionRequest) -> None:
+    """What a raw completion must satisfy whatever the model."""
+    if not request.prompt:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    if "" in request.stop:
+        raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
 
 
 def _check_continued(final: ChatMessage) -> None:

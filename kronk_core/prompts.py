@@ -11,11 +11,12 @@ from kronk_core.inputs import forces_call
 from kronk_core.loading import LoadedModel
 from kronk_core.sampling import resolve_sampling
 from kronk_core.slots import PromptScope
-from kronk_core.templates import OutputParser, RenderOptions
+from kronk_core.templates import OutputParser, PlainText, RenderOptions
 from kronk_core.types import (
     DEFAULT_MAX_TOKENS,
     ChatMessage,
     ChatRequest,
+    CompletionRequest,
     GenerationRequest,
 )
 
@@ -72,7 +73,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
     generation = GenerationRequest(
         prompt_tokens=tuple(prompt),
         sampling=sampling,
-        max_tokens=_max_tokens(loaded, request, len(prompt)),
+        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "messages"),
         stop=request.stop,
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
@@ -80,6 +81,32 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         special_tokens_as_text=loaded.template.special_tokens_as_text,
     )
     return PreparedChat(generation, loaded.template.parser(options, prompt_text), dropped)
+
+
+def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> PreparedChat:
+    """A raw prompt's tokens (text gets the model's BOS, special-token text is parsed; ids
+    are taken as they are), its limits and sampling; its output is plain text."""
+    if isinstance(request.prompt, str):
+        prompt = loaded.model.tokenize(request.prompt, add_special=True, parse_special=True)
+    else:
+        prompt = list(request.prompt)
+        n_vocab = loaded.model.info.n_vocab
+        outside = next((token for token in prompt if not 0 <= token < n_vocab), None)
+        if outside is not None:
+            raise InvalidRequestError(
+                f"prompt: token id {outside} is not in the vocabulary of {loaded.id} "
+                f"(0 to {n_vocab - 1})",
+                param="prompt",
+            )
+    generation = GenerationRequest(
+        prompt_tokens=tuple(prompt),
+        sampling=resolve_sampling(request.sampling, loaded.config.sampling),
+        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "prompt"),
+        stop=request.stop,
+        logprobs=request.logprobs or request.top_logprobs > 0,
+        top_logprobs=request.top_logprobs,
+    )
+    return PreparedChat(generation, PlainText(), 0)
 
 
 def count_prompt(
@@ -171,17 +198,16 @@ def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return size
 
 
-def _max_tokens(loaded: LoadedModel, request: ChatRequest, prompt_len: int) -> int:
+def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str) -> int:
     """The request's max_tokens must fit; a default (model config or 4096) is capped."""
     limit = loaded.model.info.n_ctx_per_seq
-    explicit = request.max_tokens
     room = limit - prompt_len
     if room < 1 or (explicit is not None and explicit > room):
         wanted = explicit or 1
         raise ContextOverflowError(
             f"this request needs {prompt_len + wanted} tokens ({prompt_len} in the prompt "
             f"+ {wanted} to generate) but the context window of {loaded.id} is {limit} tokens",
-            param="messages",
+            param=param,
         )
     if explicit is not None:
         return explicit

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -36,12 +36,18 @@ from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import known_model_ids
 from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.pool import Lease, ModelPool
-from kronk_core.prompts import count_prompt, prepare_chat, render_options
+from kronk_core.prompts import (
+    PreparedChat,
+    count_prompt,
+    prepare_chat,
+    prepare_completion,
+    render_options,
+)
 from kronk_core.registry import Registry
 from kronk_core.registry import collect as collect_registry
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
-from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult
+from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -205,27 +211,57 @@ class Kronk:
         who asks (a server with authentication passes the token's subject):
         what the cache learns from one subject never reaches another's prompt.
         """
+        inputs.check_chat(request)
+        return await self._start(
+            request.model,
+            lambda loaded: prepare_chat(loaded, request, PromptScope(subject=subject)),
+            wait,
+            tools=len(request.tools),
+            parallel_tool_calls=request.parallel_tool_calls,
+        )
+
+    async def start_completion(
+        self, request: CompletionRequest, *, wait: float | None = None
+    ) -> ChatStream:
+        """Queue a raw-text completion (no chat template); its deltas hold content only.
+
+        Fails before the first token as `start_chat` does; no cache strategy adds to
+        the prompt, so there is no subject to keep apart.
+        """
+        inputs.check_completion(request)
+        return await self._start(
+            request.model, lambda loaded: prepare_completion(loaded, request), wait
+        )
+
+    async def _start(
+        self,
+        model: str | None,
+        prepare: Callable[[LoadedModel], PreparedChat],
+        wait: float | None,
+        *,
+        tools: int = 0,
+        parallel_tool_calls: bool = True,
+    ) -> ChatStream:
         started = time.monotonic()
         request_id = current_request_id.get() or new_request_id()
-        inputs.check_chat(request)
         # The lease keeps the model loaded until the request is queued; from then
         # on the engine's work keeps the pool from unloading it.
-        with text_model(await self.lease(request.model)) as loaded:
+        with text_model(await self.lease(model)) as loaded:
             leased = time.monotonic()
-            prepared = prepare_chat(loaded, request, PromptScope(subject=subject))
+            prepared = prepare(loaded)
             stream = await loaded.engine.submit(
                 prepared.generation,
                 wait=self.config.queue_wait_seconds if wait is None else wait,
                 request_id=request_id,
             )
-        times = ChatTimes(request_id, started, leased, stream.enqueued_at, len(request.tools))
+        times = ChatTimes(request_id, started, leased, stream.enqueued_at, tools)
         return ChatStream(
             loaded.id,
             stream,
             prepared.parser,
             len(prepared.generation.prompt_tokens),
             prepared.dropped_tokens,
-            request.parallel_tool_calls,
+            parallel_tool_calls,
             times,
             self._chat_finished,
         )
@@ -246,6 +282,21 @@ class Kronk:
 
     # Build a ChatRequest from keyword arguments; sampling keys as in the manual.
     chat_request = staticmethod(inputs.chat_request)
+
+    async def complete_stream(
+        self, prompt: str | Sequence[int], **params: Any
+    ) -> AsyncIterator[ChatDelta]:
+        """Stream a raw-text completion of `prompt` (text or token ids) as deltas."""
+        stream = await self.start_completion(self.completion_request(prompt, **params))
+        async for delta in stream:
+            yield delta
+
+    async def complete(self, prompt: str | Sequence[int], **params: Any) -> ChatResult:
+        """Run a raw-text completion of `prompt` (text or token ids) to the end."""
+        return await collect(await self.start_completion(self.completion_request(prompt, **params)))
+
+    # Build a CompletionRequest from keyword arguments; sampling keys as in the manual.
+    completion_request = staticmethod(inputs.completion_request)
 
     async def count_prompt_tokens(
         self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None

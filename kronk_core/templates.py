@@ -39,6 +39,16 @@ class OutputParser(Protocol):
         """
 
 
+class PlainText:
+    """The parser of a raw completion: every piece of text is content, as generated."""
+
+    def feed(self, text: str) -> list[ChatDelta]:
+        return [ChatDelta(content=text)]
+
+    def finish(self, *, truncated: bool) -> list[ChatDelta]:
+        return []
+
+
 class TemplateProcessor(Protocol):
     name: str
     # The parser needs control tokens (Harmony channels, [TOOL_CALLS]) rendered as text.

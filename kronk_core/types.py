@@ -258,3 +258,20 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     # The last message is an assistant message whose text the answer continues (prefill).
     continue_final_message: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A raw-text completion: the prompt as it stands, no chat template.
+
+    `prompt` is text (the model's BOS is added, special-token text is parsed) or
+    token ids (used as they are). `sampling` holds only what the caller set.
+    """
+
+    prompt: str | tuple[int, ...]
+    model: str | None = None
+    sampling: SamplingConfig | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0

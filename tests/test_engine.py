@@ -17,7 +17,7 @@ from waiting import wait_idle, wait_until
 
 from kronk_core import FinishReason, Kronk
 from kronk_core.engine import Engine, StepRecord
-from kronk_core.errors import ContextOverflowError
+from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, TokenLogprob, Usage
 
@@ -528,3 +528,39 @@ async def test_slot_tokens_track_prompt_and_generated_tokens(kronk: Kronk) -> No
     # "none" cache strategy: the finished request leaves nothing behind.
     await wait_idle(engine)
     assert all(slot.tokens == [] for slot in engine.slots)
+
+
+async def test_sdk_completes_a_raw_prompt(kronk: Kronk) -> None:
+    prompt = "<start_of_turn>user\nSay hello.<end_of_turn>\n<start_of_turn>model\n"
+    result = await kronk.complete(prompt, max_tokens=6, temperature=0, logprobs=True)
+    assert result.content and result.reasoning == ""
+    assert len(result.logprobs) == result.usage.completion_tokens
+    question = [{"role": "user", "content": "Say hello."}]
+    chat = await kronk.chat(question, max_tokens=6, temperature=0)
+    # The template renders this prompt (BOS included): the same prompt, the same answer.
+    assert result.usage.prompt_tokens == chat.usage.prompt_tokens
+    assert result.content.strip() == chat.content.strip()
+    pieces = [d.content async for d in kronk.complete_stream(prompt, max_tokens=6, temperature=0)]
+    assert "".join(pieces) == result.content
+    ids = await kronk.tokenize(prompt)
+    by_ids = await kronk.complete(ids, max_tokens=1)
+    assert by_ids.usage.prompt_tokens == len(ids)  # ids as they are: no BOS added
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error"),
+    [
+        ("", {}, "prompt must not be empty"),
+        (["text"], {}, "a string or token ids"),
+        ([1, 99_999_999], {}, "not in the vocabulary"),
+        ("Hello", {"stop": ""}, "must not be empty"),
+        ("Hello", {"max_tokens": 1_000_000}, "context window"),
+    ],
+    ids=["empty", "not_ids", "outside_vocabulary", "empty_stop", "too_long"],
+)
+async def test_sdk_refuses_a_bad_completion(
+    kronk: Kronk, prompt: Any, params: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=error) as caught:
+        await kronk.complete(prompt, **params)
+    assert caught.value.param in ("prompt", "stop")

@@ -301,6 +301,19 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         },
         fixed={"max_tokens": FEW_TOKENS},
     ),
+    "/v1/completions": near_valid(
+        {"model": st.just(MODEL), "prompt": TEXT | st.lists(st.integers(-5, 300_000), max_size=8)},
+        {
+            "stream": st.booleans(),
+            "stop": st.lists(st.text(min_size=1, max_size=5), max_size=4) | st.text(max_size=3),
+            "temperature": st.floats(0, 2),
+            "logprobs": st.integers(0, 5),
+            "echo": st.booleans(),
+            "seed": st.integers(),
+            "suffix": TEXT,
+        },
+        fixed={"max_tokens": FEW_TOKENS},
+    ),
     "/v1/tokenize": near_valid(
         {"model": st.just(MODEL), "input": TEXT},
         {"apply_template": st.booleans(), "add_generation_prompt": st.booleans()},
@@ -507,7 +520,7 @@ def fuzz_server(
     with hub, serve(app) as base_url:
         keys = base / "keys"
         admin = (keys / "master.jwt").read_text()
-        grants = "chat-completions,responses,messages,embeddings,rerank,tokenize"
+        grants = "chat-completions,completions,responses,messages,embeddings,rerank,tokenize"
         minted = httpx.post(
             f"{base_url}/v1/kronk/security/tokens",
             json={"duration": "1h", "endpoints": grants},

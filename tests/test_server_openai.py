@@ -424,6 +424,88 @@ def test_what_cannot_be_continued_is_400(
     assert body["param"] in ("messages", "enable_thinking"), body
 
 
+# ---- legacy completions (a raw prompt) --------------------------------------------
+
+# PROMPT as the default model's template renders it, minus the BOS the endpoint adds.
+RAW_PROMPT = f"<start_of_turn>user\n{PROMPT}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def _complete(client: openai.OpenAI, **params: Any) -> Any:
+    params = {"model": MODEL, "prompt": RAW_PROMPT, "max_tokens": MAX_TOKENS, **params}
+    return client.completions.create(temperature=0, **params)
+
+
+def test_completion_of_a_raw_prompt(
+    client: openai.OpenAI, server: Any, greedy: ChatCompletion
+) -> None:
+    completion = _complete(client)
+    assert completion.object == "text_completion"
+    assert completion.id.startswith("cmpl-")
+    choice = completion.choices[0]
+    assert choice.finish_reason == "length"
+    assert completion.usage is not None
+    # The model's BOS comes first, then the text as it stands (special-token text parsed).
+    assert completion.usage.prompt_tokens == raw_tokens(server, RAW_PROMPT) + 1
+    assert completion.usage.completion_tokens == MAX_TOKENS
+    # The chat template renders exactly this prompt: the same greedy answer.
+    assert choice.text.strip() == (greedy.choices[0].message.content or "").strip()
+    streamed = _complete(client, stream=True, stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == MAX_TOKENS
+
+
+def test_completion_logprobs_echo_and_token_ids(client: openai.OpenAI) -> None:
+    completion = _complete(client, logprobs=2)
+    choice = completion.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.text_offset is not None
+    assert "".join(logprobs.tokens) == choice.text
+    assert len(logprobs.tokens) == MAX_TOKENS
+    assert all(value <= 0 for value in logprobs.token_logprobs or [])
+    assert all(len(top) == 2 for top in logprobs.top_logprobs or [])
+    assert logprobs.text_offset[0] == 0
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    echoed = _complete(client, echo=True)
+    assert echoed.choices[0].text == RAW_PROMPT + choice.text
+    by_ids = client.completions.create(model=MODEL, prompt=[2, 9259], max_tokens=2)
+    assert by_ids.usage is not None and by_ids.usage.prompt_tokens == 2  # ids as they are
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"suffix": "tail"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"n": 2}, "n: only n=1"),
+        ({"prompt": ["one", "two"]}, "one prompt per request"),
+        ({"echo": True, "logprobs": 1}, "echo with logprobs"),
+        ({"prompt": [2, 10_000_000]}, "not in the vocabulary"),
+        ({"prompt": ""}, "must not be empty"),
+        ({"stop": [""]}, "must not be empty"),
+        ({"max_tokens": 100_000}, "context window"),
+    ],
+    ids=[
+        "suffix",
+        "best_of",
+        "n",
+        "two_prompts",
+        "echo_logprobs",
+        "token_out_of_range",
+        "empty",
+        "empty_stop",
+        "too_long",
+    ],
+)
+def test_completion_bad_input_is_400(
+    client: openai.OpenAI, params: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=error):
+        _complete(client, **params)
+
+
 # ---- models, tokenize, probes -------------------------------------------------
 
 

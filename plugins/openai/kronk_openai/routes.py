@@ -1,4 +1,5 @@
-"""OpenAI routes: chat completions, models, tokenize (and the Responses API's, mounted here)."""
+"""OpenAI routes: chat completions, models, tokenize (and the Responses API's and the legacy
+completions', mounted here)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kronk_api.http import kronk_of, parse_body
 from kronk_core.errors import KronkError, ModelNotFoundError
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
+from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
 from kronk_openai.objects import (
     FINISH_REASONS,
@@ -36,11 +38,10 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     stream = await kronk.start_chat(body.to_core(), subject=subject_of(request))
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await OPENAI.open_stream(
             request,
             aiter(stream),
-            lambda deltas: _sse(stream, deltas, completion_id, include_usage),
+            lambda deltas: _sse(stream, deltas, completion_id, body.include_usage),
         )
     result = await OPENAI.respond(request, collect(stream))
     if isinstance(result, Response):
@@ -150,7 +151,14 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
 def router() -> Router:
     return Router(
         path="/",
-        route_handlers=[chat_completions, list_models, get_model, tokenize, *RESPONSES_ROUTES],
+        route_handlers=[
+            chat_completions,
+            completions,
+            list_models,
+            get_model,
+            tokenize,
+            *RESPONSES_ROUTES,
+        ],
         # Router-level, so guards' errors on these routes come out in this shape too.
         exception_handlers=OPENAI.exception_handlers(),
     )

@@ -9,7 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
-from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
+from kronk_core.types import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 
 JsonScalar = str | int | float | bool | None
 
@@ -155,37 +162,20 @@ def _thinking_flag(value: Any) -> Any:
     return value
 
 
-class ChatCompletionRequest(SamplingConfig):
-    """POST /v1/chat/completions. Unknown fields are ignored, as OpenAI clients send extras.
-
-    The sampling fields (temperature, top_k, DRY, XTC, ...) come from SamplingConfig
-    under the names the manual and OpenAI use.
-    """
+class _Generation(SamplingConfig):
+    """What chat and raw completions share. Unknown fields are ignored, as OpenAI clients
+    send extras; the sampling fields (temperature, top_k, DRY, XTC, ...) come from
+    SamplingConfig under the names the manual and OpenAI use."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     model: str
-    messages: Annotated[list[Message], Field(min_length=1)]
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: ResponseFormat | None = None
-    grammar: str | None = None
-    json_schema: dict[str, Any] | None = None
-    enable_thinking: bool | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    chat_template_kwargs: dict[str, JsonScalar] | None = None
-    tools: list[ToolIn] | None = None
-    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
-    # None: continue a final assistant message without tool calls (llama-server's prefill).
-    continue_final_message: bool | None = None
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -199,6 +189,41 @@ class ChatCompletionRequest(SamplingConfig):
             raise ValueError("a stop sequence must not be empty")
         return value
 
+    @model_validator(mode="after")
+    def _check_generation(self) -> _Generation:
+        if self.n != 1:
+            raise ValueError("n: only n=1 is supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self) -> SamplingConfig:
+        return sampling_of(self)
+
+
+class ChatCompletionRequest(_Generation):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, JsonScalar] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # None: continue a final assistant message without tool calls (llama-server's prefill).
+    continue_final_message: bool | None = None
+
     @field_validator("enable_thinking", mode="before")
     @classmethod
     def _normalise_thinking(cls, value: Any) -> Any:
@@ -206,10 +231,6 @@ class ChatCompletionRequest(SamplingConfig):
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.n != 1:
-            raise ValueError("n: only n=1 is supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         both = self.max_tokens is not None and self.max_completion_tokens is not None
         if both and self.max_tokens != self.max_completion_tokens:
             raise ValueError("max_tokens and max_completion_tokens disagree")
@@ -221,9 +242,6 @@ class ChatCompletionRequest(SamplingConfig):
         if sum(constraints) > 1:
             raise ValueError("use only one of grammar, json_schema and response_format")
         return self
-
-    def sampling(self) -> SamplingConfig:
-        return sampling_of(self)
 
     def schema_text(self) -> str | None:
         if self.json_schema is not None:
@@ -261,6 +279,57 @@ class ChatCompletionRequest(SamplingConfig):
             return self.continue_final_message
         final = self.messages[-1]
         return final.role == "assistant" and not final.tool_calls
+
+
+class TextCompletionRequest(_Generation):
+    """POST /v1/completions: OpenAI's legacy completions, a raw prompt with no template."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    # OpenAI's default for this endpoint; 0 (echo only) needs prompt log-probabilities.
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TextCompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix: inserting text (fill in the middle) is not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: only best_of=1 is supported")
+        prompt = self.prompt_input()  # one prompt, or a ValueError that names the field
+        if self.echo and not isinstance(prompt, str):
+            raise ValueError("echo: only a text prompt can be echoed, not token ids")
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "echo with logprobs would need the prompt's log-probabilities, which are not "
+                "computed; ask for one or the other"
+            )
+        return self
+
+    def prompt_input(self) -> str | tuple[int, ...]:
+        """The one prompt: text or token ids (a list of one text or one id list counts)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if len(prompt) != 1 and not all(isinstance(item, int) for item in prompt):
+            raise ValueError(f"prompt: one prompt per request is supported, got {len(prompt)}")
+        if not prompt or all(isinstance(item, int) for item in prompt):
+            return tuple(item for item in prompt if isinstance(item, int))
+        single = prompt[0]
+        return single if isinstance(single, str) else tuple(single)  # type: ignore[arg-type]
+
+    def to_core(self) -> CompletionRequest:
+        return CompletionRequest(
+            prompt=self.prompt_input(),
+            model=self.model,
+            sampling=self.sampling(),
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop or ()),
+            logprobs=self.logprobs is not None,
+            top_logprobs=self.logprobs or 0,
+        )
 
 
 class TokenizeRequest(BaseModel):
