@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -391,6 +392,19 @@ def model_ps(api_host: str | None, token: str | None) -> None:
         )
     _table(rows)
     click.echo(f"{len(pool['data'])} of {pool['models_in_cache']} places in use")
+
+
+@model.command("unload")
+@click.argument("model_id")
+@api_host_option
+@click.option(
+    "--token", envvar="KRONK_TOKEN", help="Admin token, for a server with authentication on"
+)
+def model_unload(model_id: str, api_host: str | None, token: str | None) -> None:
+    """Unload a model from a running server now (requests still running on it fail)."""
+    path = f"/v1/kronk/models/{urllib.parse.quote(model_id, safe='')}/unload"
+    answer = call_server(api_host or "127.0.0.1:8080", "POST", path, token=token)
+    click.echo(f"{model_id}: {'unloaded' if answer['unloaded'] else 'was not loaded'}")
 
 
 def _table(rows: Sequence[Sequence[str]]) -> None:

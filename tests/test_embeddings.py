@@ -231,3 +231,14 @@ def test_kronk_model_ps_and_unload(server: Any) -> None:
     assert again.json()["unloaded"] is False
     missing = httpx.post(f"{server.base_url}/v1/kronk/models/nope/unload")
     assert missing.status_code == 404
+
+    # The same through the CLI.
+    _post(server, "/v1/embeddings", {"model": "minilm-plain", "input": "load me"})
+    unload = ["model", "unload", "--api-host", host]
+    done = CliRunner().invoke(main, [*unload, "minilm-plain"])
+    assert done.exit_code == 0 and done.output == "minilm-plain: unloaded\n", done.output
+    assert server.kronk.pool.get("minilm-plain") is None
+    done = CliRunner().invoke(main, [*unload, "minilm-plain"])
+    assert done.output == "minilm-plain: was not loaded\n", done.output
+    refused = CliRunner().invoke(main, [*unload, "nope"])
+    assert refused.exit_code == 1 and "404" in refused.output and "nope" in refused.output
