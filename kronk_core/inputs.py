@@ -71,6 +71,7 @@ def chat_request(
     tool_choice: ToolChoice | str = "auto",
     parallel_tool_calls: bool = True,
     continue_final_message: bool = False,
+    logit_bias: Mapping[int, float] | None = None,
     **sampling: Any,
 ) -> ChatRequest:
     """A ChatRequest from keyword arguments; sampling keys as in the manual.
@@ -96,6 +97,7 @@ def chat_request(
         tool_choice=as_tool_choice(tool_choice),
         parallel_tool_calls=parallel_tool_calls,
         continue_final_message=continue_final_message,
+        logit_bias=_logit_bias(logit_bias),
     )
 
 
@@ -107,6 +109,7 @@ def completion_request(
     stop: str | Sequence[str] = (),
     logprobs: bool = False,
     top_logprobs: int = 0,
+    logit_bias: Mapping[int, float] | None = None,
     **sampling: Any,
 ) -> CompletionRequest:
     """A CompletionRequest from keyword arguments: `prompt` is text or token ids."""
@@ -123,7 +126,25 @@ def completion_request(
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        logit_bias=_logit_bias(logit_bias),
     )
+
+
+def _logit_bias(value: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:
+    """Token id → bias, checked: OpenAI's range, -100 (a ban) to 100."""
+    pairs = []
+    for token, bias in (value or {}).items():
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise InvalidRequestError(
+                f"logit_bias: keys must be token ids, got {token!r}", param="logit_bias"
+            )
+        if not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
+            raise InvalidRequestError(
+                f"logit_bias: a bias must be between -100 and 100, got {bias!r}",
+                param="logit_bias",
+            )
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def _sampling_overrides(

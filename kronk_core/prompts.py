@@ -18,6 +18,7 @@ from kronk_core.types import (
     ChatRequest,
     CompletionRequest,
     GenerationRequest,
+    SamplingParams,
 )
 
 
@@ -59,7 +60,9 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
     system_tokens = 0
     if loaded.cache.needs_system_tokens:
         system_tokens = _system_tokens(loaded, messages, options, prompt)
-    sampling = resolve_sampling(request.sampling, loaded.config.sampling)
+    sampling = _with_logit_bias(
+        loaded, resolve_sampling(request.sampling, loaded.config.sampling), request.logit_bias
+    )
     if request.grammar or request.json_schema:
         sampling = replace(sampling, grammar=request.grammar, json_schema=request.json_schema)
     elif forces_call(request):
@@ -100,7 +103,9 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
             )
     generation = GenerationRequest(
         prompt_tokens=tuple(prompt),
-        sampling=resolve_sampling(request.sampling, loaded.config.sampling),
+        sampling=_with_logit_bias(
+            loaded, resolve_sampling(request.sampling, loaded.config.sampling), request.logit_bias
+        ),
         max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "prompt"),
         stop=request.stop,
         logprobs=request.logprobs or request.top_logprobs > 0,
@@ -196,6 +201,21 @@ def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[index] != b[index]:
             return index
     return size
+
+
+def _with_logit_bias(
+    loaded: LoadedModel, sampling: SamplingParams, biases: tuple[tuple[int, float], ...]
+) -> SamplingParams:
+    """The request's logit biases, whose token ids must be in the model's vocabulary."""
+    n_vocab = loaded.model.info.n_vocab
+    outside = next((token for token, _ in biases if not 0 <= token < n_vocab), None)
+    if outside is not None:
+        raise InvalidRequestError(
+            f"logit_bias: token id {outside} is not in the vocabulary of {loaded.id} "
+            f"(0 to {n_vocab - 1})",
+            param="logit_bias",
+        )
+    return replace(sampling, logit_bias=biases) if biases else sampling
 
 
 def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str) -> int:

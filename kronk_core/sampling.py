@@ -14,6 +14,13 @@ from kronk_core.types import SamplingParams, StructuredOutput
 
 
 @dataclass(frozen=True, slots=True)
+class LogitBias:
+    """Adds each (token id, bias) pair's bias to that token's logit."""
+
+    biases: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Grammar:
     gbnf: str
     root: str = "root"
@@ -98,7 +105,8 @@ class AdaptiveP:
 
 
 SamplerStage = (
-    Grammar
+    LogitBias
+    | Grammar
     | JsonSchemaGrammar
     | StructuredGrammar
     | Penalties

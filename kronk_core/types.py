@@ -98,6 +98,8 @@ class SamplingParams:
     grammar: str | None = None
     json_schema: str | None = None
     structured: StructuredOutput | None = None
+    # (token id, bias) pairs added to those tokens' logits before every other stage.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -258,6 +260,8 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     # The last message is an assistant message whose text the answer continues (prefill).
     continue_final_message: bool = False
+    # (token id, bias) pairs: OpenAI's logit_bias, -100 (a ban) to 100.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,3 +279,4 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()

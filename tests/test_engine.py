@@ -564,3 +564,37 @@ async def test_sdk_refuses_a_bad_completion(
     with pytest.raises(InvalidRequestError, match=error) as caught:
         await kronk.complete(prompt, **params)
     assert caught.value.param in ("prompt", "stop")
+
+
+async def test_logit_bias_forces_and_bans_tokens(kronk: Kronk) -> None:
+    (banana,) = await kronk.tokenize(" banana")
+    messages = [{"role": "user", "content": "Count from 1 to 5."}]
+    forced = await kronk.chat(messages, max_tokens=3, temperature=0, logit_bias={banana: 100})
+    assert forced.content == " banana" * 3
+    plain = await kronk.complete("One, two,", max_tokens=1, temperature=0)
+    (first,) = await kronk.tokenize(plain.content)
+    banned = await kronk.complete(
+        "One, two,", max_tokens=1, temperature=0, logit_bias={first: -100}
+    )
+    assert banned.content != plain.content
+    # Sampled: a banned token is never drawn.
+    for seed in range(5):
+        drawn = await kronk.complete(
+            "One, two,", max_tokens=1, temperature=1.0, seed=seed, logit_bias={first: -100}
+        )
+        assert drawn.content != plain.content
+
+
+@pytest.mark.parametrize(
+    ("bias", "error"),
+    [
+        ({"7": 1.0}, "keys must be token ids"),
+        ({7: 101.0}, "between -100 and 100"),
+        ({99_999_999: 1.0}, "not in the vocabulary"),
+    ],
+    ids=["text_key", "out_of_range", "outside_vocabulary"],
+)
+async def test_logit_bias_refusals(kronk: Kronk, bias: Any, error: str) -> None:
+    with pytest.raises(InvalidRequestError, match=error) as caught:
+        await kronk.chat([{"role": "user", "content": "Hi"}], max_tokens=1, logit_bias=bias)
+    assert caught.value.param == "logit_bias"

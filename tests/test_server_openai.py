@@ -506,6 +506,33 @@ def test_completion_bad_input_is_400(
         _complete(client, **params)
 
 
+def test_logit_bias_over_http(client: openai.OpenAI, server: Any) -> None:
+    loaded = server.kronk.get_loaded()
+    (banana,) = loaded.model.tokenize(" banana", add_special=False, parse_special=False)
+    forced = _greedy(client, max_tokens=3, logit_bias={str(banana): 100})
+    assert forced.choices[0].message.content == " banana" * 3
+    completion = _complete(client, max_tokens=3, logit_bias={str(banana): 100})
+    assert completion.choices[0].text == " banana" * 3
+
+
+@pytest.mark.parametrize(
+    ("bias", "error"),
+    [
+        ({"abc": 1}, "token ids"),
+        ({"1": 200}, "less than or equal to 100"),
+        ({"999999999": 1}, "not in the vocabulary"),
+    ],
+    ids=["text_key", "out_of_range", "outside_vocabulary"],
+)
+def test_logit_bias_bad_input_is_400(
+    client: openai.OpenAI, bias: dict[str, int], error: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=error):
+        _greedy(client, max_tokens=1, logit_bias=bias)
+    with pytest.raises(openai.BadRequestError, match=error):
+        _complete(client, max_tokens=1, logit_bias=bias)
+
+
 # ---- models, tokenize, probes -------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from kronk_core.sampling import (
     Grammar,
     Greedy,
     JsonSchemaGrammar,
+    LogitBias,
     MinP,
     Penalties,
     SamplerStage,
@@ -229,6 +230,8 @@ def _only_lowers(stage: SamplerStage) -> bool:
             return True
         case Penalties(repeat=repeat, frequency=frequency, presence=presence):
             return repeat >= 1.0 and frequency >= 0.0 and presence >= 0.0
+        case LogitBias(biases=biases):
+            return all(bias <= 0.0 for _, bias in biases)
     return False
 
 
@@ -319,6 +322,11 @@ def _native_stage(
     dry: DryPrototypes,
 ) -> llama_cpp.llama_sampler_p:
     match stage:
+        case LogitBias(biases=biases):
+            entries = (llama_cpp.llama_logit_bias * len(biases))(
+                *(llama_cpp.llama_logit_bias(token, bias) for token, bias in biases)
+            )
+            return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
         case Grammar(gbnf=gbnf, root=root):
             return _grammar(vocab, gbnf, root, "grammar")
         case JsonSchemaGrammar(schema=schema):

@@ -17,6 +17,7 @@ from kronk_core.sampling import (
     Dry,
     Greedy,
     JsonSchemaGrammar,
+    LogitBias,
     MinP,
     Penalties,
     SamplerStage,
@@ -147,6 +148,18 @@ def test_greedy_behind_dry_and_penalties_picks_the_full_chains_token(
         assert full_runs < 16  # the shortlist decides nearly every step
 
 
+def test_greedy_behind_a_negative_logit_bias_picks_the_full_chains_token(
+    model: LlamaTextModel,
+) -> None:
+    """Biases that only lower logits keep the shortlist; what they push down (here most
+    of the tokens an answer uses) is decided the same as on the whole vocabulary."""
+    lowered = LogitBias(tuple((token, -4.0) for token in range(200, 240_000, 3)))
+    stages: list[SamplerStage] = [lowered, DRY, Greedy()]
+    picked, full_chain, argmax, _ = side_by_side(model, stages, 60)
+    assert picked == full_chain
+    assert picked != argmax  # the bias changed the answer
+
+
 def test_greedy_under_a_grammar_picks_the_full_chains_token(model: LlamaTextModel) -> None:
     schema = '{"type": "object", "properties": {"fruits": {"type": "array"}}}'
     stages: list[SamplerStage] = [JsonSchemaGrammar(schema), DRY, Greedy()]
@@ -157,8 +170,15 @@ def test_greedy_under_a_grammar_picks_the_full_chains_token(model: LlamaTextMode
     assert text.lstrip().startswith(b"{")
 
 
-def test_stages_that_can_raise_a_logit_run_the_full_chain(model: LlamaTextModel) -> None:
-    rewarding = model.new_sampler([Penalties(64, 1.0, -0.5, 0.0), Greedy()])
+@pytest.mark.parametrize(
+    "raising",
+    [Penalties(64, 1.0, -0.5, 0.0), LogitBias(((42, -1.0), (43, 0.5)))],
+    ids=["rewarding_penalty", "positive_bias"],
+)
+def test_stages_that_can_raise_a_logit_run_the_full_chain(
+    model: LlamaTextModel, raising: SamplerStage
+) -> None:
+    rewarding = model.new_sampler([raising, Greedy()])
     try:
         assert type(rewarding) is NativeSampler
     finally:
@@ -188,8 +208,13 @@ def chain(top_k: int, repeat: float = 1.1) -> list[SamplerStage]:
         (chain(40), ShortlistTopKSampler.MARGINS, "rare"),
         (chain(8, repeat=3.0), (1.0, 3.0), "some"),
         (chain(40), (0.0,), "all"),
+        (
+            [LogitBias(tuple((token, -3.0) for token in range(100, 200_000, 2))), *chain(40)],
+            ShortlistTopKSampler.MARGINS,
+            "rare",
+        ),
     ],
-    ids=["defaults", "penalties_push_below_the_floor", "no_margin"],
+    ids=["defaults", "penalties_push_below_the_floor", "no_margin", "negative_bias"],
 )
 def test_a_draw_behind_top_k_is_the_full_chains_draw(
     model: LlamaTextModel, stages: list[SamplerStage], margins: tuple[float, ...], fallbacks: str

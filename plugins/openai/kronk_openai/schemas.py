@@ -175,7 +175,8 @@ class _Generation(SamplingConfig):
     n: int = 1
     stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    logit_bias: dict[str, float] | None = None
+    # Token ids (as JSON keys) → a bias added to their logits.
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
 
     @field_validator("stop", mode="before")
@@ -189,13 +190,22 @@ class _Generation(SamplingConfig):
             raise ValueError("a stop sequence must not be empty")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+        return value
+
     @model_validator(mode="after")
     def _check_generation(self) -> _Generation:
         if self.n != 1:
             raise ValueError("n: only n=1 is supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         return self
+
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
 
     @property
     def include_usage(self) -> bool:
@@ -272,6 +282,7 @@ class ChatCompletionRequest(_Generation):
             tool_choice=tool_choice(self.tool_choice),
             parallel_tool_calls=self.parallel_tool_calls,
             continue_final_message=self._continues(),
+            logit_bias=self.biases(),
         )
 
     def _continues(self) -> bool:
@@ -329,6 +340,7 @@ class TextCompletionRequest(_Generation):
             stop=tuple(self.stop or ()),
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs or 0,
+            logit_bias=self.biases(),
         )
 
 

@@ -1,6 +1,6 @@
 """Default sampler chain, in llama.cpp's customary order.
 
-constraints (grammar) → penalties → DRY → top-k → top-p → min-p → XTC →
+logit bias → constraints (grammar) → penalties → DRY → top-k → top-p → min-p → XTC →
 temperature → selection (greedy, distribution or adaptive-p).
 """
 
@@ -16,6 +16,7 @@ from kronk_core.sampling import (
     Grammar,
     Greedy,
     JsonSchemaGrammar,
+    LogitBias,
     Penalties,
     SamplerStage,
     StructuredGrammar,
@@ -29,6 +30,8 @@ from kronk_core.types import SamplingParams
 def default_stages(params: SamplingParams) -> list[SamplerStage]:
     seed = RANDOM_SEED if params.seed is None else params.seed & 0xFFFFFFFF
     stages: list[SamplerStage] = []
+    if params.logit_bias:
+        stages.append(LogitBias(params.logit_bias))
     if params.grammar:
         stages.append(Grammar(params.grammar))
     elif params.json_schema:
