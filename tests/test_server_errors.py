@@ -162,10 +162,10 @@ CASES: dict[str, tuple[str, str, dict[str, Any], int, str | None, tuple[str, ...
     "logit_bias": (
         "POST",
         CHAT,
-        {"json": _chat(logit_bias={"42": 5})},
+        {"json": _chat(logit_bias={"99999999": 5})},
         400,
         "invalid_argument",
-        ("logit_bias",),
+        ("logit_bias", "not in the vocabulary"),
     ),
     "invalid_grammar_streamed": (
         "POST",
