@@ -93,14 +93,7 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         prompt = loaded.model.tokenize(request.prompt, add_special=True, parse_special=True)
     else:
         prompt = list(request.prompt)
-        n_vocab = loaded.model.info.n_vocab
-        outside = next((token for token in prompt if not 0 <= token < n_vocab), None)
-        if outside is not None:
-            raise InvalidRequestError(
-                f"prompt: token id {outside} is not in the vocabulary of {loaded.id} "
-                f"(0 to {n_vocab - 1})",
-                param="prompt",
-            )
+        _check_vocabulary(loaded, prompt, "prompt")
     generation = GenerationRequest(
         prompt_tokens=tuple(prompt),
         sampling=_with_logit_bias(
@@ -207,15 +200,19 @@ def _with_logit_bias(
     loaded: LoadedModel, sampling: SamplingParams, biases: tuple[tuple[int, float], ...]
 ) -> SamplingParams:
     """The request's logit biases, whose token ids must be in the model's vocabulary."""
+    _check_vocabulary(loaded, [token for token, _ in biases], "logit_bias")
+    return replace(sampling, logit_bias=biases) if biases else sampling
+
+
+def _check_vocabulary(loaded: LoadedModel, tokens: Sequence[int], param: str) -> None:
     n_vocab = loaded.model.info.n_vocab
-    outside = next((token for token, _ in biases if not 0 <= token < n_vocab), None)
+    outside = next((token for token in tokens if not 0 <= token < n_vocab), None)
     if outside is not None:
         raise InvalidRequestError(
-            f"logit_bias: token id {outside} is not in the vocabulary of {loaded.id} "
+            f"{param}: token id {outside} is not in the vocabulary of {loaded.id} "
             f"(0 to {n_vocab - 1})",
-            param="logit_bias",
+            param=param,
         )
-    return replace(sampling, logit_bias=biases) if biases else sampling
 
 
 def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str) -> int:

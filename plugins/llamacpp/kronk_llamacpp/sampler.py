@@ -179,15 +179,18 @@ class ShortlistTopKSampler(NativeSampler):
         super().__init__(ctx, chain, n_vocab, draws=True)
         self._top_k = top_k
         self._before_top_k = before_top_k
+        self._stages: list[llama_cpp.llama_sampler_p] = []  # the chain's, read once filled
 
     def sample(self, batch_index: int) -> int:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
         top = logits.max()
-        stages = [
-            llama_cpp.llama_sampler_chain_get(self._chain, index)
-            for index in range(llama_cpp.llama_sampler_chain_n(self._chain))
-        ]
+        if not self._stages:
+            self._stages = [
+                llama_cpp.llama_sampler_chain_get(self._chain, index)
+                for index in range(llama_cpp.llama_sampler_chain_n(self._chain))
+            ]
+        stages = self._stages
         for margin in self.MARGINS:
             floor = top - margin
             shortlist = np.flatnonzero(logits >= floor).astype(np.int32)
