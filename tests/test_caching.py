@@ -138,6 +138,14 @@ class ColdReplay:
             sampler.close()
         return text.decode("utf-8", errors="replace")
 
+    def extend(self, token: int) -> None:
+        """Decode one more token after the last generate(): what the engine decodes while
+        it hands out the text that then meets a stop string (overlapped decoding)."""
+        batch = Batch()
+        self._index = batch.add(token, len(self.tokens), 0, True)
+        self.model.decode(batch)
+        self.tokens.append(token)
+
     def move_cells(self) -> None:
         """Export the sequence and import it again, as a restore from the host tier does:
         its cells then lie where a restored state's lie (which changes rounding)."""
