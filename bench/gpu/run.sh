@@ -54,7 +54,7 @@ cut -d: -f1 "$OUT/symbols.txt" | sort | uniq -c
 if [[ ",$PARTS," == *",exact,"* ]]; then
   echo "######## exactness on CUDA ($(left) s left)"
   KRONK_OVERLAP_MODEL="$MODEL" KRONK_OVERLAP_TEMPLATE=chatml \
-    timeout -k 5 $(( $(left) - 240 > 150 ? 150 : ($(left) - 240 > 30 ? $(left) - 240 : 30) )) \
+    timeout -k 5 $(( $(left) - 200 > 100 ? 100 : ($(left) - 200 > 30 ? $(left) - 200 : 30) )) \
     python3 -m pytest --noconftest -p no:cacheprovider -q --rootdir "$ROOT" \
     "$ROOT/tests/test_engine_overlap.py" 2>&1 | tail -n 40 | tee "$OUT/exactness.txt"
 fi
