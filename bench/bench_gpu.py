@@ -92,7 +92,7 @@ def batched_bench(args: argparse.Namespace) -> dict[int, float]:
 # ---- A + B. the Kronk engine --------------------------------------------------------
 
 
-# How the engine meets the device (the llamacpp section's keys); on a GPU both default on.
+# How the engine meets the device (the llamacpp section's keys; both off by default).
 VARIANTS: dict[str, dict[str, bool]] = {
     "host": {"overlap_decode": False, "device_sampling": False},
     "overlap": {"overlap_decode": True, "device_sampling": False},
@@ -148,7 +148,7 @@ async def engine_streams(kronk: Kronk, streams: int, tokens: int, words: int) ->
 def kronk_engine(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     """Decode throughput and per-step split, by difference: a run of --tokens tokens minus
     the same run of one token (prefill and first token cancel out, as in S_TG)."""
-    llamacpp = {"n_gpu_layers": args.n_gpu_layers, **VARIANTS[variant]}
+    llamacpp = {"n_gpu_layers": args.n_gpu_layers, **VARIANTS[variant], **args.llamacpp}
     config = ModelConfig(
         model_path=args.model, context_window=args.engine_context, n_seq_max=max(args.streams),
         templates={"template": args.template}, llamacpp=llamacpp,
@@ -435,6 +435,9 @@ def main() -> int:
         "--engine-variants",
         default="host,overlap,device,both",
         help=f"part A once per variant, comma-separated: {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--llamacpp", type=json.loads, default={}, help="extra llamacpp keys for part A (JSON)"
     )
     parser.add_argument("--parts", default="a,b,c")
     parser.add_argument("--timeout", type=float, default=300)

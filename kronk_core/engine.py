@@ -724,9 +724,16 @@ class Engine:
             # Posted even when the text is held back, so every token is accounted for.
             self._outbox.post(job, TextChunk(text, 1, logprobs))
             if job.stops.matched is not None:
+                # Tokens after the stop came from one verified draft: as without overlap,
+                # the stop token and those after it count as rejected, not accepted.
                 dropped = len(undelivered) - index - 1
                 job.completion_tokens -= dropped
                 self._generated -= dropped
+                if dropped:
+                    job.accepted_tokens -= dropped
+                    job.rejected_tokens += dropped
+                    if self._speculation is not None and job.slot is not None:
+                        self._speculation.settled(job.slot.id, -dropped, dropped)
                 return True
         return False
 

@@ -15,7 +15,6 @@ from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import Greedy, SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
-from kronk_llamacpp.placement import output_on_gpu
 from kronk_llamacpp.sampler import (
     DeviceGreedySamplers,
     DryPrototypes,
@@ -77,12 +76,8 @@ class LlamaTextModel:
                 n_ctx_train,
                 n_ctx_train,
             )
-        n_layer = llama_cpp.llama_model_n_layer(model)
-        on_gpu = output_on_gpu(config, n_layer)
-        overlap = on_gpu if llama.overlap_decode is None else llama.overlap_decode
-        device_sampling = on_gpu if llama.device_sampling is None else llama.device_sampling
         params = context_params(config, context_window)
-        if device_sampling:
+        if llama.device_sampling:
             params.n_outputs_max_per_seq = DEVICE_SAMPLED_ROWS
         self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not self._ctx:
@@ -110,8 +105,9 @@ class LlamaTextModel:
             llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         )
         n_swa = int(llama_cpp.llama_model_n_swa(model))
+        n_layer = llama_cpp.llama_model_n_layer(model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(model)
-        if device_sampling:
+        if llama.device_sampling:
             self._device_greedy = DeviceGreedySamplers(self._ctx, self.n_vocab)
         arch = found.get("general.architecture", "unknown")
         key_len = int(found.get(f"{arch}.attention.key_length", "0") or 0)
@@ -143,7 +139,7 @@ class LlamaTextModel:
             memory_bytes=int(
                 llama_cpp.llama_model_size(model) + kv_bytes * llama_cpp.llama_n_ctx(self._ctx)
             ),
-            overlap_decode=overlap,
+            overlap_decode=llama.overlap_decode,
         )
 
     # ---- tokens ------------------------------------------------------------

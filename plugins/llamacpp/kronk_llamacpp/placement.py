@@ -11,8 +11,6 @@ from kronk_core.errors import ModelLoadError
 from kronk_llamacpp.devices import device_handle, list_devices
 from kronk_llamacpp.settings import SETTINGS
 
-GPU_TYPES = ("gpu", "igpu")
-
 
 def apply_placement(params: llama_cpp.llama_model_params, config: ModelConfig) -> None:
     """Pin to one device or split across GPUs; the arrays live as long as `params`."""
@@ -41,18 +39,3 @@ def apply_placement(params: llama_cpp.llama_model_params, config: ModelConfig) -
         params._kronk_tensor_split = shares
         params.tensor_split = shares
 
-
-def output_on_gpu(config: ModelConfig, n_layer: int) -> bool:
-    """Whether llama.cpp computes this model's logits on a GPU: a GPU build with a GPU
-    device, and the output layer offloaded (all layers, or more than the model has)."""
-    llama = SETTINGS.of(config)
-    if not llama_cpp.llama_supports_gpu_offload():
-        return False
-    devices = list_devices()
-    if llama.device is not None:
-        return any(d.name == llama.device and d.type in GPU_TYPES for d in devices)
-    if not any(device.type in GPU_TYPES for device in devices):
-        return False
-    # Kronk's n_gpu_layers: 0 = all, -1 = none; llama.cpp offloads the output layer too
-    # when more layers than the model has are asked for.
-    return llama.n_gpu_layers == 0 or llama.n_gpu_layers > n_layer
