@@ -463,6 +463,7 @@ class Engine:
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
+        began = time.perf_counter()
         drafts = self._drafts() if self._speculation is not None else {}
         parts: list[_Part] = []
         for job in self._active:
@@ -514,8 +515,14 @@ class Engine:
                         self._commit([part])
             self._record_step(parts)
             return
+        counted = [(part.job, part.job.completion_tokens) for part in parts if part.generated]
         self._commit(parts)
         self._record_step(parts)
+        if self._speculation is not None and len(counted) == len(parts):
+            # A step of generating slots alone: what it output, drafts or not, and in what time.
+            tokens = sum(job.completion_tokens - before for job, before in counted)
+            seconds = time.perf_counter() - began
+            self._speculation.stepped(len(parts), bool(drafts), tokens, seconds)
 
     def _drafts(self) -> dict[int, Draft]:
         """Draft tokens by slot id for the generating slots (speculative decoding)."""
