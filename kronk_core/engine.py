@@ -520,9 +520,9 @@ class Engine:
         self._record_step(parts)
         if self._speculation is not None and len(counted) == len(parts):
             # A step of generating slots alone: what it output, drafts or not, and in what time.
-            tokens = sum(job.completion_tokens - before for job, before in counted)
+            output = sum(job.completion_tokens - before for job, before in counted)
             seconds = time.perf_counter() - began
-            self._speculation.stepped(len(parts), bool(drafts), tokens, seconds)
+            self._speculation.stepped(len(parts), bool(drafts), output, seconds)
 
     def _drafts(self) -> dict[int, Draft]:
         """Draft tokens by slot id for the generating slots (speculative decoding)."""
