@@ -157,7 +157,10 @@ class Kronk:
 
     def memory_estimate(self, model_id: str | None = None) -> MemoryEstimate | None:
         """What loading the model would take and where (None: its backend cannot say)."""
-        config = model_config_for(self, self.resolve(model_id, pull=False))
+        return self._estimate(self.resolve(model_id, pull=False))
+
+    def _estimate(self, model_id: str) -> MemoryEstimate | None:
+        config = model_config_for(self, model_id)
         estimate: MemoryEstimate | None = self.hook.kronk_memory_estimate(model_config=config)
         return estimate
 
@@ -168,7 +171,7 @@ class Kronk:
         if loaded is not None:
             return loaded.info.n_ctx_per_seq
         try:
-            estimate = self.memory_estimate(model_id)
+            estimate = self._estimate(self.canonical(model_id))
         except KronkError:
             return None
         return None if estimate is None else estimate.context_window
