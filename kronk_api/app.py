@@ -41,7 +41,7 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     model's engine has stopped, or the model's last load failed.
     """
     kronk: Kronk = request.app.state.kronk
-    model_id = kronk.config.default_model
+    model_id = kronk.canonical(kronk.config.default_model)
     state, failure = kronk.pool.state(model_id)
     body: dict[str, Any] = {"status": "ready", "model": model_id, "model_state": state.value}
     if kronk.pool.closed:

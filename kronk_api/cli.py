@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
@@ -437,13 +438,18 @@ def run(
     max_tokens: int,
     temperature: float | None,
 ) -> None:
-    """Chat with a model in the terminal (no server needed). Ctrl-D or /exit quits."""
+    """Chat with a model in the terminal (no server needed). Ctrl-D or /exit quits.
+
+    MODEL_ID may be a reference a plugin can pull (`org/repo:Q4_K_M`): it is pulled first.
+    """
     # llama.cpp's load chatter would interleave with the conversation.
     logging.getLogger("kronk.llama").setLevel(logging.ERROR)
     try:
         config = _local_config(base_path, model_config_file)
         kronk = Kronk(config)
-        with _spinner(f"loading {model_id or config.default_model}"):
+        with _progress_lines():
+            model_id = kronk.resolve(model_id, pull=True)
+        with _spinner(f"loading {model_id}"):
             kronk.load(model_id)
     except KronkError as exc:
         _fail(exc)
@@ -485,6 +491,22 @@ async def _stream_answer(
         click.echo(f"\nerror: {exc.message}", err=True)
     click.echo()
     return "".join(parts)
+
+
+@contextlib.contextmanager
+def _progress_lines() -> Iterator[None]:
+    """Show what the plugins log meanwhile (a pull's progress), as plain lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 class _spinner:

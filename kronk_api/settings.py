@@ -56,6 +56,16 @@ class ServerSettings(BaseModel):
     preload: bool = Field(
         default=False, description="Load the default model at start instead of on first use"
     )
+    context_window: Annotated[int, Field(gt=0)] | None = Field(
+        default=None,
+        description="Tokens per slot for models whose entry sets none, at most their training "
+        "length (unset: the training length), lowered to what fits in memory",
+    )
+    auto_pull: bool = Field(
+        default=False,
+        description="Pull a model a request names by reference (org/repo:Q4_K_M) that is not "
+        "on disk",
+    )
     queue_wait_seconds: Annotated[float, Field(ge=0.0)] = Field(
         default=30.0, description="How long a request waits for queue space before 429"
     )
@@ -127,6 +137,8 @@ class ServerSettings(BaseModel):
             queue_wait_seconds=self.queue_wait_seconds,
             models_in_cache=self.models_in_cache,
             cache_ttl=self.cache_ttl,
+            context_window=self.context_window,
+            auto_pull=self.auto_pull,
         )
 
 

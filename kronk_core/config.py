@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -75,7 +76,13 @@ class ModelConfig(BaseModel):
 
     id: str = ""
     model_path: Path | None = None
+    # Where the file comes from when model_path is unset: a reference a plugin resolves
+    # (`org/repo:Q4_K_M`), pulled on first use.
+    source: str | None = None
+    # More names clients may send for this model: agents insist on their own (`claude-*`).
+    aliases: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     backend: str | None = None
+    # Unset: the backend chooses (llamacpp: the training length, lowered to what fits).
     context_window: Annotated[int, Field(gt=0)] | None = None
     n_batch: Annotated[int, Field(gt=0)] = 2048
     # Four slots, as llama-server's default: agents and chat UIs send concurrent requests.
@@ -98,6 +105,8 @@ class ModelConfig(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
     sections: dict[str, Any] = Field(default_factory=dict)
+    # The server's context_window, for a model whose entry sets none (never written in a file).
+    _context_default: int | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -111,6 +120,17 @@ class ModelConfig(BaseModel):
 
     def section_key(self, name: str) -> str:
         return f"models.{self.id}.{name}" if self.id else name
+
+    @property
+    def context_default(self) -> int | None:
+        """The server-wide `context_window` (KronkConfig.context_window) that a backend uses,
+        at most the model's training length, when `context_window` is unset."""
+        return self._context_default
+
+    def with_context_default(self, tokens: int | None) -> ModelConfig:
+        config = self.model_copy()
+        config._context_default = tokens
+        return config
 
 
 class PluginSelection(BaseModel):
@@ -162,6 +182,12 @@ class KronkConfig(BaseModel):
     # seconds (0: only when the pool needs its place).
     models_in_cache: Annotated[int, Field(ge=1)] = 3
     cache_ttl: Duration = 20 * 60.0
+    # The context window of a model whose entry sets none, at most its training length;
+    # unset: its training length. Either way lowered to what fits in memory.
+    context_window: Annotated[int, Field(gt=0)] | None = None
+    # A request may name a model that is not on disk by a reference a plugin can pull
+    # (`org/repo:Q4_K_M`): it is pulled first. Off, only configured references are pulled.
+    auto_pull: bool = False
 
     @model_validator(mode="after")
     def _fill_ids(self) -> Self:
@@ -172,6 +198,22 @@ class KronkConfig(BaseModel):
     def model(self, model_id: str) -> ModelConfig | None:
         """The configured entry for model_id, or None."""
         return self.models.get(model_id)
+
+
+def alias_map(models: Mapping[str, ModelConfig]) -> dict[str, str]:
+    """Each alias of the model-config entries, to its entry's id; ConfigError for an alias
+    that names an entry or another entry's alias."""
+    found: dict[str, str] = {}
+    for model_id, model in models.items():
+        for alias in model.aliases:
+            if alias in models:
+                raise ConfigError(f"models.{model_id}.aliases", f"{alias!r} is a model id")
+            if found.get(alias, model_id) != model_id:
+                raise ConfigError(
+                    f"models.{model_id}.aliases", f"{alias!r} is already an alias of {found[alias]}"
+                )
+            found[alias] = model_id
+    return found
 
 
 def merge_settings(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,19 @@ def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
 
 
 @hookspec(firstresult=True)
+def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
+    """Name the model a reference stands for: the id of a model on disk, or None to pass.
+
+    Called for a name no model answers to (no model-config entry, alias, plugin's
+    model or file), such as `org/repo:Q4_K_M`, and for a model-config entry's
+    `source`. With `pull` the user asked for that model (`kronk run REF`, the
+    server's `--model REF`, an entry's `source`, a request to a server with
+    `auto_pull` on): fetch it when it is not on disk. Runs in a worker thread; a
+    pull may take minutes. The catalog plugin answers for Hugging Face references.
+    """
+
+
+@hookspec(firstresult=True)
 def kronk_backend(model_config: ModelConfig) -> Backend | None:
     """Claim a model: return a Backend that can load it, or None to pass.
 

@@ -88,17 +88,28 @@ def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
     return config.model_copy(update={"sections": sections})
 
 
-def model_config_for(kronk: Kronk, model_id: str) -> ModelConfig:
-    """The settings a load of `model_id` uses: resolved, with its plugin sections validated."""
-    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models())
-    return bind_model_settings(kronk, resolved)
+def model_config_for(kronk: Kronk, model_id: str, *, pull: bool = False) -> ModelConfig:
+    """The settings a load of `model_id` uses: resolved, with its plugin sections validated.
+
+    An entry's `source` is resolved by the plugins, and pulled first with `pull` (a load);
+    without, it must be on disk already.
+    """
+    entry = kronk.config.model(model_id)
+    source_id = None
+    if entry is not None and entry.source is not None and entry.model_path is None:
+        source_id = kronk.resolve_reference(entry.source, pull=pull)
+        if source_id is None:
+            why = "no plugin can fetch it" if pull else "it is not pulled yet"
+            raise ConfigError(entry.section_key("source"), f"{entry.source!r}: {why}")
+    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models(), source_id)
+    return bind_model_settings(kronk, resolved).with_context_default(kronk.config.context_window)
 
 
 def load_model(
     kronk: Kronk, model_id: str, on_finished: Callable[[RequestRecord], None]
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
-    config = model_config_for(kronk, model_id)
+    config = model_config_for(kronk, model_id, pull=True)
     backend = kronk.hook.kronk_backend(model_config=config)
     if backend is None:
         raise ModelLoadError(f"no backend plugin can load {config.model_path}")

@@ -25,8 +25,9 @@ Provided = Mapping[str, Mapping[str, Any]]
 
 # A model split into parts: llama.cpp loads it from its first part and finds the others.
 SPLIT_PART = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})$")
-# Vision and audio projectors (llama.cpp's mmproj files) sit beside their models; not models.
-PROJECTOR_PREFIX = "mmproj"
+# Vision and audio projectors (llama.cpp's mmproj files, `mmproj-F16.gguf` or
+# `model-mmproj-f16.gguf`) sit beside their models; not models.
+PROJECTOR_MARK = "mmproj"
 
 # The embedded default model runs with these settings unless the config says otherwise
 # (its GGUF has no chat template: the templates plugin picks gemma by its architecture).
@@ -66,7 +67,7 @@ def model_file_id(path: Path) -> str | None:
     """The id a GGUF file is served under: its stem; a split model's first part without
     `-00001-of-0000N`; None for the other parts and for projectors."""
     stem = path.stem
-    if stem.lower().startswith(PROJECTOR_PREFIX):
+    if PROJECTOR_MARK in stem.lower():
         return None
     split = SPLIT_PART.match(stem)
     if split is None:
@@ -112,7 +113,10 @@ def _over(base: ModelConfig, entry: ModelConfig) -> ModelConfig:
 
 
 def resolve_model_config(
-    config: KronkConfig, model_id: str, provided: Provided | None = None
+    config: KronkConfig,
+    model_id: str,
+    provided: Provided | None = None,
+    source_id: str | None = None,
 ) -> ModelConfig:
     """The model's config with `model_path` pointing at an existing file.
 
@@ -120,10 +124,15 @@ def resolve_model_config(
     settings, under the model-config entry's. An entry named `BASE/VARIANT`
     (`Qwen3-8B-Q8_0/IMC`, as in the Kronk manual) is another configuration of
     the model BASE: it uses BASE's file and the settings a plugin provides for BASE.
+    An entry with a `source` is another configuration of the model its source names
+    (`source_id`, which a plugin resolved).
     """
     provided = provided or {}
     configured = config.model(model_id)
-    base_id = model_id.partition("/")[0] if configured is not None else model_id
+    if source_id is not None:
+        base_id = source_id
+    else:
+        base_id = model_id.partition("/")[0] if configured is not None else model_id
     files = installed_model_files(config)
     from_plugin = provided.get(model_id, provided.get(base_id))
     if from_plugin is not None:

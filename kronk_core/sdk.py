@@ -17,9 +17,9 @@ from typing import Any
 
 from kronk_core import inputs
 from kronk_core.chat_stream import ChatStream, ChatTimes, collect
-from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig
+from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, alias_map
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
-from kronk_core.errors import InvalidRequestError
+from kronk_core.errors import InvalidRequestError, KronkError
 from kronk_core.events import ChatRecord, RequestRecord, current_request_id, new_request_id
 from kronk_core.loading import (
     LoadedModel,
@@ -80,6 +80,9 @@ class Kronk:
                 }
             }
         )
+        self._aliases = alias_map(self.config.models)
+        # References (`org/repo:Q4_K_M`) already resolved, to the id of their model.
+        self._resolved: dict[str, str] = {}
         self.pool: ModelPool[PooledModel] = ModelPool(
             self._load, capacity=self.config.models_in_cache, ttl=self.config.cache_ttl
         )
@@ -100,6 +103,42 @@ class Kronk:
         and the default."""
         return known_model_ids(self.config, self.provided_models())
 
+    def aliases(self) -> dict[str, str]:
+        """Each alias the model-config entries give (`aliases:`), to its model's id."""
+        return dict(self._aliases)
+
+    def canonical(self, name: str) -> str:
+        """The id `name` is served under, as far as known without looking: an alias's model,
+        a reference resolved before, else `name` itself."""
+        return self._aliases.get(name) or self._resolved.get(name) or name
+
+    def resolve(self, name: str | None = None, *, pull: bool | None = None) -> str:
+        """The id of the model `name` names (None: the default model).
+
+        A model id stays as it is; an alias names its model; any other name is a
+        reference a plugin may know (`org/repo:Q4_K_M`), pulled first when `pull`
+        (None: when `auto_pull` is on, or the name is the default model's). A name
+        nothing answers to comes back unchanged; loading it raises ModelNotFoundError.
+        """
+        name = name or self.config.default_model
+        known = self.canonical(name)
+        if known != name or name in self.model_ids():
+            return known
+        if pull is None:
+            pull = self.config.auto_pull or name == self.config.default_model
+        found = self.resolve_reference(name, pull=pull)
+        if found is None:
+            return name
+        self._resolved[name] = found
+        return found
+
+    def resolve_reference(self, reference: str, *, pull: bool) -> str | None:
+        """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
+        found: str | None = self.hook.kronk_resolve_model(
+            kronk=self, reference=reference, pull=pull
+        )
+        return found
+
     def provided_models(self) -> dict[str, Mapping[str, Any]]:
         """The models plugins provide (`kronk_models`) with their settings, by id.
 
@@ -118,9 +157,24 @@ class Kronk:
 
     def memory_estimate(self, model_id: str | None = None) -> MemoryEstimate | None:
         """What loading the model would take and where (None: its backend cannot say)."""
-        config = model_config_for(self, model_id or self.config.default_model)
+        return self._estimate(self.resolve(model_id, pull=False))
+
+    def _estimate(self, model_id: str) -> MemoryEstimate | None:
+        config = model_config_for(self, model_id)
         estimate: MemoryEstimate | None = self.hook.kronk_memory_estimate(model_config=config)
         return estimate
+
+    def context_length(self, model_id: str) -> int | None:
+        """Tokens of context a request to the model gets (per slot): the loaded model's, else
+        what a load would choose now (None: not known before a load, or not loadable now)."""
+        loaded = self.pool.get(self.canonical(model_id))
+        if loaded is not None:
+            return loaded.info.n_ctx_per_seq
+        try:
+            estimate = self._estimate(self.canonical(model_id))
+        except KronkError:
+            return None
+        return None if estimate is None else estimate.context_window
 
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""
@@ -128,7 +182,7 @@ class Kronk:
 
     def get_loaded(self, model_id: str | None = None) -> LoadedModel | None:
         """The loaded text model, if it is loaded (it is not leased: for reports and tests)."""
-        loaded = self.pool.get(model_id or self.config.default_model)
+        loaded = self.pool.get(self.canonical(model_id or self.config.default_model))
         return loaded if isinstance(loaded, LoadedModel) else None
 
     def load(self, model_id: str | None = None, *, keep: bool = False) -> PooledModel:
@@ -136,9 +190,7 @@ class Kronk:
 
         `keep` exempts it from cache_ttl expiry (the least-recently-used rule still applies).
         """
-        lease = self.pool.lease(
-            model_id or self.config.default_model, wait=self.config.queue_wait_seconds, keep=keep
-        )
+        lease = self._lease_now(model_id, keep=keep)
         lease.release()
         return lease.model
 
@@ -148,20 +200,24 @@ class Kronk:
         return lease.model
 
     async def lease(self, model_id: str | None = None) -> Lease[PooledModel]:
-        """Hold a model in the pool (loading it if needed) until the lease is released."""
-        model_id = model_id or self.config.default_model
-        lease = self.pool.try_lease(model_id)
+        """Hold a model in the pool (loading it if needed) until the lease is released.
+
+        `model_id` may be an alias or a reference (see `resolve`), which may pull it first.
+        """
+        lease = self.pool.try_lease(self.canonical(model_id or self.config.default_model))
         if lease is not None:
             return lease
-        waiting = asyncio.ensure_future(
-            asyncio.to_thread(self.pool.lease, model_id, wait=self.config.queue_wait_seconds)
-        )
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._lease_now, model_id))
         try:
             return await asyncio.shield(waiting)
         except asyncio.CancelledError:
             # The load goes on in its thread; whatever it leases must not stay held.
             waiting.add_done_callback(release_if_leased)
             raise
+
+    def _lease_now(self, name: str | None, *, keep: bool = False) -> Lease[PooledModel]:
+        """Resolve `name`, then lease its model, loading it if needed (blocking)."""
+        return self.pool.lease(self.resolve(name), wait=self.config.queue_wait_seconds, keep=keep)
 
     def _load(self, model_id: str) -> PooledModel:
         started = time.monotonic()
@@ -178,7 +234,7 @@ class Kronk:
 
     def unload(self, model_id: str | None = None) -> bool:
         """Unload a model now; a text model's running requests end with an error event."""
-        return self.pool.unload(model_id or self.config.default_model)
+        return self.pool.unload(self.canonical(model_id or self.config.default_model))
 
     async def aunload(self, model_id: str | None = None) -> bool:
         """unload() off the event loop (closing a model waits for its threads)."""

@@ -20,7 +20,7 @@ from rich.console import Console
 from kronk_api.options import setting_option
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import Downloader, FileSpec
-from kronk_catalog.plans import catalog_files, url_files
+from kronk_catalog.plans import catalog_files, reference_files
 from kronk_catalog.progress import pull_with_progress
 from kronk_catalog.pulls import Pull
 from kronk_catalog.routes import describe
@@ -29,6 +29,8 @@ from kronk_catalog.settings import (
     DEFAULT_SOURCE,
     DEFAULT_TEMPLATES_SOURCE,
     HF_TOKEN_VARIABLE,
+    hub_endpoint,
+    hub_token,
 )
 from kronk_catalog.update import update_catalogs
 from kronk_core.config import default_base_path
@@ -39,12 +41,13 @@ _base_path = setting_option(
 )
 _hf_endpoint = setting_option(
     "catalog.hf_endpoint",
-    help=f"The Hugging Face Hub of HF-REPO/FILE names [{DEFAULT_HF_ENDPOINT}]",
+    help=f"The Hugging Face Hub of model references [HF_ENDPOINT, else {DEFAULT_HF_ENDPOINT}]",
 )
 _hf_token = click.option(
     "--hf-token",
     envvar=["KRONK_CATALOG_HF_TOKEN", HF_TOKEN_VARIABLE],
-    help=f"Hugging Face token for gated models (env {HF_TOKEN_VARIABLE})",
+    help=f"Hugging Face token for gated models (env {HF_TOKEN_VARIABLE}; else HF_TOKEN or the "
+    "token `hf auth login` saved)",
 )
 
 
@@ -64,10 +67,10 @@ def _cli_errors(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def _pull(
-    model: str, files: list[FileSpec], kind: str, hf_endpoint: str | None, hf_token: str | None
+    model: str, files: list[FileSpec], kind: str, hf_endpoint: str, hf_token: str | None
 ) -> None:
     async def run() -> None:
-        downloader = Downloader(hf_endpoint=hf_endpoint or DEFAULT_HF_ENDPOINT, hf_token=hf_token)
+        downloader = Downloader(hf_endpoint=hf_endpoint, hf_token=hf_token)
         pull = Pull(model=model, files=files, kind=kind)
         await pull_with_progress(pull, downloader, Console(stderr=True))
 
@@ -165,9 +168,9 @@ def add_commands(group: click.Group) -> None:
     ) -> None:
         """Download a catalog model (resumes an interrupted pull; checks every sha256)."""
         base = _base(base_path)
-        endpoint = catalog_hf_endpoint or DEFAULT_HF_ENDPOINT
+        endpoint = hub_endpoint(catalog_hf_endpoint)
         files = catalog_files(Catalog(base), model_id, base, endpoint)
-        _pull(model_id, files, "catalog", endpoint, hf_token)
+        _pull(model_id, files, "catalog", endpoint, hub_token(hf_token))
 
     @catalog.command("update")
     @_base_path
@@ -201,8 +204,8 @@ def add_commands(group: click.Group) -> None:
         return
 
     @model.command("pull")
-    @click.argument("reference", metavar="URL|HF-REPO/FILE")
-    @click.option("--proj", help="The model's projector (mmproj) file, URL or HF-REPO/FILE")
+    @click.argument("reference", metavar="REFERENCE")
+    @click.option("--proj", help="A file model's projector (mmproj) file, URL or HF-REPO/FILE")
     @_base_path
     @_hf_endpoint
     @_hf_token
@@ -214,8 +217,13 @@ def add_commands(group: click.Group) -> None:
         catalog_hf_endpoint: str | None,
         hf_token: str | None,
     ) -> None:
-        """Download a GGUF model by URL or Hugging Face name (every part of a split model)."""
+        """Download a GGUF model by its Hugging Face name or its URL.
+
+        REFERENCE is a repository, `org/repo` or `org/repo:QUANT` (also `hf.co/org/repo:QUANT`
+        or its page URL): the quantization's file (Q4_K_M when none is named), all its parts,
+        and a projector beside it. Or one file: `org/repo/file.gguf`, or any http(s) URL.
+        """
         base = _base(base_path)
-        endpoint = catalog_hf_endpoint or DEFAULT_HF_ENDPOINT
-        model_id, files = url_files(reference, proj, base, endpoint)
-        _pull(model_id, files, "url", endpoint, hf_token)
+        endpoint, token = hub_endpoint(catalog_hf_endpoint), hub_token(hf_token)
+        model_id, files = reference_files(reference, proj, base, endpoint, token)
+        _pull(model_id, files, "url", endpoint, token)

@@ -38,6 +38,8 @@ CHUNK_BYTES = 1 << 20
 # Left free on the disk beyond the file itself.
 DISK_MARGIN_BYTES = 64 << 20
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# A Hub file's path: /owner/repo/resolve/REVISION/path.
+_HUB_FILE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/")
 
 # How many bytes of the file are there now (it may go back to 0 when a download starts
 # over), and its size when known.
@@ -49,6 +51,16 @@ class PullError(KronkError):
 
     status = 502
     code = "pull_failed"
+
+
+class HubAccessError(PullError):
+    """The Hub would not give a gated or private model's files without a (better) token."""
+
+    code = "hub_access_denied"
+
+
+# How to give the Hub a token, for the messages of refusals.
+TOKEN_ADVICE = "set HF_TOKEN or run `hf auth login`"
 
 
 class ChecksumError(PullError):
@@ -236,6 +248,8 @@ class Downloader:
             if response.status_code == 416 and offset:
                 partial.unlink(missing_ok=True)  # our partial is longer than the file
                 raise _Retry("the partial file does not fit the remote one")
+            if response.status_code in (401, 403) and urlsplit(spec.url).netloc == self._token_host:
+                raise self._refused(spec.url, response)
             if response.status_code >= 400:
                 raise PullError(
                     f"GET {spec.url}: {response.status_code} {response.reason_phrase}",
@@ -321,6 +335,19 @@ class Downloader:
         os.replace(partial, spec.dest)
         _resume_record(spec.dest).unlink(missing_ok=True)
         log.info("pulled %s (sha256 %s)", spec.dest, actual)
+
+    def _refused(self, url: str, response: httpx.Response) -> HubAccessError:
+        """The Hub's 401 or 403 for a gated or private model's file, with what to do about it."""
+        why = response.headers.get("x-error-message") or response.reason_phrase
+        found = _HUB_FILE.match(urlsplit(url).path)
+        page = f"{urlsplit(url).scheme}://{self._token_host}" + (
+            f"/{found['repo']}" if found else ""
+        )
+        if self._token:
+            advice = f"accept the model's terms on {page} with the account of the token"
+        else:
+            advice = f"accept the model's terms on {page}, then {TOKEN_ADVICE}"
+        return HubAccessError(f"the Hub refused {url} ({response.status_code}: {why}): {advice}")
 
     def _auth_headers(self, url: str) -> dict[str, str]:
         """The token only for the Hub's own host (httpx drops it on a redirect elsewhere)."""

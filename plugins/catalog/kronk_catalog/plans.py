@@ -1,4 +1,5 @@
-"""What a pull fetches: the files of a catalog model, or of a model named by URL."""
+"""What a pull fetches: the files of a catalog model, of a Hugging Face repository named as
+people name it (`org/repo:Q4_K_M`), or of a model named by URL."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import FileSpec
+from kronk_catalog.hub import repo_files
+from kronk_catalog.references import parse_reference, without_hub_host
 from kronk_catalog.sources import remote_file, with_split_parts
 from kronk_core.errors import InvalidRequestError
 from kronk_core.models import model_file_id
@@ -39,3 +42,19 @@ def url_files(
         proj = remote_file(projector, hf_endpoint)
         files.append(FileSpec(url=proj.url, dest=root / proj.relative))
     return model_id, files
+
+
+def reference_files(
+    reference: str, projector: str | None, base_path: Path, endpoint: str, token: str | None
+) -> tuple[str, list[FileSpec]]:
+    """The model id and files of any reference a pull takes: a repository (asked of the Hub,
+    which may take seconds) or a file (URL or HF-REPO/FILE)."""
+    repo = parse_reference(reference, endpoint)
+    if repo is None:
+        return url_files(without_hub_host(reference.strip()), projector, base_path, endpoint)
+    if projector:
+        raise InvalidRequestError(
+            f"{reference!r} names a repository, which brings its own projector: drop --proj",
+            param="proj",
+        )
+    return repo_files(repo, models_dir(base_path), endpoint, token)

@@ -13,6 +13,7 @@ from kronk_catalog.catalog import Catalog, templates_dir
 from kronk_catalog.cli import add_commands
 from kronk_catalog.plans import models_dir
 from kronk_catalog.pulls import Pulls
+from kronk_catalog.resolve import resolve_model
 from kronk_catalog.routes import STATE_KEY, router
 from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, SETTINGS
 from kronk_core import Kronk, hookimpl
@@ -35,6 +36,13 @@ def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
         for entry in Catalog(base).list()
         if entry.pulled(root, DEFAULT_HF_ENDPOINT)
     }
+
+
+@hookimpl
+def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
+    """A Hugging Face reference (`org/repo:Q4_K_M`) or a model file's URL: the model pulled
+    from there, pulled now if `pull`."""
+    return resolve_model(kronk.config.base_path, reference, pull)
 
 
 @hookimpl

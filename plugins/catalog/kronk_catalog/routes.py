@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_api.http import kronk_of, parse_body
 from kronk_catalog.catalog import Catalog, CatalogEntry, templates_dir
 from kronk_catalog.download import Downloader
-from kronk_catalog.plans import catalog_files, models_dir, url_files
+from kronk_catalog.plans import catalog_files, models_dir, reference_files
 from kronk_catalog.pulls import Pull, Pulls
 from kronk_catalog.settings import SETTINGS, CatalogSettings
 from kronk_catalog.update import update_catalogs
@@ -27,7 +28,8 @@ _DIALECT = Dialect()
 
 
 class PullRequest(BaseModel):
-    """`{"model": CATALOG_ID}`, or `{"url": URL or HF-REPO/FILE, "proj": URL}`."""
+    """`{"model": CATALOG_ID}`, or `{"url": REFERENCE, "proj": URL}`: a reference as
+    `kronk model pull` takes it (`org/repo:Q4_K_M`, HF-REPO/FILE, a URL)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,7 +59,7 @@ def pulls_of(request: Request[Any, Any, Any]) -> Pulls:
     pulls: Pulls | None = request.app.state.get(STATE_KEY)
     if pulls is None:
         settings = _settings(request)
-        downloader = Downloader(hf_endpoint=settings.hf_endpoint, hf_token=settings.token())
+        downloader = Downloader(hf_endpoint=settings.endpoint(), hf_token=settings.token())
         pulls = request.app.state[STATE_KEY] = Pulls(downloader)
     return pulls
 
@@ -104,7 +106,7 @@ async def list_catalog(
     request: Request[Any, Any, Any], category: FromQuery[str | None] = None
 ) -> dict[str, Any]:
     """Every catalog model (`?category=` filters by a prefix), with whether it is pulled."""
-    base, endpoint = _base(request), _settings(request).hf_endpoint
+    base, endpoint = _base(request), _settings(request).endpoint()
     catalog = Catalog(base)
     return {
         "object": "list",
@@ -118,7 +120,7 @@ async def show_catalog_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> dict[str, Any]:
     base = _base(request)
-    return describe(Catalog(base).get(model_id), base, _settings(request).hf_endpoint)
+    return describe(Catalog(base).get(model_id), base, _settings(request).endpoint())
 
 
 @post("/v1/kronk/catalog/update", opt=_ADMIN, status_code=200)
@@ -132,15 +134,19 @@ async def update_catalog(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @post("/v1/kronk/pulls", opt=_ADMIN, status_code=202)
 async def start_pull(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """Start pulling a catalog model or a URL; follow it at /v1/kronk/pulls/{id}/events."""
+    """Start pulling a catalog model or a reference; follow it at /v1/kronk/pulls/{id}/events."""
     body = await parse_body(request, PullRequest)
-    base, endpoint = _base(request), _settings(request).hf_endpoint
+    settings = _settings(request)
+    base, endpoint = _base(request), settings.endpoint()
     if body.model is not None:
         files = catalog_files(Catalog(base), body.model, base, endpoint)
         pull = pulls_of(request).start(body.model, files, kind="catalog")
     else:
         assert body.url is not None
-        model_id, files = url_files(body.url, body.proj, base, endpoint)
+        # A repository reference is listed by the Hub first: off the event loop.
+        model_id, files = await asyncio.to_thread(
+            reference_files, body.url, body.proj, base, endpoint, settings.token()
+        )
         pull = pulls_of(request).start(model_id, files, kind="url")
     return pull.snapshot()
 

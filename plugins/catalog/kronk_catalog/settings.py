@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import huggingface_hub
 from pydantic import BaseModel, ConfigDict, Field
 
 from kronk_core.sections import ServerSection
@@ -29,18 +30,33 @@ class CatalogSettings(BaseModel):
         default=DEFAULT_TEMPLATES_SOURCE,
         description="Where `catalog update` fetches the chat templates catalogs name (empty: none)",
     )
-    hf_endpoint: str = Field(
-        default=DEFAULT_HF_ENDPOINT,
-        description="The Hugging Face Hub that HF-REPO/FILE names (and the token) belong to",
+    hf_endpoint: str | None = Field(
+        default=None,
+        description="The Hugging Face Hub that model references name (and the token belongs to);"
+        f" unset: HF_ENDPOINT, else {DEFAULT_HF_ENDPOINT}",
     )
     hf_token: str | None = Field(
         default=None,
-        description="Hugging Face token for gated models, sent to hf_endpoint's host only",
+        description="Hugging Face token for gated models, sent to the Hub's host only; unset: "
+        "KRONK_HF_TOKEN, HF_TOKEN, else the one `hf auth login` saved",
     )
 
+    def endpoint(self) -> str:
+        return hub_endpoint(self.hf_endpoint)
+
     def token(self) -> str | None:
-        """The Hugging Face token: this setting, else the manual's KRONK_HF_TOKEN."""
-        return self.hf_token or os.environ.get(HF_TOKEN_VARIABLE) or None
+        return hub_token(self.hf_token)
+
+
+def hub_endpoint(configured: str | None = None) -> str:
+    """The Hub's base URL: the setting, else HF_ENDPOINT (a mirror), else huggingface.co."""
+    return (configured or os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
+
+
+def hub_token(configured: str | None = None) -> str | None:
+    """The Hub's token: the setting, else the manual's KRONK_HF_TOKEN, else huggingface_hub's
+    (HF_TOKEN, or the token `hf auth login` saved)."""
+    return configured or os.environ.get(HF_TOKEN_VARIABLE) or huggingface_hub.get_token()
 
 
 SETTINGS = ServerSection("catalog", CatalogSettings)

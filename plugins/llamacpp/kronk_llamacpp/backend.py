@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+
 import llama_cpp
 
 from kronk_core.backend import EmbeddingModel, TextModel
 from kronk_core.config import ModelConfig
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
-from kronk_llamacpp.estimate import estimate, refuse_if_too_large
+from kronk_llamacpp.estimate import choose_context, estimate, refuse_if_too_large
+from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.weights import load_weights, metadata
+
+log = logging.getLogger(__name__)
 
 
 class LlamaCppBackend:
     name = "llamacpp"
 
     def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+        devices = list_devices()
+        if config.context_window is None:
+            assert config.model_path is not None
+            meta = read_metadata(config.model_path)
+            choice = choose_context(config, devices, meta, config.model_path.stat().st_size)
+            log.info("%s: context_window unset: %s", config.id, choice.describe())
+            config = config.model_copy(update={"context_window": choice.tokens})
         # Refused before llama.cpp allocates anything when it cannot fit.
-        refuse_if_too_large(config, estimate(config, list_devices()))
+        refuse_if_too_large(config, estimate(config, devices))
         weights = load_weights(config)
         try:
             pooling = pooling_of(metadata(weights))

@@ -5,22 +5,34 @@ n_seq_max x bytes per token, and a token costs, summed over layers,
 head_count_kv x (key_length x bytes of cache_type_k + value_length x bytes of cache_type_v).
 Compute buffers come on top, so the estimate is a floor: a load it says cannot fit surely
 cannot.
+
+A model whose entry sets no context_window gets its training length (at most the
+server's `context_window`), lowered to what the estimate says fits in 90% of the free
+memory of each device it would use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kronk_core.config import ModelConfig
 from kronk_core.errors import InsufficientMemoryError, ModelLoadError
 from kronk_core.memory import Device, DeviceShare, MemoryEstimate
+from kronk_llamacpp.embedding import DEFAULT_CONTEXT_WINDOW as EMBEDDING_CONTEXT_WINDOW
 from kronk_llamacpp.gguf_meta import read_metadata
-from kronk_llamacpp.model import DEFAULT_CONTEXT_WINDOW
 from kronk_llamacpp.params import GGML_TYPE_BYTES
 from kronk_llamacpp.settings import SETTINGS, LlamaCppSettings, SplitMode
 
 _GPU_TYPES = ("gpu", "igpu")
+# Of a device's free memory, what a chosen context may fill: the rest is for compute buffers.
+FIT_SHARE = 0.9
+# llama.cpp pads a context to this many cells; a chosen context is a multiple of it.
+CONTEXT_STEP = 256
+# A context is not lowered below this (or the training length, if shorter): a model that
+# cannot have it is refused with what to lower instead.
+MIN_CONTEXT_WINDOW = 2048
 
 
 def _per_layer(value: Any, n_layer: int, default: int) -> list[int]:
@@ -48,14 +60,6 @@ def kv_bytes_per_token(llama: LlamaCppSettings, meta: dict[str, Any]) -> tuple[i
             + value_len * GGML_TYPE_BYTES[llama.cache_type_v]
         )
     return n_layer, round(per_token)
-
-
-def _context_window(config: ModelConfig, meta: dict[str, Any]) -> int:
-    if config.context_window:
-        return config.context_window
-    arch = str(meta.get("general.architecture", ""))
-    trained = int(meta.get(f"{arch}.context_length", DEFAULT_CONTEXT_WINDOW))
-    return min(trained, DEFAULT_CONTEXT_WINDOW)
 
 
 def _gpu_targets(config: ModelConfig, devices: Sequence[Device]) -> list[Device]:
@@ -122,14 +126,73 @@ def place(
     return tuple(shares)
 
 
+@dataclass(frozen=True)
+class ContextChoice:
+    """The context window a model whose entry sets none gets, and why."""
+
+    tokens: int
+    trained: int  # the model's training length
+    ceiling: int  # what it gets with room enough: trained, or the server's context_window
+    device: str | None = None  # the device whose free memory lowered it
+
+    def describe(self) -> str:
+        """For the load's log line."""
+        wanted = "its training length" if self.ceiling == self.trained else "the server's"
+        if self.device is None:
+            return f"{self.tokens} tokens per slot ({wanted})"
+        return (
+            f"{self.tokens} tokens per slot, lowered from {self.ceiling} ({wanted}) "
+            f"to fit the free memory of {self.device}"
+        )
+
+
+def training_length(meta: dict[str, Any]) -> int:
+    arch = str(meta.get("general.architecture", ""))
+    return int(meta.get(f"{arch}.context_length", 0)) or EMBEDDING_CONTEXT_WINDOW
+
+
+def choose_context(
+    config: ModelConfig, devices: Sequence[Device], meta: dict[str, Any], weights: int
+) -> ContextChoice:
+    """The context window for a config without one: the training length (embedding models:
+    at most 8192; text models: at most the server's context_window), lowered until the
+    weights and the KV cache fill at most FIT_SHARE of each device's free memory."""
+    trained = training_length(meta)
+    arch = str(meta.get("general.architecture", ""))
+    if f"{arch}.pooling_type" in meta:  # an embedding model: one input per context
+        ceiling = min(trained, EMBEDDING_CONTEXT_WINDOW)
+    else:
+        ceiling = min(trained, config.context_default or trained)
+    n_layer, per_token = kv_bytes_per_token(SETTINGS.of(config), meta)
+    # The KV cache grows with the context: each device's share of one slot-token, in a
+    # large unit so that the shares' rounding does not matter.
+    unit = 1 << 20
+    kv_shares = place(config, devices, 0, unit * config.n_seq_max * per_token, n_layer)
+    weights_on = {
+        share.device: share.weights_bytes for share in place(config, devices, weights, 0, n_layer)
+    }
+    tokens, tightest = ceiling, None
+    for share in kv_shares:
+        room = FIT_SHARE * share.memory_free - weights_on.get(share.device, 0)
+        fits = int(room * unit // share.kv_bytes) if share.kv_bytes else ceiling
+        if fits < tokens:
+            tokens, tightest = fits, share.device
+    if tightest is None:
+        return ContextChoice(ceiling, trained, ceiling)
+    floor = min(ceiling, MIN_CONTEXT_WINDOW)
+    tokens = max(floor, tokens // CONTEXT_STEP * CONTEXT_STEP)
+    return ContextChoice(tokens, trained, ceiling, tightest)
+
+
 def estimate(config: ModelConfig, devices: Sequence[Device]) -> MemoryEstimate:
-    """The estimate for a config whose model_path is resolved, placed on `devices`."""
+    """The estimate for a config whose model_path is resolved, placed on `devices`. Without
+    a context_window, the one `choose_context` gives."""
     assert config.model_path is not None
     llama = SETTINGS.of(config)
     meta = read_metadata(config.model_path)
     n_layer, per_token = kv_bytes_per_token(llama, meta)
     weights = config.model_path.stat().st_size
-    context = _context_window(config, meta)
+    context = config.context_window or choose_context(config, devices, meta, weights).tokens
     kv = context * config.n_seq_max * per_token
     return MemoryEstimate(
         weights_bytes=weights,

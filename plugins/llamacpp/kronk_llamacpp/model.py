@@ -28,7 +28,6 @@ from kronk_llamacpp.weights import load_weights, metadata
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTEXT_WINDOW = 8192
 # Rows one sequence may sample on the device in one decode: a token and its draft tokens.
 DEVICE_SAMPLED_ROWS = 64
 
@@ -65,7 +64,8 @@ class LlamaTextModel:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         found = metadata(model)
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
-        context_window = config.context_window or min(n_ctx_train, DEFAULT_CONTEXT_WINDOW)
+        # The backend chooses one for an entry without (estimate.choose_context).
+        context_window = config.context_window or n_ctx_train
         if context_window > n_ctx_train and llama.rope_scaling is RopeScaling.none:
             log.warning(
                 "context_window %d of %s is beyond the model's training length %d and "

@@ -3,6 +3,7 @@ completions', mounted here)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -109,29 +110,44 @@ async def _sse(
     yield b"data: [DONE]\n\n"
 
 
-def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
-    loaded = kronk.pool.get(model_id)
-    return {
-        "id": model_id,
+def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
+    """A model (or an alias) as /v1/models lists it: whether it is loaded, and the context a
+    request gets (loaded, or what a load would choose now; null when not known)."""
+    model_id = kronk.canonical(name)
+    card: dict[str, Any] = {
+        "id": name,
         "object": "model",
         "created": int(time.time()),
         "owned_by": "kronk",
-        "loaded": loaded is not None,
+        "loaded": kronk.pool.get(model_id) is not None,
+        "context_length": kronk.context_length(model_id),
     }
+    if model_id != name:
+        card["alias_of"] = model_id
+    return card
+
+
+def _model_names(kronk: Kronk) -> list[str]:
+    """Every model id, then every alias."""
+    return [*kronk.model_ids(), *kronk.aliases()]
 
 
 @get("/v1/models", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     kronk = kronk_of(request)
-    return {"object": "list", "data": [_model_card(kronk, mid) for mid in kronk.model_ids()]}
+
+    def cards() -> list[dict[str, Any]]:  # reads GGUF headers and device memory
+        return [_model_card(kronk, name) for name in _model_names(kronk)]
+
+    return {"object": "list", "data": await asyncio.to_thread(cards)}
 
 
 @get("/v1/models/{model_id:str}", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = kronk_of(request)
-    if model_id not in kronk.model_ids():
+    if model_id not in _model_names(kronk):
         raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
-    return _model_card(kronk, model_id)
+    return await asyncio.to_thread(_model_card, kronk, model_id)
 
 
 @post("/v1/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
