@@ -20,7 +20,8 @@ from file_server import FileServer, Served
 
 from kronk_api.cli import main
 from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
-from kronk_core import Kronk, KronkConfig
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core.models import GEMMA_MODEL_ID
 
 
 def sha256(path: Path) -> str:
@@ -377,4 +378,5 @@ def test_a_projector_comes_beside_its_model_and_is_not_a_model(
     assert code == 0, output
     assert leftovers(tmp_path) == ["org/vl-GGUF/mmproj-F16.gguf", "org/vl-GGUF/vl.gguf"]
     code, output = pull(tmp_path, "model", "list")
-    assert [line.split("\t")[0] for line in output.splitlines()] == ["vl", "gemma-3-270m-Q4_K_M"]
+    listed = [line.split("\t")[0] for line in output.splitlines()]
+    assert listed == ["vl", DEFAULT_MODEL_ID, GEMMA_MODEL_ID]

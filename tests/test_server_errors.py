@@ -12,11 +12,11 @@ import httpx
 import openai
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID
 from kronk_core.errors import InvalidRequestError
+from kronk_core.models import GEMMA_MODEL_ID
 from kronk_core.types import ChatMessage, ChatRequest
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hello"}]
 CONTEXT = 8192
