@@ -7,7 +7,7 @@ import importlib.util
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,12 @@ from kronk_core.config import (
     merge_settings,
     parse_model_config,
 )
-from kronk_core.errors import ConfigError, ModelLoadError, ModelNotFoundError
+from kronk_core.errors import (
+    ConfigError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +161,18 @@ def model_file_id(path: Path) -> str | None:
     return split["stem"] if int(split["part"]) == 1 else None
 
 
+def model_files(path: Path) -> list[Path]:
+    """A model's files: the file, or every part of a split model named by its first part."""
+    split = SPLIT_PART.match(path.stem)
+    if split is None:
+        return [path]
+    count = int(split["count"])
+    return [
+        path.with_name(f"{split['stem']}-{part:05d}-of-{count:05d}{path.suffix}")
+        for part in range(1, count + 1)
+    ]
+
+
 def installed_model_files(config: KronkConfig) -> dict[str, Path]:
     """GGUF models under <base_path>/models, keyed by the id each is served under."""
     root = models_dir(config)
@@ -167,6 +184,26 @@ def installed_model_files(config: KronkConfig) -> dict[str, Path]:
         if model_id is not None:
             found.setdefault(model_id, path)
     return found
+
+
+# How to get a model that is not here, for the message of an unknown model's 404.
+PULL_HINT = (
+    "Get another with `kronk model pull URL` (a GGUF file's URL or HF-REPO/FILE) or "
+    "`kronk catalog pull ID` (`kronk catalog list` lists them)."
+)
+# An unknown model's message names this many of the models there are, at most.
+LISTED_IN_ERRORS = 20
+
+
+def unknown_model(model_id: str, known: Sequence[str]) -> ModelNotFoundError:
+    """The 404 for a model id nobody serves: the ids there are, and how to get another."""
+    named = ", ".join(known[:LISTED_IN_ERRORS])
+    if len(known) > LISTED_IN_ERRORS:
+        named += f" and {len(known) - LISTED_IN_ERRORS} more (GET /v1/models lists them)"
+    return ModelNotFoundError(
+        f"model {model_id!r} not found. Models here: {named or 'none'}. {PULL_HINT}",
+        param="model",
+    )
 
 
 def known_model_ids(config: KronkConfig, provided: Provided | None = None) -> list[str]:
@@ -220,7 +257,7 @@ def resolve_model_config(
         elif model_id in files:
             configured = ModelConfig(id=model_id)
         else:
-            raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
+            raise unknown_model(model_id, known_model_ids(config, provided))
     if configured.model_path is not None:
         path = configured.model_path.expanduser()
         if not path.is_file():
@@ -235,3 +272,43 @@ def resolve_model_config(
             f"not set and no {base_id}.gguf under {models_dir(config)}",
         )
     return configured.model_copy(update={"model_path": path})
+
+
+def removable_files(
+    config: KronkConfig, model_id: str, provided: Provided | None = None
+) -> list[Path]:
+    """The files `kronk model rm` deletes: those of a model installed or pulled under
+    <base>/models. Any other model is refused, saying where it comes from."""
+    if model_id in PACKAGED_MODELS and config.model(model_id) is None and model_id not in (
+        provided or {}
+    ):
+        raise InvalidRequestError(
+            f"{model_id} comes with a PyPI package, not from <base>/models: uninstall the "
+            f"package instead (`{PACKAGED_MODELS[model_id].install}` installed it)"
+        )
+    path = resolve_model_config(config, model_id, provided).model_path
+    assert path is not None  # resolved
+    root = models_dir(config)
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise InvalidRequestError(
+            f"{model_id} runs from {path}, which is not under {root}: Kronk did not put it "
+            "there, so it leaves it alone (remove the model's entry from the model-config "
+            "file, or the file yourself)"
+        )
+    return [part for part in model_files(path) if part.exists()]
+
+
+def delete_model_files(config: KronkConfig, files: Sequence[Path]) -> None:
+    """Delete a model's files; then a projector left alone beside them, and the folders
+    under <base>/models that this empties."""
+    root = models_dir(config).resolve()
+    for path in files:
+        path.unlink(missing_ok=True)
+    for folder in {path.parent.resolve() for path in files}:
+        rest = list(folder.glob("*.gguf"))
+        if not any(model_file_id(other) is not None for other in rest):
+            for projector in rest:
+                projector.unlink()
+        while folder != root and folder.is_relative_to(root) and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent

@@ -175,7 +175,8 @@ def two_servers(
             port = port_finder()
             command = [sys.executable, "-m", "kronk_api.cli", "server", "start"]
             command += ["--api-host", f"127.0.0.1:{port}", "--base-path", str(tmp_path)]
-            command += ["--model-config-file", str(models), "--preload", "--log-level", "warning"]
+            command += ["--model-config-file", str(models), "--model", MODEL, "--preload"]
+            command += ["--log-level", "warning"]
             command += ["--auth-jwt-enabled", "--auth-jwt-limit-store", redis_url]
             processes.append(
                 subprocess.Popen(

@@ -121,8 +121,9 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     assert leftovers(tmp_path) == [str(pulled.relative_to(tmp_path / "models"))]
     code, output = cli(tmp_path, "catalog", "list")
     assert f"{GEMMA_MODEL_ID}         yes" in output
-    code, output = cli(tmp_path, "model", "list")
-    assert f"{GEMMA_MODEL_ID}\t{pulled}" in output.splitlines()
+    code, output = cli(tmp_path, "model", "list", "--json")
+    entries = {entry["id"]: entry for entry in json.loads(output)}
+    assert entries[GEMMA_MODEL_ID]["model_path"] == str(pulled)
     # Served by its catalog id from the pulled file, its settings under the model-config entry.
     small = parse_model_config(GEMMA_MODEL_ID, {"context_window": 512, "n_seq_max": 1})
     config = KronkConfig(base_path=tmp_path, models={GEMMA_MODEL_ID: small})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import resource
@@ -377,6 +378,6 @@ def test_a_projector_comes_beside_its_model_and_is_not_a_model(
         )
     assert code == 0, output
     assert leftovers(tmp_path) == ["org/vl-GGUF/mmproj-F16.gguf", "org/vl-GGUF/vl.gguf"]
-    code, output = pull(tmp_path, "model", "list")
-    listed = [line.split("\t")[0] for line in output.splitlines()]
+    code, output = pull(tmp_path, "model", "list", "--json")
+    listed = [entry["id"] for entry in json.loads(output)]
     assert listed == ["vl", DEFAULT_MODEL_ID, GEMMA_MODEL_ID]

@@ -106,7 +106,13 @@ def debug_server(
     serve: Serve, base: Path, debug_host: str, **settings: Any
 ) -> Iterator[DebugServer]:
     server = ServerSettings.model_validate(
-        {"base_path": base, "preload": True, "debug": {"host": debug_host}, **settings}
+        {
+            "base_path": base,
+            "model": GEMMA_MODEL_ID,
+            "preload": True,
+            "debug": {"host": debug_host},
+            **settings,
+        }
     )
     blocker = LoopBlocker()
     kronk = Kronk(kronk_config(base), plugins={"probe": CollectorProbe(), "blocker": blocker})

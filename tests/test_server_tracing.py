@@ -173,7 +173,13 @@ def traced_server(
     if probability is not None:
         tempo["probability"] = probability
     settings = ServerSettings.model_validate(
-        {"tempo": tempo, "debug": {"enabled": False}, "preload": True, **server}
+        {
+            "tempo": tempo,
+            "debug": {"enabled": False},
+            "model": GEMMA_MODEL_ID,
+            "preload": True,
+            **server,
+        }
     )
     app = create_app(settings, kronk=Kronk(config))
     with serve(app, lifespan="on") as base_url:
