@@ -70,6 +70,7 @@ def kronk_server(base: Path, environment: dict[str, str]) -> Iterator[str]:
     models.write_text(f"models:\n  {GEMMA_MODEL_ID}:\n    cache: none\n")
     env.update(environment, KRONK_API_HOST=host, KRONK_BASE_PATH=str(base), KRONK_PRELOAD="true")
     env.update(KRONK_LOG_LEVEL="warning", KRONK_MODEL_CONFIG_FILE=str(models))
+    env.update(KRONK_MODEL=GEMMA_MODEL_ID)
     log = (base / "server.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "kronk_api.cli", "server", "start"],

@@ -182,6 +182,7 @@ def run_kronk(log_dir: Path, w3: bool, model_config: Path | None = None) -> Resu
     command = [
         sys.executable, "-m", "kronk_api.cli", "server", "start",
         "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
+        "--model", GEMMA_MODEL_ID,
     ]
     if model_config is not None:
         command += ["--model-config-file", str(model_config)]
@@ -196,7 +197,7 @@ def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple
 
     Each is the median of three prefills: one prefill of a few hundred tokens varies by
     about 10% on a 2-core machine, as much as the margin it is compared with."""
-    kronk = Kronk(KronkConfig())
+    kronk = Kronk(KronkConfig(default_model=GEMMA_MODEL_ID))
     loaded = kronk.load()
     prompts, replies = [], []
     for messages, turn in w1:
