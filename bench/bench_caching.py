@@ -18,7 +18,7 @@ from typing import Any
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import default_model_path
+from kronk_core.models import gemma_model_path
 from kronk_core.sampling import Greedy
 from kronk_llamacpp.model import LlamaTextModel
 
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=700, help="system prompt size in words")
     parser.add_argument("--w3-rounds", type=int, default=3)
     args = parser.parse_args()
-    path = default_model_path()
+    path = gemma_model_path()
     modes = {
         "none": {"cache": "none"},
         "spc": {"cache": "spc"},

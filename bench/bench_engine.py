@@ -19,8 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import llama_cpp
 
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
-from kronk_core.models import default_model_path
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import context_params, model_params
 from kronk_llamacpp.sampler import ShortlistTopKSampler
@@ -128,8 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     config = ModelConfig.model_validate(
         {
-            "id": DEFAULT_MODEL_ID,
-            "model_path": default_model_path(),
+            "id": GEMMA_MODEL_ID,
+            "model_path": gemma_model_path(),
             "templates": {"template": "gemma"},
             "context_window": 2048,
             "n_seq_max": 8,
@@ -143,7 +143,7 @@ def main() -> None:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         bare = pool.submit(bare_loop, config, args.tokens)
         bare_rate = bare.result()
-    kronk = Kronk(KronkConfig(models={DEFAULT_MODEL_ID: config}))
+    kronk = Kronk(KronkConfig(default_model=GEMMA_MODEL_ID, models={GEMMA_MODEL_ID: config}))
     kronk.load()
     asyncio.run(engine_streams(kronk, 1, 16))  # warm-up
     single, _ = asyncio.run(engine_streams(kronk, 1, args.tokens))

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
 
 def free_port() -> int:
@@ -67,9 +67,10 @@ def kronk_server(base: Path, environment: dict[str, str]) -> Iterator[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("KRONK_")}
     # No message caching: every round does the same prefill and decode work.
     models = base / "models.yaml"
-    models.write_text(f"models:\n  {DEFAULT_MODEL_ID}:\n    cache: none\n")
+    models.write_text(f"models:\n  {GEMMA_MODEL_ID}:\n    cache: none\n")
     env.update(environment, KRONK_API_HOST=host, KRONK_BASE_PATH=str(base), KRONK_PRELOAD="true")
     env.update(KRONK_LOG_LEVEL="warning", KRONK_MODEL_CONFIG_FILE=str(models))
+    env.update(KRONK_MODEL=GEMMA_MODEL_ID)
     log = (base / "server.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "kronk_api.cli", "server", "start"],
@@ -91,7 +92,7 @@ def kronk_server(base: Path, environment: dict[str, str]) -> Iterator[str]:
         # Ready means accepting; the preload has finished once a chat answers.
         httpx.post(
             f"http://{host}/v1/chat/completions",
-            json={"model": DEFAULT_MODEL_ID, "messages": [{"role": "user", "content": "hi"}]},
+            json={"model": GEMMA_MODEL_ID, "messages": [{"role": "user", "content": "hi"}]},
             timeout=180,
         )
         yield f"http://{host}"
@@ -106,7 +107,7 @@ async def round_rate(base_url: str, streams: int, tokens: int) -> tuple[int, flo
 
     async def one(client: httpx.AsyncClient, i: int) -> int:
         body = {
-            "model": DEFAULT_MODEL_ID,
+            "model": GEMMA_MODEL_ID,
             "messages": [{"role": "user", "content": f"Count from {i + 1} to 1000, one a line."}],
             "max_tokens": tokens,
             "temperature": 0,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kronk_llamacpp  # noqa: F401  (llama.cpp's libraries before the scripts' numpy)
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
-from kronk_core.models import cache_dir, default_model_path
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.models import GEMMA_MODEL_ID, cache_dir, gemma_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from gguf_output import cached
@@ -143,7 +143,7 @@ def main() -> None:
     draft_path = cached(models_dir / GEMMA_DRAFT, make_gemma_draft)
     tiny_path = cached(models_dir / TINY_LLAMA, make_tiny_llama)
     base = {
-        "model_path": default_model_path(),
+        "model_path": gemma_model_path(),
         "templates": {"template": "gemma"},
         "context_window": 8192,
         "n_seq_max": 1,
@@ -196,7 +196,7 @@ def main() -> None:
                 total.rejected += row.rejected
                 total.tokens += row.tokens
     kronk.close()
-    print(f"\n{DEFAULT_MODEL_ID}, one request at a time (best of {args.repeat})")
+    print(f"\n{GEMMA_MODEL_ID}, one request at a time (best of {args.repeat})")
     print(f"{'workload':<14}{'model':<14}{'decode tok/s':>13}{'x plain':>9}  drafts accepted")
     for name, workload in workloads.items():
         plain = rows[(name, "plain")].best

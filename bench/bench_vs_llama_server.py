@@ -46,9 +46,9 @@ import httpx
 from agent_load import Client, Messages, Turn, system_prompt, unique_text
 from llama_server import llama_server_binary, no_amx_environment
 
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core import Kronk, KronkConfig
 from kronk_core.backend import Batch
-from kronk_core.models import default_model_path, resolve_model_config
+from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path, resolve_model_config
 from kronk_core.sampling import Greedy
 from kronk_core.tokens import common_prefix
 from kronk_llamacpp.model import LlamaTextModel
@@ -188,11 +188,11 @@ def run_llama_server(log_dir: Path, w3: bool, fleets: bool) -> Results:
     template.write_text(bundled_source("gemma"), encoding="utf-8")
     command = [
         str(llama_server_binary()),
-        "-m", str(default_model_path()),
+        "-m", str(gemma_model_path()),
         "--host", "127.0.0.1", "--port", str(port),
         "--jinja", "--chat-template-file", str(template),
     ]
-    client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
+    client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     ready = f"{client.base_url}/health"
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
         asyncio.run(warm_up(client))
@@ -206,10 +206,11 @@ def run_kronk(
     command = [
         sys.executable, "-m", "kronk_api.cli", "server", "start",
         "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
+        "--model", GEMMA_MODEL_ID,
     ]
     if model_config is not None:
         command += ["--model-config-file", str(model_config)]
-    client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
+    client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
         return asyncio.run(drive(client, w3, fleets))
@@ -220,14 +221,14 @@ def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple
 
     Each is the median of three prefills: one prefill of a few hundred tokens varies by
     about 10% on a 2-core machine, as much as the margin it is compared with."""
-    kronk = Kronk(KronkConfig())
+    kronk = Kronk(KronkConfig(default_model=GEMMA_MODEL_ID))
     loaded = kronk.load()
     prompts, replies = [], []
     for messages, turn in w1:
         request = kronk.chat_request(messages)
         prompts.append(loaded.render(request.messages, kronk.render_options(request)))
         replies.append(loaded.tokenize_prompt(turn.reply))
-    config = resolve_model_config(kronk.config, DEFAULT_MODEL_ID)
+    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID)
     kronk.close()
     model = LlamaTextModel(config)
     try:

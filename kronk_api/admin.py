@@ -7,12 +7,12 @@ from dataclasses import asdict
 from typing import Any
 
 from litestar import Request, get, post
-from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
 from kronk_core.memory import estimate_summary
+from kronk_core.models import unknown_model
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})
@@ -60,6 +60,7 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "data": [
             {
                 "id": entry.model_id,
+                "model_path": entry.model.info.path,
                 "capabilities": sorted(entry.model.info.capabilities),
                 "memory_bytes": entry.model.info.memory_bytes,
                 "memory_estimate": estimates[entry.model_id],
@@ -78,8 +79,9 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def unload_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     """Unload a model now; requests still running on it end with an error."""
     kronk: Kronk = request.app.state.kronk
-    if model_id not in kronk.model_ids():
-        raise NotFoundException(f"model {model_id!r} not found")
+    known = kronk.model_ids()
+    if model_id not in known:
+        raise unknown_model(model_id, known)
     return {"id": model_id, "unloaded": await kronk.aunload(model_id)}
 
 

@@ -8,12 +8,15 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any, NoReturn
 import click
 
 from kronk_api.client import call_server
+from kronk_api.listen import ListenError, listen
 from kronk_api.logs import configure_logging
 from kronk_api.options import (
     ServerStartCommand,
@@ -41,7 +45,9 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
 from kronk_core.loading import model_config_for
-from kronk_core.models import installed_model_files
+from kronk_core.models import delete_model_files, model_files, removable_files
+
+log = logging.getLogger(__name__)
 
 api_host_option = setting_option("api_host", help="HOST:PORT of the server [127.0.0.1:8080]")
 base_path_option = setting_option(
@@ -113,11 +119,24 @@ def server() -> None:
     "--detach",
     is_flag=True,
     envvar="KRONK_DETACH",
-    help="Run in the background; logs go to the log file",
+    help="Run in the background once ready; logs go to the log file",
+)
+@click.option(
+    "--ready-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    envvar="KRONK_READY_TIMEOUT",
+    help="With -d: seconds to wait for the server to be ready",
 )
 @click.pass_context
 def server_start(
-    ctx: click.Context, /, config_file: Path | None, detach: bool, **_: Any
+    ctx: click.Context,
+    /,
+    config_file: Path | None,
+    detach: bool,
+    ready_timeout: float,
+    **_: Any,
 ) -> None:
     """Start the model server.
 
@@ -133,44 +152,66 @@ def server_start(
     except KronkError as exc:
         _fail(exc)
     if detach:
-        _start_detached(settings, command.schema)
+        _start_detached(settings, command.schema, ready_timeout)
         return
     _serve(settings)
 
 
 def _serve(settings: ServerSettings) -> None:
-    import uvicorn
-
-    from kronk_api.app import create_app
-
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    # The address first: a taken port is one line and exit status 1, before any model loads.
     try:
-        app = create_app(settings)
-    except KronkError as exc:
-        _fail(exc)
+        sock = listen(settings.host.strip("[]"), settings.port)
+    except ListenError as exc:
+        hint = " (another server runs there: `kronk server stop`, or --api-host)"
+        raise click.ClickException(exc.message + (hint if exc.in_use else "")) from None
+    host, port = sock.getsockname()[:2]
+    log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
     base = settings.base_path.expanduser()
     base.mkdir(parents=True, exist_ok=True)
     _pid_file(base).write_text(str(os.getpid()))
     try:
-        # log_config=None: uvicorn's loggers propagate to the JSON handler.
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            log_config=None,
-        )
+        _run(settings, sock)
     finally:
         _pid_file(base).unlink(missing_ok=True)
 
 
-def _start_detached(settings: ServerSettings, schema: list[Setting]) -> None:
+def _run(settings: ServerSettings, sock: socket.socket) -> None:
+    import uvicorn
+
+    from kronk_api.app import create_app
+
+    try:
+        app = create_app(settings)
+        if settings.preload:
+            # Here rather than in the app's start-up, whose failure is a traceback: a model
+            # that cannot load is one line too (start-up then finds it loaded).
+            app.state.kronk.load(settings.model, keep=True)
+    except KronkError as exc:
+        sock.close()
+        _fail(exc)
+    # log_config=None: uvicorn's loggers propagate to Kronk's handler.
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+    )
+    # After a graceful stop uvicorn raises the signal again; Ctrl-C then ends quietly.
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+def _start_detached(settings: ServerSettings, schema: list[Setting], ready_timeout: float) -> None:
+    """Start a foreground server in the background; return once it answers, or say why not."""
     base = settings.base_path.expanduser()
     log_file = _log_file(base)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     environment = {**os.environ, **environment_for(settings, schema)}
     environment.pop("KRONK_DETACH", None)  # the child must run in the foreground
     with log_file.open("ab") as sink:
+        written = sink.tell()
         process = subprocess.Popen(
             [sys.executable, "-m", "kronk_api.cli", "server", "start"],
             stdout=sink,
@@ -179,8 +220,60 @@ def _start_detached(settings: ServerSettings, schema: list[Setting]) -> None:
             env=environment,
             start_new_session=True,
         )
+    # A server on every interface is asked on loopback.
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(settings.host)
+    readiness = f"http://{host or settings.host}:{settings.port}/v1/readiness"
+    deadline = time.monotonic() + ready_timeout
+    while not _ready(readiness):
+        status = process.poll()
+        if status is not None:
+            why = "\n".join(_startup_errors(log_file, written))
+            raise click.ClickException(
+                f"the server exited (status {status}) before it was ready:\n{why}\nlog: {log_file}"
+            )
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"the server (pid {process.pid}) is not ready after {ready_timeout:g} s; it is "
+                f"still starting (a large model loading?): `kronk server logs`, log: {log_file}"
+            )
+        time.sleep(0.2)
     click.echo(f"kronk server started in the background (pid {process.pid}) on {settings.api_host}")
     click.echo(f"logs: {log_file}")
+
+
+# `kronk_core.errors.ConfigError: mcp.listen: ...` in a traceback, its `|` margin aside.
+EXCEPTION_LINE = re.compile(r"^[\s|]*([\w.]+(?:Error|Exception): .*)$", re.MULTILINE)
+
+
+def _ready(readiness: str) -> bool:
+    """True once the server answers its readiness route with 200 (the model preloaded)."""
+    try:
+        with urllib.request.urlopen(readiness, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (OSError, ValueError):  # not listening yet, still starting (a read timeout), or 503
+        return False
+
+
+def _startup_errors(log_file: Path, offset: int) -> list[str]:
+    """What a server that died at start-up logged about why: its error lines (a JSON line's
+    message, or the exception its traceback ends in), else its last lines."""
+    with log_file.open("rb") as log:
+        log.seek(offset)
+        lines = log.read().decode(errors="replace").splitlines()
+    errors = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            if line.strip():
+                errors.append(line)  # click's `Error: ...`, a crash's traceback
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("ERROR", "CRITICAL"):
+            # A failed start-up hook's message is a whole traceback: its exception says why.
+            text = "\n".join(str(entry.get(key, "")) for key in ("msg", "exc"))
+            raised = EXCEPTION_LINE.findall(text)
+            errors.append(raised[-1].strip() if raised else text.strip().partition("\n")[0])
+    return (errors or lines)[-8:]
 
 
 @server.command("stop")
@@ -269,30 +362,54 @@ def plugins(as_json: bool) -> None:
 
 @main.group()
 def model() -> None:
-    """Models: list them, see what a server has loaded (plugins add more: pull)."""
+    """Models: list, show and remove them; what a server has loaded (plugins add: pull)."""
 
 
 @model.command("list")
 @base_path_option
 @model_config_option
-def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
-    """List configured, installed and default models."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
+def model_list(base_path: Path | None, model_config_file: Path | None, as_json: bool) -> None:
+    """List the models Kronk can serve: size, quantization, context length and file."""
     try:
         config = _local_config(base_path, model_config_file)
         with Kronk(config) as kronk:
-            provided = kronk.provided_models()
-            model_ids = kronk.model_ids()
+            found = [_describe(kronk, model_id) for model_id in kronk.model_ids()]
     except KronkError as exc:
         _fail(exc)
-    files = installed_model_files(config)
-    for model_id in model_ids:
-        configured = config.model(model_id)
-        where = (
-            configured.model_path
-            if configured and configured.model_path
-            else provided.get(model_id, {}).get("model_path") or files.get(model_id)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    rows = [("ID", "SIZE", "QUANTIZATION", "CONTEXT", "FILE")]
+    for entry in found:
+        rows.append(
+            (
+                entry["id"],
+                "-" if entry["size_bytes"] is None else _size(entry["size_bytes"]),
+                entry["quantization"] or "-",
+                str(entry["context_length"] or "-"),
+                entry["model_path"] or f"({entry['error']})",
+            )
         )
-        click.echo(f"{model_id}\t{where or 'embedded default'}")
+    _table(rows)
+
+
+def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:
+    """A model's file and what the file says: `kronk model list`'s entry. A model that
+    cannot be resolved is listed with the reason (`error`) instead."""
+    entry: dict[str, Any] = {"id": model_id, "model_path": None, "size_bytes": None}
+    entry.update(dict.fromkeys(("architecture", "parameters", "quantization", "context_length")))
+    try:
+        path = model_config_for(kronk, model_id).model_path
+        assert path is not None  # resolved
+        entry["model_path"] = str(path)
+        entry["size_bytes"] = sum(part.stat().st_size for part in model_files(path))
+        facts = kronk.model_facts(model_id)
+    except (KronkError, OSError) as exc:
+        return {**entry, "error": exc.message if isinstance(exc, KronkError) else str(exc)}
+    if facts is not None:
+        entry.update(asdict(facts))
+    return entry
 
 
 @model.command("show")
@@ -302,16 +419,26 @@ def model_list(base_path: Path | None, model_config_file: Path | None) -> None:
 def model_show(
     model_id: str | None, base_path: Path | None, model_config_file: Path | None
 ) -> None:
-    """Show a model's file and settings, and what loading it would take (memory estimate)."""
+    """Show a model's file, what the file says (architecture, parameters, quantization,
+    context length), its settings, and what loading it would take (memory estimate)."""
     try:
         kronk = Kronk(_local_config(base_path, model_config_file))
         model_id = model_id or kronk.config.default_model
         config = model_config_for(kronk, model_id)
+        facts = kronk.model_facts(model_id)
         estimate = kronk.memory_estimate(model_id)
     except KronkError as exc:
         _fail(exc)
+    assert config.model_path is not None  # resolved
+    size = sum(part.stat().st_size for part in model_files(config.model_path))
     click.echo(f"model:           {model_id}")
     click.echo(f"file:            {config.model_path}")
+    click.echo(f"size:            {_size(size)}")
+    if facts is not None:
+        click.echo(f"architecture:    {facts.architecture}")
+        click.echo(f"parameters:      {_count(facts.parameters)} ({facts.parameters:,})")
+        click.echo(f"quantization:    {facts.quantization}")
+        click.echo(f"context length:  {facts.context_length} (trained)")
     settings = _settings_set(config)
     width = max([16, *(len(key) + 1 for key in settings)])
     for key, value in settings.items():
@@ -335,6 +462,59 @@ def model_show(
             f"  on {share.device}: {_size(share.total_bytes)} of {_size(share.memory_free)} free"
             f" ({verdict})"
         )
+
+
+@model.command("rm")
+@click.argument("model_id")
+@base_path_option
+@model_config_option
+@api_host_option
+@click.option(
+    "--token", envvar="KRONK_TOKEN", help="Admin token, for a server with authentication on"
+)
+@click.option("--force", is_flag=True, help="Unload it from the running server first")
+def model_rm(
+    model_id: str,
+    base_path: Path | None,
+    model_config_file: Path | None,
+    api_host: str | None,
+    token: str | None,
+    force: bool,
+) -> None:
+    """Delete a model installed or pulled under <base>/models (every part, and a projector
+    left alone beside it). Refused while the server at --api-host has it loaded, unless
+    --force unloads it there first."""
+    try:
+        config = _local_config(base_path, model_config_file)
+        with Kronk(config) as kronk:
+            files = removable_files(config, model_id, kronk.provided_models())
+    except KronkError as exc:
+        _fail(exc)
+    host = api_host or "127.0.0.1:8080"
+    pool = call_server(host, "GET", "/v1/kronk/models", token=token, absent_ok=True)
+    ours = {path.resolve() for path in files}
+    loaded = [
+        entry["id"]
+        for entry in (pool or {"data": []})["data"]
+        if Path(entry["model_path"]).resolve() in ours
+    ]
+    if loaded and not force:
+        raise click.ClickException(
+            f"{model_id} is loaded on the server at {host} (as {', '.join(loaded)}): "
+            "unload it first (`kronk model unload ID`), or pass --force"
+        )
+    for loaded_id in loaded:
+        route = f"/v1/kronk/models/{urllib.parse.quote(loaded_id, safe='')}/unload"
+        call_server(host, "POST", route, token=token)
+        click.echo(f"unloaded {loaded_id} from the server at {host}")
+    size = sum(path.stat().st_size for path in files)
+    delete_model_files(config, files)
+    for path in files:
+        click.echo(f"deleted {path}")
+    click.echo(f"removed {model_id} ({_size(size)})")
+
+
+model.add_command(model_rm, "remove")
 
 
 def _settings_set(config: ModelConfig) -> dict[str, Any]:
@@ -417,6 +597,14 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def _size(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
+
+
+def _count(number: int) -> str:
+    """134515008 → 134.5M; 8190735360 → 8.2B."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if number >= scale:
+            return f"{number / scale:.1f}{suffix}"
+    return str(number)
 
 
 def _duration(seconds: float) -> str:

@@ -17,8 +17,12 @@ def call_server(
     *,
     token: str | None = None,
     body: dict[str, Any] | None = None,
+    absent_ok: bool = False,
 ) -> Any:
-    """The decoded JSON answer; a refusal or an unreachable server becomes the CLI's error."""
+    """The decoded JSON answer; a refusal or an unreachable server becomes the CLI's error.
+
+    With `absent_ok`, no server listening there is None instead.
+    """
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -34,6 +38,8 @@ def call_server(
     except urllib.error.HTTPError as exc:
         raise click.ClickException(_error_message(exc)) from None
     except urllib.error.URLError as exc:
+        if absent_ok and isinstance(exc.reason, ConnectionRefusedError):
+            return None
         raise click.ClickException(f"cannot reach the server at {api_host}: {exc.reason}") from None
     except OSError as exc:  # the connection dropped mid-answer
         raise click.ClickException(f"cannot reach the server at {api_host}: {exc}") from None

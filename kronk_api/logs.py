@@ -1,10 +1,13 @@
-"""Structured (JSON) logs, one object per line, with the request id of the request being served."""
+"""Logs with the request id of the request being served: readable text on a terminal, one JSON
+object per line elsewhere (a file, a pipe, a log collector) or when asked."""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import sys
+from datetime import datetime
+from typing import Any, Literal
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,10 +18,18 @@ from kronk_core.events import current_request_id, new_request_id
 request_id = current_request_id
 
 
+LogFormat = Literal["auto", "text", "json"]
+
+
+def iso_time(record: logging.LogRecord) -> str:
+    """ISO 8601 in local time with its UTC offset, to the millisecond."""
+    return datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": self.formatTime(record),
+            "time": iso_time(record),
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -31,9 +42,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+class TextFormatter(logging.Formatter):
+    """`2025-01-31T09:00:00.123+01:00 INFO  kronk_core.pool: loaded ... [request id]`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{iso_time(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        current = request_id.get()
+        if current is not None:
+            line += f" [{current}]"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(level: str, log_format: LogFormat = "auto") -> None:
+    """Log to stderr: text when it is a terminal (or asked for), else JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    text = log_format == "text" or (log_format == "auto" and sys.stderr.isatty())
+    handler.setFormatter(TextFormatter() if text else JsonFormatter())
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level.upper())

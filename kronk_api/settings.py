@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from kronk_api.logs import LogFormat
 from kronk_core import legacy
 from kronk_core.config import (
     DEFAULT_MODEL_ID,
@@ -78,6 +79,10 @@ class ServerSettings(BaseModel):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level: debug, info, warning or error"
+    )
+    log_format: LogFormat = Field(
+        default="auto",
+        description="Log format: text, json, or auto (text on a terminal, else JSON)",
     )
     insecure_logging: bool = Field(
         default=False,
@@ -274,10 +279,19 @@ def environment_values(
 
 
 def environment_for(settings: ServerSettings, schema: Iterable[Setting]) -> dict[str, str]:
-    """The KRONK_* variables that reproduce `settings` (a detached server's environment)."""
-    flat = settings.model_dump(mode="json", exclude={"sections"})
+    """The KRONK_* variables that reproduce `settings` (a detached server's environment).
+
+    Only the settings given (flags, variables, file): one left at its default stays a
+    default in the child, which a plugin may treat apart (mcp.listen's taken default port
+    is logged, a chosen one fails the start).
+    """
+    flat = settings.model_dump(mode="json", exclude={"sections"}, exclude_unset=True)
     for name, section in settings.sections.items():
-        dumped = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+        dumped = (
+            section.model_dump(mode="json", exclude_unset=True)
+            if isinstance(section, BaseModel)
+            else section
+        )
         flat.update({f"{name}.{key}": value for key, value in dumped.items()})
     return {
         setting.env: _environment_value(flat[setting.key])

@@ -66,6 +66,20 @@ class ModelInfo:
     overlap_decode: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What a model's file says about it, read without loading it (`kronk model list/show`).
+
+    `quantization` as llama.cpp names file types (`Q4_K_M`, `BF16`); `context_length` is
+    the length the model was trained for, not the window it is configured to run with.
+    """
+
+    architecture: str
+    parameters: int
+    quantization: str
+    context_length: int
+
+
 @dataclass(slots=True)
 class Batch:
     """One decode call's worth of tokens: parallel lists, one entry per token."""

@@ -31,7 +31,8 @@ from kronk_core.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_ID = "gemma-3-270m-Q4_K_M"
+# SmolLM2-135M-Instruct (Q4_1), shipped on PyPI (kronk_core.models.PACKAGED_MODELS).
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct-Q4_1"
 
 
 class ContextOverflow(StrEnum):

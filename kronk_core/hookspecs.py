@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from kronk_core.backend import Backend, ModelInfo
+from kronk_core.backend import Backend, ModelFacts, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategyFactory
 from kronk_core.events import ChatRecord, RequestRecord
@@ -116,6 +116,17 @@ def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
     `model_path` resolved. It must not load the model. The built-in llamacpp backend
     answers for `.gguf` files from the GGUF header (weights + KV cache per slot x
     slots, by cache type).
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
+    """Say what a model's file holds (architecture, parameters, quantization, training
+    context length) without loading it, or return None to pass.
+
+    Called by `Kronk.model_facts()` (`kronk model list` and `kronk model show`) with the
+    config a load would get, `model_path` resolved. The built-in llamacpp backend answers
+    for `.gguf` files from the GGUF header (every part of a split model).
     """
 
 

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from kronk_core import inputs
+from kronk_core.backend import ModelFacts
 from kronk_core.chat_stream import ChatStream, ChatTimes, collect
 from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, alias_map
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
@@ -175,6 +176,12 @@ class Kronk:
         except KronkError:
             return None
         return None if estimate is None else estimate.context_window
+
+    def model_facts(self, model_id: str | None = None) -> ModelFacts | None:
+        """What the model's file says about it (None: its backend cannot say)."""
+        config = model_config_for(self, model_id or self.config.default_model)
+        facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
+        return facts
 
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""

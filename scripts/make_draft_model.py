@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gguf_output import main
 
-from kronk_core.models import default_model_path
+from kronk_core.models import gemma_model_path
 
 GEMMA_DRAFT = "gemma-3-270m-q4_0.gguf"
 
@@ -34,7 +34,7 @@ def make_gemma_draft(path: Path, ftype: int | None = None) -> Path:
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0 if ftype is None else ftype
     params.allow_requantize = True
     status = llama_cpp.llama_model_quantize(
-        str(default_model_path()).encode(), str(partial).encode(), params
+        str(gemma_model_path()).encode(), str(partial).encode(), params
     )
     if status != 0:
         partial.unlink(missing_ok=True)

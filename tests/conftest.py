@@ -20,9 +20,9 @@ import uvicorn
 from litestar import Litestar
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import DEFAULT_MODEL_SETTINGS, cache_dir, default_model_path
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, cache_dir, gemma_model_path
 
 # The generator scripts are not a package: import them from their folder; the tests' own
 # helpers (file_server.py) from theirs.
@@ -40,7 +40,7 @@ TEST_MODELS = cache_dir() / "test-models"
 
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
-    return str(default_model_path())
+    return str(gemma_model_path())
 
 
 # The default model again, with the Incremental Message Cache on (loaded on first use).
@@ -106,7 +106,7 @@ def kronk(
     "tiny-reranker", loaded on first use.
     """
     imc = {
-        **DEFAULT_MODEL_SETTINGS,
+        **GEMMA_MODEL_SETTINGS,
         "model_path": gemma_path,
         "context_window": 4096,
         "n_seq_max": 2,
@@ -114,14 +114,15 @@ def kronk(
     }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
+        default_model=GEMMA_MODEL_ID,
         queue_wait_seconds=2.0,
         models_in_cache=5,
         models={
             # A small queue (8 places) that the 429 test can fill; one token per slot and
             # step, which the engine tests count (speculation: tests/test_speculative.py).
-            DEFAULT_MODEL_ID: ModelConfig.model_validate(
+            GEMMA_MODEL_ID: ModelConfig.model_validate(
                 {
-                    **DEFAULT_MODEL_SETTINGS,
+                    **GEMMA_MODEL_SETTINGS,
                     "cache": "none",
                     "queue_depth": 2,
                     "draft_strategy": "none",

@@ -23,13 +23,14 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, hookimpl
+from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import ConfigError
+from kronk_core.models import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RedisServer, Serve
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 TOKENIZE = "/v1/tokenize"
 MODEL_FILE = (
     f"models:\n  {MODEL}:\n    context_window: 512\n    n_seq_max: 1\n"
@@ -174,7 +175,8 @@ def two_servers(
             port = port_finder()
             command = [sys.executable, "-m", "kronk_api.cli", "server", "start"]
             command += ["--api-host", f"127.0.0.1:{port}", "--base-path", str(tmp_path)]
-            command += ["--model-config-file", str(models), "--preload", "--log-level", "warning"]
+            command += ["--model-config-file", str(models), "--model", MODEL, "--preload"]
+            command += ["--log-level", "warning"]
             command += ["--auth-jwt-enabled", "--auth-jwt-limit-store", redis_url]
             processes.append(
                 subprocess.Popen(

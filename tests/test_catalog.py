@@ -20,9 +20,9 @@ from test_downloads import leftovers, sha256
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_catalog.catalog import Catalog
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core import Kronk, KronkConfig
 from kronk_core.config import parse_model_config
-from kronk_core.models import default_model_path, resolve_model_config
+from kronk_core.models import GEMMA_MODEL_ID, PACKAGED_MODELS, resolve_model_config
 
 TINY_CATALOG = """\
 catalog: Tests
@@ -65,11 +65,13 @@ def write_catalog(base: Path, model: Path, name: str = "tests.yaml") -> None:
     (folder / name).write_text(text, encoding="utf-8")
 
 
-def test_the_bundled_catalog_names_the_real_default_model(tmp_path: Path) -> None:
-    entry = Catalog(tmp_path).get(DEFAULT_MODEL_ID)
+@pytest.mark.parametrize("model_id", list(PACKAGED_MODELS))
+def test_the_bundled_catalog_names_the_packaged_models_files(tmp_path: Path, model_id: str) -> None:
+    """The default model and Gemma, pulled from the Hub, are the files their packages ship."""
+    entry = Catalog(tmp_path).get(model_id)
     assert entry.source == "bundled/default.yaml"
     (file,) = entry.model.files.models
-    model = default_model_path()
+    model = PACKAGED_MODELS[model_id].path()
     assert (file.size, file.sha256) == (model.stat().st_size, sha256(model))
     assert all(
         model.files.models[0].sha256 for model in (e.model for e in Catalog(tmp_path).list())
@@ -110,7 +112,7 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     with FileServer() as hub:
         hub.routes[hub_path] = Served(path=Path(gemma_path))
         code, output = cli(
-            tmp_path, "catalog", "pull", DEFAULT_MODEL_ID, "--catalog-hf-endpoint", hub.url
+            tmp_path, "catalog", "pull", GEMMA_MODEL_ID, "--catalog-hf-endpoint", hub.url
         )
     assert code == 0, output
     pulled = (
@@ -118,14 +120,15 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     )
     assert leftovers(tmp_path) == [str(pulled.relative_to(tmp_path / "models"))]
     code, output = cli(tmp_path, "catalog", "list")
-    assert f"{DEFAULT_MODEL_ID}         yes" in output
-    code, output = cli(tmp_path, "model", "list")
-    assert f"{DEFAULT_MODEL_ID}\t{pulled}" in output.splitlines()
+    assert f"{GEMMA_MODEL_ID}         yes" in output
+    code, output = cli(tmp_path, "model", "list", "--json")
+    entries = {entry["id"]: entry for entry in json.loads(output)}
+    assert entries[GEMMA_MODEL_ID]["model_path"] == str(pulled)
     # Served by its catalog id from the pulled file, its settings under the model-config entry.
-    small = parse_model_config(DEFAULT_MODEL_ID, {"context_window": 512, "n_seq_max": 1})
-    config = KronkConfig(base_path=tmp_path, models={DEFAULT_MODEL_ID: small})
+    small = parse_model_config(GEMMA_MODEL_ID, {"context_window": 512, "n_seq_max": 1})
+    config = KronkConfig(base_path=tmp_path, models={GEMMA_MODEL_ID: small})
     with Kronk(config) as kronk:
-        resolved = resolve_model_config(kronk.config, DEFAULT_MODEL_ID, kronk.provided_models())
+        resolved = resolve_model_config(kronk.config, GEMMA_MODEL_ID, kronk.provided_models())
         assert (resolved.model_path, resolved.n_seq_max) == (pulled, 1)
         assert resolved.sections["templates"] == {"template": "gemma"}
 

@@ -123,10 +123,9 @@ def test_console_script_version() -> None:
 
 
 def test_model_list(tmp_path: Path) -> None:
-    result = _kronk("model", "list", env=_environment(KRONK_BASE_PATH=str(tmp_path)))
+    result = _kronk("model", "list", "--json", env=_environment(KRONK_BASE_PATH=str(tmp_path)))
     assert result.returncode == 0, result.stderr
-    ids = [line.split("\t")[0] for line in result.stdout.splitlines()]
-    assert DEFAULT_MODEL_ID in ids
+    assert DEFAULT_MODEL_ID in [entry["id"] for entry in json.loads(result.stdout)]
 
 
 @pytest.mark.parametrize(
@@ -190,8 +189,11 @@ def test_every_setting_reaches_a_detached_server() -> None:
         cli_plugins(),
     )
     environment = environment_for(settings, schema)
-    assert environment["KRONK_CORS_ORIGINS"] == "https://a.example,https://b.example"
-    assert environment["KRONK_AUTH_JWT_ENABLED"] == "true"
+    # What was given, no more: the child keeps the rest at their defaults.
+    assert environment == {
+        "KRONK_CORS_ORIGINS": "https://a.example,https://b.example",
+        "KRONK_AUTH_JWT_ENABLED": "true",
+    }
     overrides = nest(environment_values(schema, environment))
     assert bind_sections(load_settings(None, overrides), cli_plugins()) == settings
 

@@ -12,7 +12,12 @@ from pydantic import ValidationError
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
 from kronk_core.config import ModelConfig, load_model_config_file, parse_model_config
 from kronk_core.errors import ConfigError
-from kronk_core.models import installed_model_files, known_model_ids, resolve_model_config
+from kronk_core.models import (
+    GEMMA_MODEL_ID,
+    installed_model_files,
+    known_model_ids,
+    resolve_model_config,
+)
 
 
 def config_error(data: dict[str, Any], model_id: str = "m1") -> ConfigError:
@@ -358,10 +363,11 @@ def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: 
     assert (merged.sampling.temperature, merged.sampling.top_k) == (0.6, 5)
     variant = resolve_model_config(config, "pulled/SPC", provided)
     assert (variant.model_path, variant.n_seq_max, variant.cache) == (model_file, 2, "spc")
-    assert known_model_ids(config, provided) == ["pulled", "pulled/SPC", DEFAULT_MODEL_ID]
+    packaged = [DEFAULT_MODEL_ID, GEMMA_MODEL_ID]  # both packages are installed for the tests
+    assert known_model_ids(config, provided) == ["pulled", "pulled/SPC", *packaged]
     # Under <base>/models, the file is listed by the id the plugin gives it, not twice.
     (tmp_path / "models").mkdir()
     in_models = model_file.rename(tmp_path / "models" / "pulled-Q4.gguf")
     provided["pulled"] = {**provided["pulled"], "model_path": str(in_models)}
     listed = known_model_ids(KronkConfig(base_path=tmp_path), provided)
-    assert listed == ["pulled", DEFAULT_MODEL_ID]
+    assert listed == ["pulled", *packaged]

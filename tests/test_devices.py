@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from kronk_api.cli import main
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.errors import ConfigError, InsufficientMemoryError, ModelLoadError
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 GIB = 2**30
 
@@ -59,7 +59,7 @@ def test_estimate_of_the_default_model_matches_llama_cpp(kronk: Kronk, gemma_pat
     """Same bytes per token as the loaded model reports; weights = the file."""
     loaded = kronk.get_loaded()
     assert loaded is not None
-    found = kronk.memory_estimate(DEFAULT_MODEL_ID)
+    found = kronk.memory_estimate(GEMMA_MODEL_ID)
     assert found is not None
     assert found.kv_bytes_per_token == loaded.info.kv_bytes_per_token
     assert found.weights_bytes == Path(gemma_path).stat().st_size
@@ -106,7 +106,7 @@ def test_a_load_that_cannot_fit_is_refused_before_llama_cpp(tmp_path: Path) -> N
 
 
 def test_the_default_model_with_too_many_slots_is_refused(tmp_path: Path, gemma_path: str) -> None:
-    settings = {**DEFAULT_MODEL_SETTINGS, "model_path": gemma_path}
+    settings = {**GEMMA_MODEL_SETTINGS, "model_path": gemma_path}
     kronk = _kronk(tmp_path, huge={**settings, "context_window": 32768, "n_seq_max": 256})
     with pytest.raises(InsufficientMemoryError, match="n_seq_max 256"):
         kronk.load("huge")
@@ -146,7 +146,7 @@ def test_devices_endpoint_and_pool_estimate(server: Any) -> None:
     assert [d["name"] for d in devices["data"]][:1] == ["CPU"]
     assert {"memory_free", "memory_total", "type", "description"} <= set(devices["data"][0])
     pool = httpx.get(f"{server.base_url}/v1/kronk/models").json()
-    entry = next(e for e in pool["data"] if e["id"] == DEFAULT_MODEL_ID)
+    entry = next(e for e in pool["data"] if e["id"] == GEMMA_MODEL_ID)
     estimate = entry["memory_estimate"]
     assert estimate["n_seq_max"] == 4 and estimate["context_window"] == 8192
     assert estimate["total_bytes"] == estimate["weights_bytes"] + estimate["kv_bytes"]
@@ -171,7 +171,9 @@ def test_cli_devices_and_model_show(tmp_path: Path, tiny_llama_path: Path) -> No
     per_token = 2 * 2 * (16 * 34 // 32 + 16 * 2)  # layers x kv heads x (K q8_0 + V f16)
     assert f"context_window 256 x n_seq_max 2 x {per_token} bytes per token" in shown.output
     assert "cache_type_k q8_0" in shown.output and "on CPU:" in shown.output
-    assert "llamacpp.cache_type_k: q8_0" in shown.output.splitlines()[4]
+    lines = shown.output.splitlines()
+    assert "llamacpp.cache_type_k: q8_0" in lines
+    assert {"architecture:    llama", "quantization:    F16"} <= set(lines)
 
 
 def test_kronk_devices_command_in_a_fresh_process() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import resource
@@ -20,7 +21,8 @@ from file_server import FileServer, Served
 
 from kronk_api.cli import main
 from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
-from kronk_core import Kronk, KronkConfig
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core.models import GEMMA_MODEL_ID
 
 
 def sha256(path: Path) -> str:
@@ -376,5 +378,6 @@ def test_a_projector_comes_beside_its_model_and_is_not_a_model(
         )
     assert code == 0, output
     assert leftovers(tmp_path) == ["org/vl-GGUF/mmproj-F16.gguf", "org/vl-GGUF/vl.gguf"]
-    code, output = pull(tmp_path, "model", "list")
-    assert [line.split("\t")[0] for line in output.splitlines()] == ["vl", "gemma-3-270m-Q4_K_M"]
+    code, output = pull(tmp_path, "model", "list", "--json")
+    listed = [entry["id"] for entry in json.loads(output)]
+    assert listed == ["vl", DEFAULT_MODEL_ID, GEMMA_MODEL_ID]

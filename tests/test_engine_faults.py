@@ -24,11 +24,11 @@ from waiting import gated, wait_idle, wait_until
 
 from kronk_api import ServerSettings, create_app
 from kronk_caching.plugin import incremental_cache
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.backend import Batch, ModelInfo, TextModel
 from kronk_core.engine import Engine
 from kronk_core.errors import KronkError, KVCacheFullError
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CachePlan, CacheStrategy, CacheStrategyFactory, Slot
@@ -197,7 +197,7 @@ class Server:
 
 def body(prompt: str, stream: bool = False) -> dict[str, Any]:
     return {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
@@ -223,7 +223,7 @@ def server(
 ) -> Iterator[Server]:
     plugin = FaultyPlugin()
     settings = {
-        **DEFAULT_MODEL_SETTINGS,
+        **GEMMA_MODEL_SETTINGS,
         "model_path": gemma_path,
         "cache": "faulty",
         # The gate holds requests mid-answer: drafts could finish one inside a step.
@@ -234,7 +234,8 @@ def server(
     }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("faults"),
-        models={DEFAULT_MODEL_ID: ModelConfig.model_validate(settings)},
+        default_model=GEMMA_MODEL_ID,
+        models={GEMMA_MODEL_ID: ModelConfig.model_validate(settings)},
     )
     kronk = Kronk(config, plugins={"faulty": plugin})
     loaded = kronk.get_loaded() or kronk.load()

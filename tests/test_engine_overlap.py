@@ -26,7 +26,7 @@ from test_caching import (
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.engine import StepRecord
-from kronk_core.models import default_model_path
+from kronk_core.models import gemma_model_path
 from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
 from kronk_llamacpp.sampler import GreedySampler
@@ -50,7 +50,7 @@ PROMPTS = (
 def config(llamacpp: dict[str, bool], **settings: Any) -> ModelConfig:
     return ModelConfig.model_validate(
         {
-            "model_path": MODEL or default_model_path(),
+            "model_path": MODEL or gemma_model_path(),
             "templates": {"template": TEMPLATE},
             "context_window": 1024,
             "n_seq_max": 4,

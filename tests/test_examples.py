@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
+
+from test_default_model import assert_english_about_the_sea
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -19,4 +22,5 @@ def test_sdk_chat_example_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "[length, 48 tokens]" in result.stdout or "[stop," in result.stdout
-    assert "whole answer: '" in result.stdout
+    whole = result.stdout.split("whole answer: ", 1)[1].strip()
+    assert_english_about_the_sea(ast.literal_eval(whole))  # the default model follows it

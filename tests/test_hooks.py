@@ -17,10 +17,10 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import KronkGroup
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.events import ChatRecord, RequestRecord, current_request_id
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 
 class Teapot(Exception):
@@ -117,7 +117,8 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Probe, Kr
     probe = Probe()
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("hooks"),
-        models={DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS)},
+        default_model=GEMMA_MODEL_ID,
+        models={GEMMA_MODEL_ID: ModelConfig.model_validate(GEMMA_MODEL_SETTINGS)},
     )
     kronk = Kronk(config, plugins={"probe": probe})
     yield probe, kronk
@@ -128,7 +129,7 @@ def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
     probe, kronk = probed
     app = create_app(ServerSettings(), kronk=kronk)
     body = {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 4,
         "temperature": 0,
@@ -143,7 +144,7 @@ def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
         assert answer.status_code == 200
     assert probe.events == ["startup", "shutdown"]
     (record,) = probe.records
-    assert record.model == DEFAULT_MODEL_ID
+    assert record.model == GEMMA_MODEL_ID
     assert record.finish_reason == "length" and record.completion_tokens == 4
     assert record.prompt_tokens == answer.json()["usage"]["prompt_tokens"]
     assert record.total_seconds >= record.time_to_first_token > 0
@@ -168,7 +169,7 @@ def test_server_hooks(probed: tuple[Probe, Kronk]) -> None:
     assert chat.tools == chat.tool_calls == 0 and chat.parse_seconds > 0
     # The first request loaded the model.
     ((config_id, info_id, seconds),) = probe.loads
-    assert config_id == DEFAULT_MODEL_ID and info_id and seconds > 0
+    assert config_id == GEMMA_MODEL_ID and info_id and seconds > 0
 
 
 def test_cli_hook_adds_a_command(probed: tuple[Probe, Kronk]) -> None:

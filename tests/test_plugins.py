@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, hookimpl
+from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig, PluginSelection
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.sampling import Greedy, SamplerStage
 from kronk_core.types import SamplingParams
@@ -76,7 +76,8 @@ async def test_in_process_sampler_plugin_is_consulted_first(kronk: Kronk, tmp_pa
     plugin = GreedyOnly()
     config = KronkConfig(
         base_path=tmp_path,
-        models={DEFAULT_MODEL_ID: ModelConfig.model_validate(DEFAULT_MODEL_SETTINGS)},
+        default_model=GEMMA_MODEL_ID,
+        models={GEMMA_MODEL_ID: ModelConfig.model_validate(GEMMA_MODEL_SETTINGS)},
     )
     mine = Kronk(config, plugins={"mine": plugin})
     try:

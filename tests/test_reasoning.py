@@ -13,7 +13,7 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_SETTINGS
 from kronk_core.sdk import collect
 
 THINKING_GEMMA = """{{- bos_token -}}
@@ -38,7 +38,7 @@ def thinking(tmp_path_factory: pytest.TempPathFactory, gemma_path: str) -> Itera
     template = folder / "thinking-gemma.jinja"
     template.write_text(THINKING_GEMMA, encoding="utf-8")
     settings = {
-        **DEFAULT_MODEL_SETTINGS,
+        **GEMMA_MODEL_SETTINGS,
         "templates": {"template": str(template)},
         "model_path": gemma_path,
     }

@@ -22,9 +22,9 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."
 MAX_TOKENS = 8
 WEATHER: ToolParam = {

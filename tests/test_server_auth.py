@@ -38,14 +38,15 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
 from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
 from kronk_core.errors import ConfigError, KronkError
+from kronk_core.models import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import Serve
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"
 TOKENIZE = "/v1/tokenize"
 MESSAGES = [{"role": "user", "content": "hello"}]

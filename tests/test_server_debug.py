@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -39,7 +39,7 @@ OPENING = [SYSTEM, {"role": "user", "content": "Count from one to ten."}]
 
 
 def body(messages: list[dict[str, str]]) -> dict[str, Any]:
-    return {"model": DEFAULT_MODEL_ID, "messages": messages, "max_tokens": 4, "temperature": 0}
+    return {"model": GEMMA_MODEL_ID, "messages": messages, "max_tokens": 4, "temperature": 0}
 
 
 class LoopBlocker:
@@ -70,9 +70,11 @@ class DebugServer:
 
 
 def kronk_config(base: Path) -> KronkConfig:
-    model = {**DEFAULT_MODEL_SETTINGS, "context_window": 2048, "n_seq_max": 2}
+    model = {**GEMMA_MODEL_SETTINGS, "context_window": 2048, "n_seq_max": 2}
     return KronkConfig(
-        base_path=base, models={DEFAULT_MODEL_ID: ModelConfig.model_validate(model)}
+        base_path=base,
+        default_model=GEMMA_MODEL_ID,
+        models={GEMMA_MODEL_ID: ModelConfig.model_validate(model)},
     )
 
 
@@ -104,7 +106,13 @@ def debug_server(
     serve: Serve, base: Path, debug_host: str, **settings: Any
 ) -> Iterator[DebugServer]:
     server = ServerSettings.model_validate(
-        {"base_path": base, "preload": True, "debug": {"host": debug_host}, **settings}
+        {
+            "base_path": base,
+            "model": GEMMA_MODEL_ID,
+            "preload": True,
+            "debug": {"host": debug_host},
+            **settings,
+        }
     )
     blocker = LoopBlocker()
     kronk = Kronk(kronk_config(base), plugins={"probe": CollectorProbe(), "blocker": blocker})
@@ -164,7 +172,7 @@ def test_metrics_count_known_requests(debug: DebugServer) -> None:
     usages = [answer["usage"] for answer in (first, second, third)]
     cached = [usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) for usage in usages]
     assert cached[1] > 0  # the second turn reused the first's KV (IMC)
-    labels = {"endpoint": CHAT, "model": DEFAULT_MODEL_ID}
+    labels = {"endpoint": CHAT, "model": GEMMA_MODEL_ID}
     assert delta(before, after, "kronk_requests_total", **labels, code="200") == 3
     assert delta(before, after, "kronk_errors_total", **labels, code="200") == 0
     # Refused before a model was chosen: no model label.
@@ -194,14 +202,14 @@ def test_metrics_count_known_requests(debug: DebugServer) -> None:
         assert delta(before, after, f"{histogram}_bucket", **labels, le="+Inf") == count
     refused = delta(before, after, "kronk_request_duration_seconds_count", endpoint=CHAT, model="")
     assert refused == 2
-    saved = delta(before, after, "kronk_cache_tokens_saved_total", model=DEFAULT_MODEL_ID)
+    saved = delta(before, after, "kronk_cache_tokens_saved_total", model=GEMMA_MODEL_ID)
     assert saved == sum(cached)
 
 
 def test_engine_and_cache_gauges(debug: DebugServer) -> None:
     chat(debug, body(OPENING))
     samples = scrape(debug)
-    model = {"model": DEFAULT_MODEL_ID}
+    model = {"model": GEMMA_MODEL_ID}
     assert value(samples, "kronk_slots", **model) == 2
     assert value(samples, "kronk_slots_active", **model) == 0
     assert value(samples, "kronk_queue_length", **model) == 0

@@ -23,7 +23,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.engine import Engine, StepRecord
 from kronk_core.events import ChatRecord, RequestRecord
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -69,7 +69,7 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, gemma_path: str, serve: Serve
 ) -> Iterator[Server]:
     settings = {
-        **DEFAULT_MODEL_SETTINGS,
+        **GEMMA_MODEL_SETTINGS,
         "model_path": gemma_path,
         "cache": "none",
         "context_window": 1024,

@@ -8,15 +8,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID
 from kronk_core.errors import InvalidRequestError
+from kronk_core.models import GEMMA_MODEL_ID
 from kronk_core.types import ChatMessage, ChatRequest
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hello"}]
 CONTEXT = 8192
@@ -373,3 +374,58 @@ async def test_queue_full_answers_429(server: Any) -> None:
             idle = await _wait_for(lambda: _idle(engine), 30)
             cleanup = time.monotonic() - cleanup
     assert idle, (cleanup, engine.stats(), [slot.busy for slot in engine.slots])
+
+
+# Every dialect's routes that name a model, with a body each accepts but for the model.
+UNKNOWN_MODEL_REQUESTS = {
+    "chat": (CHAT, {"messages": MESSAGES}),
+    "chat_streamed": (CHAT, {"messages": MESSAGES, "stream": True}),
+    "completions": ("/v1/completions", {"prompt": "hi"}),
+    "responses": ("/v1/responses", {"input": "hi"}),
+    "responses_streamed": ("/v1/responses", {"input": "hi", "stream": True}),
+    "embeddings": ("/v1/embeddings", {"input": "hi"}),
+    "rerank": ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+    "tokenize": ("/v1/tokenize", {"input": "hi"}),
+}
+
+
+def _names_the_models_and_the_pull_command(message: str) -> None:
+    assert "'no-such-model' not found" in message, message
+    for model_id in (MODEL, "minilm", "tiny-reranker"):  # what the session's server has
+        assert model_id in message, message
+    assert "kronk model pull" in message and "kronk catalog pull" in message, message
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"), list(UNKNOWN_MODEL_REQUESTS.values()), ids=list(UNKNOWN_MODEL_REQUESTS)
+)
+def test_an_unknown_model_is_a_404_naming_the_models_and_the_pull_command(
+    http: httpx.Client, path: str, fields: dict[str, Any]
+) -> None:
+    response = http.post(path, json={"model": "no-such-model", **fields})
+    assert response.status_code == 404, response.text
+    error = _assert_error_shape(response)
+    assert (error["code"], error["type"], error["param"]) == (
+        "model_not_found",
+        "not_found_error",
+        "model",
+    )
+    _names_the_models_and_the_pull_command(error["message"])
+    card = http.get("/v1/models/no-such-model")
+    assert card.status_code == 404
+    _names_the_models_and_the_pull_command(_assert_error_shape(card)["message"])
+
+
+def test_an_unknown_model_through_the_official_sdks(server: Any) -> None:
+    """The same message in OpenAI's and in Anthropic's error shape, as their clients read it."""
+    chat = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as refused:
+        chat.chat.completions.create(model="no-such-model", messages=MESSAGES)  # type: ignore[arg-type]
+    _names_the_models_and_the_pull_command(refused.value.message)
+    messages = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        messages.messages.create(model="no-such-model", max_tokens=4, messages=MESSAGES)  # type: ignore[arg-type]
+    body = missing.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "not_found_error"
+    _names_the_models_and_the_pull_command(body["error"]["message"])

@@ -20,12 +20,13 @@ from litestar import Litestar
 from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.models import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer, Serve
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"
 SECRET = "SECRET-PROMPT-7f3a"
 

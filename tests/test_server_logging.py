@@ -90,8 +90,7 @@ def logged_server(tmp_path: Path, port_finder: Callable[[], int]) -> Iterator[st
     """`kronk server start -d` with auth, debug logs and insecure logging: all a log could hold."""
     models = tmp_path / "models.yaml"
     models.write_text(
-        f"models:\n  {DEFAULT_MODEL_ID}:\n    template: gemma\n"
-        "    context_window: 512\n    n_seq_max: 1\n"
+        f"models:\n  {DEFAULT_MODEL_ID}:\n    context_window: 512\n    n_seq_max: 1\n"
     )
     flags = ["--model-config-file", str(models), "--preload"]
     flags += ["--auth-enabled", "--insecure-logging", "--log-level", "debug"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 async def test_unload_mid_stream_sends_an_error_event(server: RunningServer) -> None:
     body = {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "messages": [{"role": "user", "content": "Tell me a long story about dragons."}],
         "max_tokens": 400,
         "temperature": 0,
@@ -50,7 +50,7 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
         response = await client.get("/v1/kronk/slots")
     assert response.status_code == 200
     entries = {entry["model"]: entry for entry in response.json()["data"]}
-    entry = entries[DEFAULT_MODEL_ID]
+    entry = entries[GEMMA_MODEL_ID]
     assert entry["cache"] == "none"
     assert set(entry["counters"]) == {
         "hits",

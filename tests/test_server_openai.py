@@ -14,9 +14,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
-MODEL = DEFAULT_MODEL_ID
+MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."
 MAX_TOKENS = 8
 PERSON_SCHEMA = {

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -49,7 +49,7 @@ def client(server: Any) -> Iterator[openai.OpenAI]:
 
 def _create(client: openai.OpenAI, **params: Any) -> Any:
     defaults: dict[str, Any] = {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "input": "Write one sentence about the sea.",
         "temperature": 0,
         "max_output_tokens": 12,
@@ -66,7 +66,7 @@ def test_text_response(client: openai.OpenAI) -> None:
     response = _create(client, instructions="Answer briefly.", max_output_tokens=40)
     assert response.id.startswith("resp_")
     assert response.object == "response"
-    assert response.model == DEFAULT_MODEL_ID
+    assert response.model == GEMMA_MODEL_ID
     assert response.status in ("completed", "incomplete")
     [message] = response.output
     assert message.type == "message" and message.role == "assistant"
@@ -209,13 +209,13 @@ def test_store_false_and_unknown_ids(client: openai.OpenAI, server: Any) -> None
     ("body", "fragment"),
     [
         ({"input": "hi"}, "model"),
-        ({"model": DEFAULT_MODEL_ID, "input": [{"type": "nope"}]}, "input"),
-        ({"model": DEFAULT_MODEL_ID, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"model": DEFAULT_MODEL_ID, "input": "hi", "background": True}, "background"),
-        ({"model": DEFAULT_MODEL_ID, "input": "hi", "conversation": "conv_1"}, "conversation"),
+        ({"model": GEMMA_MODEL_ID, "input": [{"type": "nope"}]}, "input"),
+        ({"model": GEMMA_MODEL_ID, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": GEMMA_MODEL_ID, "input": "hi", "background": True}, "background"),
+        ({"model": GEMMA_MODEL_ID, "input": "hi", "conversation": "conv_1"}, "conversation"),
         (
             {
-                "model": DEFAULT_MODEL_ID,
+                "model": GEMMA_MODEL_ID,
                 "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
             },
             "input_image",

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_core.models import GEMMA_MODEL_ID
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -64,7 +64,7 @@ def client(server: Any) -> Iterator[openai.OpenAI]:
 
 def _chat(client: openai.OpenAI, **params: Any) -> Any:
     defaults: dict[str, Any] = {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "messages": QUESTION,
         "tools": TOOLS,
         "temperature": 0,
@@ -105,7 +105,7 @@ def test_streamed_tool_call_reassembles_to_the_same_call(
 ) -> None:
     whole = _chat(client, tool_choice=WEATHER).choices[0].message.tool_calls[0]
     body = {
-        "model": DEFAULT_MODEL_ID,
+        "model": GEMMA_MODEL_ID,
         "messages": QUESTION,
         "tools": TOOLS,
         "tool_choice": WEATHER,
@@ -132,7 +132,7 @@ def test_streamed_tool_call_reassembles_to_the_same_call(
 
     # The SDK's stream helper puts the same call back together.
     with client.chat.completions.stream(
-        model=DEFAULT_MODEL_ID,
+        model=GEMMA_MODEL_ID,
         messages=QUESTION,  # type: ignore[arg-type]
         tools=TOOLS,
         tool_choice=WEATHER,  # type: ignore[arg-type]

@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # A word the spans must never carry (prompts stay out of traces).
 SECRET = "zanzibar"
 CHAT = {
-    "model": DEFAULT_MODEL_ID,
+    "model": GEMMA_MODEL_ID,
     "messages": [{"role": "user", "content": f"Say the word {SECRET}."}],
     "max_tokens": 4,
     "temperature": 0,
@@ -145,9 +145,10 @@ def tracing_config(tmp_path_factory: pytest.TempPathFactory, tiny_llama_path: Pa
     (its shutdown closes it), which loads them on first use."""
     return KronkConfig(
         base_path=tmp_path_factory.mktemp("tracing"),
+        default_model=GEMMA_MODEL_ID,
         models={
-            DEFAULT_MODEL_ID: ModelConfig.model_validate(
-                {**DEFAULT_MODEL_SETTINGS, "context_window": 2048, "n_seq_max": 2}
+            GEMMA_MODEL_ID: ModelConfig.model_validate(
+                {**GEMMA_MODEL_SETTINGS, "context_window": 2048, "n_seq_max": 2}
             ),
             "tiny": ModelConfig(
                 model_path=tiny_llama_path, templates={"template": "chatml"}, context_window=256
@@ -172,7 +173,13 @@ def traced_server(
     if probability is not None:
         tempo["probability"] = probability
     settings = ServerSettings.model_validate(
-        {"tempo": tempo, "debug": {"enabled": False}, "preload": True, **server}
+        {
+            "tempo": tempo,
+            "debug": {"enabled": False},
+            "model": GEMMA_MODEL_ID,
+            "preload": True,
+            **server,
+        }
     )
     app = create_app(settings, kronk=Kronk(config))
     with serve(app, lifespan="on") as base_url:
@@ -250,7 +257,7 @@ def test_a_chat_request_is_one_trace_continuing_the_clients(
     assert root_attributes["kronk.request_id"] == "trace-me-1"
     assert root_attributes["http.route"] == "/v1/chat/completions"
     assert root_attributes["http.response.status_code"] == 200
-    assert root_attributes["gen_ai.request.model"] == DEFAULT_MODEL_ID
+    assert root_attributes["gen_ai.request.model"] == GEMMA_MODEL_ID
     assert root_attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
 
     parents = {

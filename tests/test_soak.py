@@ -25,7 +25,7 @@ from waiting import wait_idle
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.events import RequestRecord
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -51,7 +51,7 @@ TOPICS = ["a lighthouse", "the tides", "a ship's engine", "coral reefs", "a stor
 def settings_for(gemma_path: str) -> ModelConfig:
     return ModelConfig.model_validate(
         {
-            **DEFAULT_MODEL_SETTINGS,
+            **GEMMA_MODEL_SETTINGS,
             "model_path": gemma_path,
             "context_window": 2048,
             "n_seq_max": 4,

@@ -13,7 +13,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_core.models import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -57,7 +57,7 @@ def tenants(
     models = {
         reuse: ModelConfig.model_validate(
             {
-                **DEFAULT_MODEL_SETTINGS,
+                **GEMMA_MODEL_SETTINGS,
                 "model_path": gemma_path,
                 "cache": "spc",
                 "context_window": 1024,

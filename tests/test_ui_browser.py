@@ -18,8 +18,9 @@ from test_catalog import TINY_PATH, write_catalog
 from test_reasoning import THINKING_GEMMA
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core import Kronk, KronkConfig
 from kronk_core.config import parse_model_config
+from kronk_core.models import GEMMA_MODEL_ID
 from kronk_ui.plugin import CONTENT_SECURITY_POLICY
 
 # Chromium as the tests run it: no sandbox (root in a container), no network of its own.
@@ -106,7 +107,7 @@ def ui_server(
     template.write_text(THINKING_GEMMA, encoding="utf-8")
     thinking = {**SMALL_GEMMA, "model_path": gemma_path, "templates": {"template": str(template)}}
     models = {
-        DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA),
+        GEMMA_MODEL_ID: parse_model_config(GEMMA_MODEL_ID, SMALL_GEMMA),
         THINKING_MODEL: parse_model_config(THINKING_MODEL, thinking),
     }
     with FileServer() as hub:
@@ -147,7 +148,7 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
 ) -> None:
     base_url, hub = ui_server
     page.goto(f"{base_url}/#/chat")
-    page.select_option("#chat-model", DEFAULT_MODEL_ID)
+    page.select_option("#chat-model", GEMMA_MODEL_ID)
     page.fill("#chat-system", "You are a poet.")
     page.fill("#chat-max-tokens", "24")
     page.fill("#chat-temperature", "0")
@@ -200,9 +201,9 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     expect(page.locator("#dash-slots tr")).to_have_count(2)
     shoot(page, screenshots, "dashboard")
     page.goto(f"{base_url}/#/models")
-    expect(page.locator(f'#models-loaded tr[data-model="{DEFAULT_MODEL_ID}"]')).to_have_count(1)
+    expect(page.locator(f'#models-loaded tr[data-model="{GEMMA_MODEL_ID}"]')).to_have_count(1)
     shoot(page, screenshots, "models")
-    for model in (DEFAULT_MODEL_ID, THINKING_MODEL):
+    for model in (GEMMA_MODEL_ID, THINKING_MODEL):
         page.locator(f'#models-loaded tr[data-model="{model}"] button').click()
         expect(page.locator(f'#models-loaded tr[data-model="{model}"]')).to_have_count(0)
     expect(page.locator("#models-loaded")).to_contain_text("No model is loaded")
@@ -211,7 +212,7 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
 def test_with_auth_on_a_token_is_created_from_the_admin_token_in_settings(
     tmp_path: Path, page: Page, screenshots: Path, serve: Any
 ) -> None:
-    models = {DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL_GEMMA)}
+    models = {GEMMA_MODEL_ID: parse_model_config(GEMMA_MODEL_ID, SMALL_GEMMA)}
     kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
     settings = ServerSettings(base_path=tmp_path, sections={"auth-jwt": {"enabled": True}})
     with serve(create_app(settings, kronk=kronk)) as base_url:

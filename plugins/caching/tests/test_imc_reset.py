@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from kronk_caching.plugin import incremental_cache
-from kronk_core import DEFAULT_MODEL_ID, ModelConfig
+from kronk_core import ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import default_model_path
+from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
 from kronk_core.slots import CacheStrategy, Slot
 from kronk_core.types import GenerationRequest, SamplingParams
 from kronk_llamacpp.model import LlamaTextModel
@@ -24,7 +24,7 @@ from kronk_llamacpp.model import LlamaTextModel
 @pytest.fixture(scope="module")
 def model() -> Iterator[LlamaTextModel]:
     config = ModelConfig.model_validate(
-        {"id": DEFAULT_MODEL_ID, "model_path": default_model_path(), "context_window": 2048,
+        {"id": GEMMA_MODEL_ID, "model_path": gemma_model_path(), "context_window": 2048,
          "n_seq_max": 1, "caching": {"host_cache_bytes": 0}}
     )  # fmt: skip
     loaded = LlamaTextModel(config)
@@ -58,7 +58,7 @@ def test_a_reset_slot_forgets_the_checkpoints_of_its_old_conversation(
 ) -> None:
     assert not model.info.kv_trimmable  # Gemma 3's sliding window: IMC checkpoints
     config = ModelConfig.model_validate(
-        {"id": DEFAULT_MODEL_ID, "model_path": default_model_path()}
+        {"id": GEMMA_MODEL_ID, "model_path": gemma_model_path()}
     )
     strategy = incremental_cache(model_config=config, model_info=model.info)
     slot = Slot(id=0, seq_id=0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -23,6 +22,7 @@ from litestar.types import Guard
 
 from kronk_api.app import SERVER_DIALECT
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.listen import ListenError, listen
 from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
     Exclusive,
@@ -125,14 +125,10 @@ class DebugServer:
     def start(self) -> bool:
         """Bind and serve; False (and an error logged) when the address cannot be bound."""
         host, port = self.address
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host.strip("[]"), port))
-            sock.listen(128)
-        except OSError as exc:
-            sock.close()
-            log.error("debug server not started: cannot listen on %s:%d: %s", host, port, exc)
+            sock = listen(host.strip("[]"), port)
+        except ListenError as exc:
+            log.error("debug server not started: %s", exc.message)
             return False
         self.address = (host, sock.getsockname()[1])
         self._thread = threading.Thread(

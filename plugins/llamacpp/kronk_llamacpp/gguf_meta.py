@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,14 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {kind}")
 
 
+@dataclass(frozen=True)
+class _Header:
+    metadata: dict[str, Any]
+    parameters: int  # the elements of the tensors this file holds
+
+
 @lru_cache(maxsize=32)
-def _read(path: Path, _size: int, _mtime: float) -> dict[str, Any]:
+def _read(path: Path, _size: int, _mtime: float) -> _Header:
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cursor = _Cursor(data)
         if data[:4] != b"GGUF":
@@ -70,16 +78,21 @@ def _read(path: Path, _size: int, _mtime: float) -> dict[str, Any]:
         cursor.at = 4
         if cursor.take("<I") < 2:
             raise ValueError("GGUF version 1 is not supported")
-        cursor.take("<Q")  # tensor count
+        tensors = cursor.take("<Q")
         found: dict[str, Any] = {}
         for _ in range(cursor.take("<Q")):
             key = cursor.string()
             found[key] = cursor.value(cursor.take("<I"))
-        return found
+        parameters = 0
+        for _ in range(tensors):  # name, dimensions, type, offset
+            cursor.string()
+            shape = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
+            parameters += math.prod(shape)
+            cursor.at += 4 + 8
+        return _Header(found, parameters)
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
-    """Key/values of the GGUF header; string arrays (the vocabulary) as their length."""
+def _header(path: Path) -> _Header:
     try:
         stat = path.stat()
         return _read(path, stat.st_size, stat.st_mtime)
@@ -87,3 +100,13 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise ModelLoadError(
             f"model_path: could not load {path}: no valid GGUF header ({exc})"
         ) from None
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """Key/values of the GGUF header; string arrays (the vocabulary) as their length."""
+    return _header(path).metadata
+
+
+def parameter_count(path: Path) -> int:
+    """How many weights the file holds (one part's share, for a split model)."""
+    return _header(path).parameters

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kronk_core import hookimpl
-from kronk_core.backend import Backend
+from kronk_core.backend import Backend, ModelFacts
 from kronk_core.config import ModelConfig
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.sections import Section
@@ -16,6 +16,7 @@ from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.cli import add_commands
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.estimate import estimate
+from kronk_llamacpp.facts import model_facts
 from kronk_llamacpp.settings import SETTINGS
 
 
@@ -44,6 +45,11 @@ def kronk_devices() -> Sequence[Device]:
 @hookimpl
 def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
     return estimate(model_config, list_devices()) if _claims(model_config) else None
+
+
+@hookimpl
+def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
+    return model_facts(model_config) if _claims(model_config) else None
 
 
 @hookimpl

@@ -9,9 +9,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID, ModelConfig
+from kronk_core import ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import default_model_path
+from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
 from kronk_core.sampling import (
     Distribution,
     Dry,
@@ -44,8 +44,8 @@ TEXT = (
 def model() -> Iterator[LlamaTextModel]:
     config = ModelConfig.model_validate(
         {
-            "id": DEFAULT_MODEL_ID,
-            "model_path": default_model_path(),
+            "id": GEMMA_MODEL_ID,
+            "model_path": gemma_model_path(),
             "context_window": 512,
             "n_seq_max": 1,
         }

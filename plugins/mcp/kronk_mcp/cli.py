@@ -11,12 +11,13 @@ from typing import Any
 
 import click
 
+from kronk_api.listen import ListenError
 from kronk_api.logs import configure_logging
 from kronk_api.options import ServerStartCommand, cli_plugins, config_file_option
 from kronk_api.settings import Setting, all_settings, bind_sections, env_name, load_settings
 from kronk_core.errors import KronkError
 from kronk_mcp.access import LOOPBACK
-from kronk_mcp.service import ListenError, mcp_app, serve_foreground
+from kronk_mcp.service import mcp_app, serve_foreground
 from kronk_mcp.settings import SETTINGS, STANDALONE_ENVIRONMENT, split_host_port
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,13 @@ from typing import Any
 import click
 from litestar import Litestar
 
+from kronk_api.listen import ListenError
 from kronk_core import Kronk, hookimpl
 from kronk_core.errors import ConfigError
 from kronk_core.sections import Section
 from kronk_mcp.auth import server_gate
 from kronk_mcp.cli import add_commands
-from kronk_mcp.service import BackgroundService, ListenError, mcp_app
+from kronk_mcp.service import BackgroundService, mcp_app
 from kronk_mcp.settings import SETTINGS
 
 log = logging.getLogger(__name__)

