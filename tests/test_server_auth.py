@@ -28,7 +28,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 from jwt.algorithms import RSAAlgorithm
 from litestar import Litestar, Request, Response, Router, get
@@ -242,6 +242,13 @@ def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
     def with_header(signer: rsa.RSAPrivateKey, **header: Any) -> str:
         return jwt.encode(_claims(), signer, algorithm="RS256", headers=header)
 
+    def raw(header: Any, claims: Any = None) -> str:
+        """Any JSON as header and claims, signed with the real key (PyJWT would refuse to)."""
+        claims = _claims() if claims is None else claims
+        signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+        signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing_input}.{_b64(signature)}"
+
     valid = signed()
     header, _, signature = valid.split(".")
     granted_more = _b64(json.dumps(_claims(admin=True)).encode())
@@ -291,6 +298,31 @@ def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
         "jku_header": with_header(stranger.key, kid=kid, jku=f"{stranger.url}/jwks.json"),
         "x5u_header": with_header(stranger.key, kid=kid, x5u=f"{stranger.url}/cert.pem"),
         "x5c_header": with_header(stranger.key, kid=kid, x5c=[stranger.certificate]),
+        **malformed_tokens(kid, raw),
+    }
+
+
+def malformed_tokens(kid: str, raw: Any) -> dict[str, str]:
+    """Tokens whose header or claims are not what a JWT's should be, signed with the real key."""
+    rs256 = {"alg": "RS256", "typ": "JWT"}
+    return {
+        "kid_a_number": raw({**rs256, "kid": 1}),
+        "kid_null": raw({**rs256, "kid": None}),
+        "kid_a_list": raw({**rs256, "kid": [kid]}),
+        "kid_an_object": raw({**rs256, "kid": {"id": kid}}),
+        "kid_with_a_lone_surrogate": raw({**rs256, "kid": kid + "\ud800"}),
+        "crit_header": raw({**rs256, "kid": kid, "crit": ["exp"]}),
+        "crit_not_a_list": raw({**rs256, "kid": kid, "crit": "exp"}),
+        "alg_a_list": raw({"alg": ["RS256"], "kid": kid}),
+        "header_a_string": raw("RS256"),
+        "header_a_list": raw([rs256]),
+        "claims_a_list": raw({**rs256, "kid": kid}, [_claims()]),
+        "claims_a_number": raw({**rs256, "kid": kid}, 7),
+        "aud_claim": raw({**rs256, "kid": kid}, _claims(aud="someone")),
+        "iss_a_list": raw({**rs256, "kid": kid}, _claims(iss=["kronk"])),
+        "sub_an_object": raw({**rs256, "kid": kid}, _claims(sub={"id": "x"})),
+        "endpoints_a_list": raw({**rs256, "kid": kid}, _claims(endpoints=["chat-completions"])),
+        "exp_nan": raw({**rs256, "kid": kid}, _claims(exp=float("nan"))),
     }
 
 
@@ -322,6 +354,23 @@ FORGERIES = [
     "jku_header",
     "x5u_header",
     "x5c_header",
+    "kid_a_number",
+    "kid_null",
+    "kid_a_list",
+    "kid_an_object",
+    "kid_with_a_lone_surrogate",
+    "crit_header",
+    "crit_not_a_list",
+    "alg_a_list",
+    "header_a_string",
+    "header_a_list",
+    "claims_a_list",
+    "claims_a_number",
+    "aud_claim",
+    "iss_a_list",
+    "sub_an_object",
+    "endpoints_a_list",
+    "exp_nan",
 ]
 
 
