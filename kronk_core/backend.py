@@ -132,7 +132,17 @@ class TextModel(Protocol):
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         """Log-probabilities of the raw (unsampled) distribution at batch_index."""
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> Sampler: ...
+    def compile_stages(self, stages: Sequence[SamplerStage]) -> list[SamplerStage]:
+        """The stages with every grammar stage (`GRAMMAR_STAGES`) compiled into a
+        `CompiledGrammar`, so that `new_sampler` on the engine thread only copies it.
+
+        Any thread may call it; the SDK calls it in a worker thread before queuing a
+        request. Raises InvalidRequestError for a grammar or schema that does not compile
+        or is past the model's limits.
+        """
+
+    def new_sampler(self, stages: Sequence[SamplerStage]) -> Sampler:
+        """A native chain for the stages: compiled grammars are copied, others built."""
 
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
         """Remove positions [start, end) of seq_id (end -1 = to the end)."""

@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -45,9 +47,17 @@ from kronk_core.prompts import (
 )
 from kronk_core.registry import Registry
 from kronk_core.registry import collect as collect_registry
+from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
-from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
+from kronk_core.types import (
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    CompletionRequest,
+    GenerationRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +93,9 @@ class Kronk:
         self.pool: ModelPool[PooledModel] = ModelPool(
             self._load, capacity=self.config.models_in_cache, ttl=self.config.cache_ttl
         )
+        # Grammars compile here, off the event loop and the engines, and apart from the
+        # threads that load models: slow ones only ever wait for each other.
+        self._compiling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kronk-grammar")
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
     def registry(self, kind: str) -> Registry[Any]:
@@ -186,6 +199,7 @@ class Kronk:
 
     def close(self) -> None:
         self.pool.close()
+        self._compiling.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Kronk:
         return self
@@ -250,7 +264,7 @@ class Kronk:
             leased = time.monotonic()
             prepared = prepare(loaded)
             stream = await loaded.engine.submit(
-                prepared.generation,
+                await self._compile_stages(loaded, prepared.generation),
                 wait=self.config.queue_wait_seconds if wait is None else wait,
                 request_id=request_id,
             )
@@ -265,6 +279,19 @@ class Kronk:
             times,
             self._chat_finished,
         )
+
+    async def _compile_stages(
+        self, loaded: LoadedModel, generation: GenerationRequest
+    ) -> GenerationRequest:
+        """`generation` with its sampler stages, any grammar compiled by the backend now, in
+        a worker thread, so the engine thread only copies it."""
+        stages = loaded.engine.sampler_stages(generation.sampling)
+        if any(isinstance(stage, GRAMMAR_STAGES) for stage in stages):
+            loop = asyncio.get_running_loop()
+            stages = await loop.run_in_executor(
+                self._compiling, loaded.model.compile_stages, stages
+            )
+        return replace(generation, stages=tuple(stages))
 
     async def chat_stream(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
