@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
@@ -50,14 +49,7 @@ from kronk_core.registry import collect as collect_registry
 from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
-from kronk_core.types import (
-    ChatDelta,
-    ChatMessage,
-    ChatRequest,
-    ChatResult,
-    CompletionRequest,
-    GenerationRequest,
-)
+from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +85,6 @@ class Kronk:
         self.pool: ModelPool[PooledModel] = ModelPool(
             self._load, capacity=self.config.models_in_cache, ttl=self.config.cache_ttl
         )
-        # Grammars compile here, off the event loop and the engines, and apart from the
-        # threads that load models: slow ones only ever wait for each other.
-        self._compiling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kronk-grammar")
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
     def registry(self, kind: str) -> Registry[Any]:
@@ -199,7 +188,6 @@ class Kronk:
 
     def close(self) -> None:
         self.pool.close()
-        self._compiling.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Kronk:
         return self
@@ -262,9 +250,11 @@ class Kronk:
         # on the engine's work keeps the pool from unloading it.
         with text_model(await self.lease(model)) as loaded:
             leased = time.monotonic()
-            prepared = prepare(loaded)
+            # Rendering, tokenizing and compiling a grammar take long for a long prompt or a
+            # big schema (tens of seconds for 10,000 messages): never on the event loop.
+            prepared = await asyncio.to_thread(_prepare_for_engine, loaded, prepare)
             stream = await loaded.engine.submit(
-                await self._compile_stages(loaded, prepared.generation),
+                prepared.generation,
                 wait=self.config.queue_wait_seconds if wait is None else wait,
                 request_id=request_id,
             )
@@ -279,19 +269,6 @@ class Kronk:
             times,
             self._chat_finished,
         )
-
-    async def _compile_stages(
-        self, loaded: LoadedModel, generation: GenerationRequest
-    ) -> GenerationRequest:
-        """`generation` with its sampler stages, any grammar compiled by the backend now, in
-        a worker thread, so the engine thread only copies it."""
-        stages = loaded.engine.sampler_stages(generation.sampling)
-        if any(isinstance(stage, GRAMMAR_STAGES) for stage in stages):
-            loop = asyncio.get_running_loop()
-            stages = await loop.run_in_executor(
-                self._compiling, loaded.model.compile_stages, stages
-            )
-        return replace(generation, stages=tuple(stages))
 
     async def chat_stream(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
@@ -332,12 +309,16 @@ class Kronk:
         inputs.check_chat(request)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)
+            return await asyncio.to_thread(
+                count_prompt, loaded, request, scope, add_generation_prompt=add_generation_prompt
+            )
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
         with await self.lease(model) as loaded:
-            return loaded.model.tokenize(text, add_special=False, parse_special=True)
+            return await asyncio.to_thread(
+                loaded.model.tokenize, text, add_special=False, parse_special=True
+            )
 
     # ---- embeddings and reranking -------------------------------------------
 
@@ -387,6 +368,19 @@ class Kronk:
             self.hook.kronk_chat_finished(record=record)
         except Exception:
             log.exception("a kronk_chat_finished hook failed")
+
+
+def _prepare_for_engine(
+    loaded: LoadedModel, prepare: Callable[[LoadedModel], PreparedChat]
+) -> PreparedChat:
+    """The prepared request with its sampler stages, any grammar among them compiled by the
+    backend now, so that the engine thread only copies it."""
+    prepared = prepare(loaded)
+    generation = prepared.generation
+    stages = loaded.engine.sampler_stages(generation.sampling)
+    if any(isinstance(stage, GRAMMAR_STAGES) for stage in stages):
+        stages = loaded.model.compile_stages(stages)
+    return replace(prepared, generation=replace(generation, stages=tuple(stages)))
 
 
 __all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]

@@ -60,9 +60,6 @@ class Refusal:
 def check_schema(schema_text: str, refuse: Refusal, param: str) -> Any:
     """The decoded schema, once it is within the limits that bound its conversion."""
     limits = refuse.limits
-    size = len(schema_text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_schema_bytes:
-        raise refuse(param, f"the JSON schema is {size} bytes", "max_schema_bytes")
     try:
         schema = json.loads(schema_text)
     except (ValueError, RecursionError):
@@ -76,6 +73,9 @@ def check_schema(schema_text: str, refuse: Refusal, param: str) -> Any:
             )
         if isinstance(node, dict):
             _check_node(node, refuse, param)
+    size = len(schema_text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_schema_bytes:
+        raise refuse(param, f"the JSON schema is {size} bytes", "max_schema_bytes")
     return schema
 
 
@@ -127,10 +127,10 @@ def to_gbnf(output: StructuredOutput, refuse: Refusal, param: str) -> str:
         raise refuse(
             param, f"a forced call chooses among {len(output.choices)} tools", "max_alternatives"
         )
+    schemas = [check_schema(choice.schema, refuse, param) for choice in output.choices]
     total = sum(len(choice.schema.encode("utf-8", "surrogatepass")) for choice in output.choices)
     if total > limits.max_schema_bytes:
-        raise refuse(param, f"the JSON schemas are {total} bytes", "max_schema_bytes")
-    schemas = [check_schema(choice.schema, refuse, param) for choice in output.choices]
+        raise refuse(param, f"the tools' JSON schemas are {total} bytes", "max_schema_bytes")
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     choices = []
     with _deadline(time.monotonic() + limits.compile_seconds):
