@@ -25,8 +25,8 @@ Alternatives = list[list["Item"]]
 @dataclass(frozen=True)
 class Item:
     """One element of a sequence: a terminal (`ref` None) or a rule, repeated `least` to
-    `most` times (`most` None: no bound). Parenthesised groups and repeated repetitions
-    become rules of their own, as llama.cpp's parser makes them."""
+    `most` times (`most` None: no bound). Parenthesised groups and repetitions become
+    rules of their own, as llama.cpp's parser makes them."""
 
     ref: str | None = None
     least: int = 1
@@ -202,9 +202,8 @@ class _Parser:
                 raise self.fail("expecting '}'")
             self.pos += 1
             self.space(nested)
-        if (item.least, item.most) != (1, 1):  # `x*?`: the repetition repeated
-            item = Item(ref=self.rule(name, [[item]]))
-        return Item(ref=item.ref, least=least, most=most)
+        # llama.cpp rewrites a repetition into rules of its own: one more level of rules.
+        return Item(ref=self.rule(name, [[item]]), least=least, most=most)
 
     def integer(self) -> int:
         start = self.pos
