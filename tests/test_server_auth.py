@@ -36,7 +36,7 @@ from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
-from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
@@ -479,42 +479,132 @@ def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: Aut
 # ---- grants: every route the app has -------------------------------------------
 
 
-def routes_by_access(app: Litestar) -> list[tuple[str, str, str]]:
-    """(method, path with placeholders filled, endpoint name) for every HTTP route of the app."""
-    found = []
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute):
-            continue
-        path = route.path_format.replace("{", "").replace("}", "")
-        for handler in route.route_handlers:
-            endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
-            found.extend((method, path, endpoint) for method in handler.http_methods)
-    return [entry for entry in found if entry[0] != "OPTIONS"]
+# Who may call what, written out: every method and path the auth server's app serves (its
+# plugins' routes included), by the access it must have. Each path also answers OPTIONS,
+# open to all (CORS preflights carry no credentials).
+PUBLIC_ROUTES = [
+    ("GET", "/"),
+    ("GET", "/ui/{name}"),
+    ("GET", "/v1/liveness"),
+    ("GET", "/v1/readiness"),
+]
+ANY_TOKEN_ROUTES = [
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/example/greeting"),
+]
+GRANTED_ROUTES = {
+    "chat-completions": [("POST", "/v1/chat/completions")],
+    "completions": [("POST", "/v1/completions")],
+    "responses": [
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/{response_id}"),
+        ("DELETE", "/v1/responses/{response_id}"),
+    ],
+    "messages": [("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")],
+    "embeddings": [("POST", "/v1/embeddings")],
+    "rerank": [("POST", "/v1/rerank"), ("POST", "/v1/reranking")],
+    "tokenize": [("POST", "/v1/tokenize")],
+    "probe": [("GET", "/probe/ping")],
+}
+ADMIN_ROUTES = [
+    ("GET", "/v1/kronk/slots"),
+    ("GET", "/v1/kronk/devices"),
+    ("GET", "/v1/kronk/models"),
+    ("POST", "/v1/kronk/models/{model_id}/unload"),
+    ("GET", "/v1/kronk/catalog"),
+    ("GET", "/v1/kronk/catalog/{model_id}"),
+    ("POST", "/v1/kronk/catalog/update"),
+    ("GET", "/v1/kronk/pulls"),
+    ("POST", "/v1/kronk/pulls"),
+    ("GET", "/v1/kronk/pulls/{pull_id}"),
+    ("GET", "/v1/kronk/pulls/{pull_id}/events"),
+    ("GET", "/v1/kronk/security/keys"),
+    ("POST", "/v1/kronk/security/keys"),
+    ("DELETE", "/v1/kronk/security/keys/{key_id}"),
+    ("POST", "/v1/kronk/security/tokens"),
+]
+# Path parameters that name nothing: a route called with its grant answers 404 or 400,
+# never unloads the model or deletes a key.
+PATH_VALUES = {
+    "{name}": "index.html",
+    "{model_id}": "no-such-model",
+    "{response_id}": "resp_none",
+    "{pull_id}": "no-such-pull",
+    "{key_id}": "no-such-key",
+}
 
 
-def test_every_route_is_guarded_by_its_grant(auth_server: AuthServer) -> None:
-    """A token granting one other endpoint gets 403 everywhere but public and any-token routes.
+def served_routes(app: Litestar) -> set[tuple[str, str]]:
+    """(method, path template) for every HTTP route of the app."""
+    return {
+        (method, route.path_format)
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+        for handler in route.route_handlers
+        for method in handler.http_methods
+    }
 
-    Routes are read from the app, so endpoints that later plugins add are covered too.
-    """
-    outsider = mint(auth_server, "some-other-endpoint")
-    routes = routes_by_access(auth_server.app)
-    grants = {endpoint for _, _, endpoint in routes if endpoint not in ACCESS_LEVELS}
-    assert {"chat-completions", "tokenize", "probe"} <= grants
-    assert any(endpoint == ADMIN for _, _, endpoint in routes)
-    with httpx.Client(base_url=auth_server.base_url, timeout=30) as client:
-        for method, path, endpoint in routes:
-            anonymous = client.request(method, path, json={})
-            with_token = client.request(method, path, json={}, headers=bearer(outsider))
-            where = f"{method} {path} ({endpoint})"
-            if endpoint == PUBLIC:
-                assert anonymous.status_code not in (401, 403), where
-                continue
-            assert anonymous.status_code == 401, where
-            if endpoint == AUTHENTICATED:
-                assert with_token.status_code not in (401, 403), where
-            else:
-                assert with_token.status_code == 403, (where, with_token.text)
+
+def _url(path: str) -> str:
+    for placeholder, value in PATH_VALUES.items():
+        path = path.replace(placeholder, value)
+    return path
+
+
+def test_the_route_table_is_every_route_the_app_serves(auth_server: AuthServer) -> None:
+    written = [*PUBLIC_ROUTES, *ANY_TOKEN_ROUTES, *ADMIN_ROUTES]
+    written += [route for routes in GRANTED_ROUTES.values() for route in routes]
+    assert len(written) == len(set(written)), "a route is written twice"
+    served = served_routes(auth_server.app)
+    preflights = {(method, path) for method, path in served if method == "OPTIONS"}
+    assert served - preflights == set(written)
+    assert preflights == {("OPTIONS", path) for _, path in written}
+
+
+def _statuses(
+    client: httpx.Client, method: str, path: str, *tokens: str | None
+) -> list[tuple[int, str]]:
+    answers = []
+    for token in tokens:
+        headers = {} if token is None else bearer(token)
+        response = client.request(method, _url(path), json={}, headers=headers)
+        answers.append((response.status_code, response.text[:200]))
+    return answers
+
+
+def test_every_route_answers_as_the_table_says(auth_server: AuthServer) -> None:
+    """Each route without a token, with a token lacking its grant, and with one holding it."""
+    every_grant = ",".join(GRANTED_ROUTES)
+    unrelated = mint(auth_server, "some-other-endpoint")
+    with httpx.Client(base_url=auth_server.base_url, timeout=60) as client:
+        for method, path in PUBLIC_ROUTES:
+            (anonymous,) = _statuses(client, method, path, None)
+            assert anonymous[0] not in (401, 403), (method, path, anonymous)
+        for method, path in ANY_TOKEN_ROUTES:
+            anonymous, with_any = _statuses(client, method, path, None, unrelated)
+            assert anonymous[0] == 401, (method, path, anonymous)
+            assert with_any[0] not in (401, 403), (method, path, with_any)
+        for grant, routes in GRANTED_ROUTES.items():
+            others = mint(auth_server, ",".join(g for g in GRANTED_ROUTES if g != grant))
+            holder = mint(auth_server, grant)
+            for method, path in routes:
+                anonymous, without, granted = _statuses(client, method, path, None, others, holder)
+                where = (method, path, grant)
+                assert anonymous[0] == 401, (where, anonymous)
+                assert without[0] == 403, (where, without)
+                assert granted[0] not in (401, 403), (where, granted)
+        user = mint(auth_server, every_grant)
+        for method, path in ADMIN_ROUTES:
+            anonymous, with_user, with_admin = _statuses(
+                client, method, path, None, user, auth_server.admin
+            )
+            assert anonymous[0] == 401, (method, path, anonymous)
+            assert with_user[0] == 403, (method, path, with_user)
+            assert with_admin[0] not in (401, 403), (method, path, with_admin)
+        for path in {path for _, path in served_routes(auth_server.app)}:
+            (preflight,) = _statuses(client, "OPTIONS", path, None)
+            assert preflight[0] not in (401, 403), (path, preflight)
 
 
 def test_grants_are_honoured_per_endpoint(auth_server: AuthServer) -> None:
