@@ -675,35 +675,6 @@ def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) 
 # ---- quotas ------------------------------------------------------------------------
 
 
-async def test_hundred_concurrent_requests_admit_exactly_the_quota(auth_server: AuthServer) -> None:
-    token = mint(auth_server, "tokenize:10/day")
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=auth_server.base_url, headers=bearer(token), limits=limits, timeout=60
-    ) as client:
-        responses = await asyncio.gather(
-            *(client.post(TOKENIZE, json={"model": MODEL, "input": f"hi {n}"}) for n in range(100))
-        )
-    statuses = [response.status_code for response in responses]
-    assert statuses.count(200) == 10, statuses
-    assert statuses.count(429) == 90, statuses
-    for response in responses:
-        if response.status_code == 429:
-            assert_openai_error(response, 429, "rate_limit_error")
-            assert response.json()["error"]["code"] == "rate_limit_exceeded"
-            assert 0 < int(response.headers["retry-after"]) <= 86400
-
-
-def test_validation_failures_count_against_the_quota(auth_server: AuthServer) -> None:
-    """The call is counted when it passes the grant check, before its body is validated."""
-    token = mint(auth_server, "chat-completions:2/day")
-    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
-        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
-            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
-        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
-        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
-
-
 @dataclass
 class SettableClock:
     """The guard's clock, moved by the test instead of waiting for midnight."""
@@ -723,6 +694,41 @@ def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
         yield settable
     finally:
         auth.clock = utc_now
+
+
+async def test_hundred_concurrent_requests_admit_exactly_the_quota(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    clock.now = datetime(2031, 3, 14, 12, tzinfo=UTC)  # one day for all of them
+    token = mint(auth_server, "tokenize:10/day")
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+    async with httpx.AsyncClient(
+        base_url=auth_server.base_url, headers=bearer(token), limits=limits, timeout=60
+    ) as client:
+        responses = await asyncio.gather(
+            *(client.post(TOKENIZE, json={"model": MODEL, "input": f"hi {n}"}) for n in range(100))
+        )
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(200) == 10, statuses
+    assert statuses.count(429) == 90, statuses
+    for response in responses:
+        if response.status_code == 429:
+            assert_openai_error(response, 429, "rate_limit_error")
+            assert response.json()["error"]["code"] == "rate_limit_exceeded"
+            assert 0 < int(response.headers["retry-after"]) <= 86400
+
+
+def test_validation_failures_count_against_the_quota(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    """The call is counted when it passes the grant check, before its body is validated."""
+    clock.now = datetime(2031, 3, 14, 12, tzinfo=UTC)  # one day for all of them
+    token = mint(auth_server, "chat-completions:2/day")
+    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
+            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
+        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
 
 
 def test_quota_windows_roll_over_in_the_running_server(
