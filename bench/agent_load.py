@@ -180,14 +180,22 @@ class Client:
         return done
 
     async def agents(
-        self, count: int, turns: int, system: str
+        self, count: int, turns: int, system: str, *, distinct: bool = False
     ) -> tuple[float, list[list[tuple[Messages, Turn]]]]:
-        """`count` agents at once; returns the wall time and every agent's turns."""
+        """`count` agents at once; returns the wall time and every agent's turns.
+
+        `distinct`: each agent its own system prompt (agents of different tools); else
+        all share one (sub-agents of one tool). Agent i's tool results are the same in
+        every workload, so its conversations there begin alike."""
         async with _client(count, self.timeout) as http:
             began = time.perf_counter()
             runs = await asyncio.gather(
-                *(self.agent(http, index, turns, system) for index in range(count))
-            )
+                *(
+                    self.agent(http, index, turns, f"[agent {index}]\n{system}" if distinct
+                               else system)
+                    for index in range(count)
+                )
+            )  # fmt: skip
             return time.perf_counter() - began, list(runs)
 
     async def single(self, messages: Messages, max_tokens: int) -> Turn:

@@ -2,9 +2,11 @@
 
   A. decode throughput at 1/4/16/32 sequences: llama-batched-bench (S_TG, the C++
      reference) vs the Kronk engine through the SDK (greedy streams of --tokens tokens,
-     decode phase only). Targets: kronk/C++ >= 0.95 at 1 sequence, >= 0.9 at 32.
-  B. Python per-step overhead: per engine step, wall time minus the time spent in the
-     model's decode call (llama_decode), and a bare ctypes greedy loop for one stream.
+     decode phase only), once per --engine-variants (overlapped decoding and device
+     sampling off and on). Targets: kronk/C++ >= 0.95 at 1 sequence, >= 0.9 at 32.
+  B. Python per-step overhead: per engine step, wall time minus the time the engine thread
+     waits for the device (the decode call and its synchronize), and a bare ctypes greedy
+     loop for one stream.
   C. agentic workloads over HTTP, llama-server vs `kronk server start` (same model, same
      chat template, greedy): one agent x 12 turns and 4 agents x 8 turns (the tool-result
      conversations of bench_caching.py). Target: Kronk wall <= 1.0x llama-server.
@@ -14,7 +16,8 @@ see docs/gpu.md). `--smoke` runs every part with tiny numbers, to check it end t
 a CPU. Writes everything as JSON to --json.
 
 usage: bench_gpu.py MODEL.gguf --llama-bin DIR [--streams 1,4,16,32] [--tokens 128]
-                    [--template chatml] [--n-gpu-layers 0] [--json OUT] [--smoke]
+                    [--engine-variants host,overlap,device,both] [--template chatml]
+                    [--n-gpu-layers 0] [--json OUT] [--smoke]
 """
 
 from __future__ import annotations
@@ -89,21 +92,41 @@ def batched_bench(args: argparse.Namespace) -> dict[int, float]:
 # ---- A + B. the Kronk engine --------------------------------------------------------
 
 
-class DecodeTimer:
-    """Times the loaded model's decode calls (llama_decode plus filling the batch)."""
+# How the engine meets the device (the llamacpp section's keys; both off by default).
+VARIANTS: dict[str, dict[str, bool]] = {
+    "host": {"overlap_decode": False, "device_sampling": False},
+    "overlap": {"overlap_decode": True, "device_sampling": False},
+    "device": {"overlap_decode": False, "device_sampling": True},
+    "both": {"overlap_decode": True, "device_sampling": True},
+}
 
-    def __init__(self, model: Any) -> None:
+
+class DeviceTimer:
+    """Times the engine thread's waits for the device: each decode call, with the wait for
+    it to finish (`synchronize`: inside the decode's timing where the engine does not
+    overlap, else where the engine calls it, after handing out the last step's text)."""
+
+    def __init__(self, model: Any, overlap: bool) -> None:
         self.calls = 0
         self.seconds = 0.0
-        original: Callable[[Any], None] = model.decode
+        decode: Callable[[Any], None] = model.decode
+        synchronize: Callable[[], None] = model.synchronize
 
-        def timed(batch: Any) -> None:
+        def timed_decode(batch: Any) -> None:
             began = time.perf_counter()
-            original(batch)
+            decode(batch)
+            if not overlap:
+                synchronize()  # else the wait would land in the first logits read
             self.seconds += time.perf_counter() - began
             self.calls += 1
 
-        model.decode = timed
+        def timed_synchronize() -> None:
+            began = time.perf_counter()
+            synchronize()
+            self.seconds += time.perf_counter() - began
+
+        model.decode = timed_decode
+        model.synchronize = timed_synchronize
 
 
 async def engine_streams(kronk: Kronk, streams: int, tokens: int, words: int) -> int:
@@ -122,19 +145,20 @@ async def engine_streams(kronk: Kronk, streams: int, tokens: int, words: int) ->
     return sum(await asyncio.gather(*(one(i) for i in range(streams))))
 
 
-def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
+def kronk_engine(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     """Decode throughput and per-step split, by difference: a run of --tokens tokens minus
     the same run of one token (prefill and first token cancel out, as in S_TG)."""
+    llamacpp = {"n_gpu_layers": args.n_gpu_layers, **VARIANTS[variant], **args.llamacpp}
     config = ModelConfig(
         model_path=args.model, context_window=args.engine_context, n_seq_max=max(args.streams),
-        templates={"template": args.template}, llamacpp={"n_gpu_layers": args.n_gpu_layers},
+        templates={"template": args.template}, llamacpp=llamacpp,
         draft_strategy="none",  # one token per slot and step, as llama-batched-bench decodes
     )  # fmt: skip
     kronk = Kronk(KronkConfig(default_model="bench", models={"bench": config}))
     began = time.perf_counter()
     loaded = kronk.load("bench")
     report: dict[str, Any] = {"load_s": round(time.perf_counter() - began, 3), "runs": []}
-    timer = DecodeTimer(loaded.model)
+    timer = DeviceTimer(loaded.model, VARIANTS[variant]["overlap_decode"])
 
     def measure(streams: int, tokens: int) -> tuple[float, int, int, int, float]:
         before = (loaded.engine.stats().steps, timer.calls, timer.seconds)
@@ -149,24 +173,30 @@ def kronk_engine(args: argparse.Namespace) -> dict[str, Any]:
         short, full = measure(streams, 1), measure(streams, args.tokens)
         wall, produced, steps, calls, seconds = (f - s for f, s in zip(full, short, strict=True))
         step_ms = wall * 1000 / steps if steps > 0 else None
-        decode_ms = seconds * 1000 / calls if calls > 0 else None
+        device_ms = seconds * 1000 / calls if calls > 0 else None
         run = {
+            "variant": variant,
             "streams": streams,
             "completion_tokens": full[1],
             "wall_s": round(full[0], 3),
             "decode_tok_s": round(produced / wall, 2) if wall > 0 and produced > 0 else None,
             "steps": steps,
             "step_ms": None if step_ms is None else round(step_ms, 3),
-            "decode_ms": None if decode_ms is None else round(decode_ms, 3),
-            # Everything a step does outside llama_decode: scheduling, sampling, detokenizing.
-            "overhead_ms": None
-            if step_ms is None or decode_ms is None
-            else round(step_ms - decode_ms, 3),
+            "device_ms": None if device_ms is None else round(device_ms, 3),
+            # What the device waits for in a step: scheduling, sampling, and (without
+            # overlap) detokenizing, stop strings and events.
+            "python_ms": None
+            if step_ms is None or device_ms is None
+            else round(step_ms - device_ms, 3),
         }
         report["runs"].append(run)
         print(json.dumps(run), flush=True)
     kronk.close()
     return report
+
+
+def engine_variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    return {variant: kronk_engine(args, variant) for variant in args.engine_variants}
 
 
 def switch_intervals(args: argparse.Namespace) -> list[tuple[float, dict[str, Any]]]:
@@ -175,7 +205,7 @@ def switch_intervals(args: argparse.Namespace) -> list[tuple[float, dict[str, An
     try:
         for interval in (float(v) for v in args.switch_intervals.split(",")):
             sys.setswitchinterval(interval)
-            results.append((interval, kronk_engine(args)))
+            results.append((interval, kronk_engine(args, args.engine_variants[-1])))
     finally:
         sys.setswitchinterval(default)
     return results
@@ -334,23 +364,27 @@ def _ms(value: float | None) -> str:
 def print_report(report: dict[str, Any]) -> None:
     print("\nA. decode tok/s, kronk engine vs llama-batched-bench (S_TG)")
     print(
-        f"{'seqs':>6}{'kronk':>10}{'C++':>10}{'ratio':>8}{'target':>8}{'step ms':>9}"
-        f"{'decode ms':>11}{'python ms':>11}"
+        f"{'variant':>8}{'seqs':>6}{'kronk':>10}{'C++':>10}{'ratio':>8}{'target':>8}"
+        f"{'step ms':>9}{'device ms':>11}{'python ms':>11}"
     )
     reference = report.get("batched_bench") or {}
     runs = [
         (run, f" (switch interval {interval})" if interval else "")
-        for interval, engine in [(None, report.get("engine", {})), *report.get("switch", [])]
+        for interval, engines in [
+            (None, report.get("engine", {})),
+            *((i, {"switch": e}) for i, e in report.get("switch", [])),
+        ]
+        for engine in engines.values()
         for run in engine.get("runs", [])
     ]
-    for run, variant in runs:
+    for run, note in runs:
         cxx = reference.get(run["streams"])
         ratio = run["decode_tok_s"] / cxx if cxx and run["decode_tok_s"] else None
         target = "0.95" if run["streams"] == 1 else "0.90" if run["streams"] >= 32 else ""
         print(
-            f"{run['streams']:>6}{run['decode_tok_s'] or 0:>10.1f}{cxx or 0:>10.1f}"
-            f"{ratio or 0:>8.2f}{target:>8}{_ms(run['step_ms']):>9}"
-            f"{_ms(run['decode_ms']):>11}{_ms(run['overhead_ms']):>11}{variant}"
+            f"{run['variant']:>8}{run['streams']:>6}{run['decode_tok_s'] or 0:>10.1f}"
+            f"{cxx or 0:>10.1f}{ratio or 0:>8.2f}{target:>8}{_ms(run['step_ms']):>9}"
+            f"{_ms(run['device_ms']):>11}{_ms(run['python_ms']):>11}{note}"
         )
     if "bare_tok_s" in report:
         print(f"bare ctypes greedy loop, 1 stream: {report['bare_tok_s']:.1f} tok/s")
@@ -397,6 +431,14 @@ def main() -> int:
         help="part A again under each of these sys.setswitchinterval values (seconds, "
         "comma-separated): how much the engine thread waits for the GIL",
     )
+    parser.add_argument(
+        "--engine-variants",
+        default="host,overlap,device,both",
+        help=f"part A once per variant, comma-separated: {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--llamacpp", type=json.loads, default={}, help="extra llamacpp keys for part A (JSON)"
+    )
     parser.add_argument("--parts", default="a,b,c")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", type=Path)
@@ -404,6 +446,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny numbers: checks it end to end")
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
+    args.engine_variants = args.engine_variants.split(",")
+    if unknown := set(args.engine_variants) - set(VARIANTS):
+        parser.error(f"--engine-variants: unknown {', '.join(sorted(unknown))}")
     args.workloads, args.system_words, args.reply_tokens = [(1, 12), (4, 8)], 1000, 24
     if args.smoke:
         args.streams, args.tokens, args.prompt_words, args.context_window = [1, 2], 8, 16, 1024
@@ -417,7 +462,7 @@ def main() -> int:
     }
     steps: list[tuple[str, str, Callable[[], Any]]] = [
         ("a", "batched_bench", lambda: batched_bench(args)),
-        ("a", "engine", lambda: kronk_engine(args)),
+        ("a", "engine", lambda: engine_variants(args)),
         ("b", "bare_tok_s", lambda: bare(args)),
     ]
     work = args.work or Path(tempfile.mkdtemp(prefix="kronk-bench-gpu-"))

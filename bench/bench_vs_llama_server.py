@@ -14,6 +14,11 @@ flags, the same chat template file as Kronk's bundled gemma template), each alon
       the same sampling sent to both (top-k 40, top-p 0.9, no DRY or penalties, a seed
       per stream): aggregate tok/s, the median of three runs (prompt lookup's gain
       depends on what the stories repeat: single runs of Kronk's defaults spread 1.5x)
+  F   a fleet of sixteen agents of different tools (a system prompt each), 4 turns, on
+      4 slots: first on conversations the server has not seen, then after one agent ran
+      12 turns and four agents 8 turns of the same tasks, so that the fleet's
+      conversations begin as those did (branches of stored conversations, as sub-agents
+      started from one history, retries and reopened chats are)
 
 Afterwards, in this process, Kronk's own prefill of exactly each W1 turn's new tokens at
 its depth (the best a cache can do) and a cold prefill of turn 1, on the model config the
@@ -50,6 +55,7 @@ from kronk_llamacpp.model import LlamaTextModel
 from kronk_templates.jinja import bundled_source
 
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
+FLEET_AGENTS, FLEET_TURNS = 16, 4
 SAMPLED_STREAMS, SAMPLED_TOKENS = 4, 256
 # Sent to both servers: their defaults differ (Kronk runs DRY, llama-server top-p 0.95).
 SAMPLED = {
@@ -111,6 +117,10 @@ class Results:
     w3_wall: float
     w3: list[list[tuple[Messages, Turn]]]
     sampled: list[float]  # aggregate tok/s of each run
+    fleet_wall: float = 0.0
+    fleet: list[list[tuple[Messages, Turn]]] | None = None
+    branched_wall: float = 0.0
+    branched: list[list[tuple[Messages, Turn]]] | None = None
 
 
 def tagged_system(tag: str) -> str:
@@ -123,7 +133,7 @@ def long_prompt() -> Messages:
     return [{"role": "user", "content": f"{text}\n\nNow count from 1 to 500, one number a line."}]
 
 
-async def drive(client: Client, w3: bool) -> Results:
+async def drive(client: Client, w3: bool, fleets: bool) -> Results:
     w1_wall, (w1,) = await client.agents(1, W1_TURNS, tagged_system("w1"))
     cold = await client.single(long_prompt(), max_tokens=128)
     # The same prompt again: cached, so this measures decode at ~4k tokens of context.
@@ -133,7 +143,19 @@ async def drive(client: Client, w3: bool) -> Results:
     if w3:
         w3_wall, w3_runs = await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))
     sampled = [await sampled_chats(client) for _ in range(3)]
-    return Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, sampled)
+    results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, sampled)
+    if fleets:
+        results.fleet_wall, results.fleet = await client.agents(
+            FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True
+        )
+        # The same tasks ran before: the fleet's conversations branch from stored ones.
+        earlier = tagged_system("branched")
+        await client.agents(1, W1_TURNS, earlier, distinct=True)
+        await client.agents(W2_AGENTS, W2_TURNS, earlier, distinct=True)
+        results.branched_wall, results.branched = await client.agents(
+            FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True
+        )
+    return results
 
 
 async def sampled_chats(client: Client) -> float:
@@ -160,7 +182,7 @@ async def warm_up(client: Client) -> None:
     await client.single([{"role": "user", "content": "Say hello."}], max_tokens=8)
 
 
-def run_llama_server(log_dir: Path, w3: bool) -> Results:
+def run_llama_server(log_dir: Path, w3: bool, fleets: bool) -> Results:
     port = free_port()
     template = log_dir / "gemma.jinja"
     template.write_text(bundled_source("gemma"), encoding="utf-8")
@@ -174,10 +196,12 @@ def run_llama_server(log_dir: Path, w3: bool) -> Results:
     ready = f"{client.base_url}/health"
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
         asyncio.run(warm_up(client))
-        return asyncio.run(drive(client, w3))
+        return asyncio.run(drive(client, w3, fleets))
 
 
-def run_kronk(log_dir: Path, w3: bool, model_config: Path | None = None) -> Results:
+def run_kronk(
+    log_dir: Path, w3: bool, fleets: bool, model_config: Path | None = None
+) -> Results:
     port = free_port()
     command = [
         sys.executable, "-m", "kronk_api.cli", "server", "start",
@@ -188,7 +212,7 @@ def run_kronk(log_dir: Path, w3: bool, model_config: Path | None = None) -> Resu
     client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
-        return asyncio.run(drive(client, w3))
+        return asyncio.run(drive(client, w3, fleets))
 
 
 def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:
@@ -262,6 +286,11 @@ def _ttfts(runs: list[list[tuple[Messages, Turn]]]) -> list[float]:
     return [turn.ttft for run in runs for _, turn in run]
 
 
+def _uncached(runs: list[list[tuple[Messages, Turn]]]) -> int:
+    """Turns after an agent's first that reused nothing (its own last turn is there)."""
+    return sum(1 for run in runs for _, turn in run[1:] if not turn.cached_tokens)
+
+
 def _errors(runs: list[list[tuple[Messages, Turn]]]) -> int:
     return sum(1 for run in runs for _, turn in run if turn.error)
 
@@ -300,6 +329,18 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         _row("W3 TTFT summed", sum(_ttfts(llama.w3)), sum(_ttfts(kronk.w3)), "<= 0.50x")
         print(f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
               f"{'':>9}  kronk: 0")
+    for name, ours, theirs, wall in (
+        ("F", kronk.fleet, llama.fleet, (llama.fleet_wall, kronk.fleet_wall)),
+        ("F after the same tasks", kronk.branched, llama.branched,
+         (llama.branched_wall, kronk.branched_wall)),
+    ):  # fmt: skip
+        if ours is None or theirs is None:
+            continue
+        label = f"{name} ({FLEET_AGENTS} agents x {FLEET_TURNS} turns, 4 slots)"
+        _row(f"{label} wall", wall[0], wall[1], "<= 0.90x")
+        _row(f"{name}: TTFT summed", sum(_ttfts(theirs)), sum(_ttfts(ours)), "-")
+        print(f"{name + ': later turns with nothing cached':<44}{_uncached(theirs):>12}"
+              f"{_uncached(ours):>12}{'':>9}  kronk: 0")
     _row(
         f"S: {SAMPLED_STREAMS} chats at temperature 0.8, aggregate",
         statistics.median(llama.sampled),
@@ -315,6 +356,9 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-w3", action="store_true", help="skip W3 (the longest workload)")
+    parser.add_argument(
+        "--no-fleets", action="store_true", help="skip F (the fleets: the longest part)"
+    )
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
     parser.add_argument(
         "--kronk-model-config",
@@ -328,9 +372,9 @@ def main() -> None:
         log_dir = args.logs or Path(scratch)
         log_dir.mkdir(parents=True, exist_ok=True)
         print("running llama-server ...", flush=True)
-        llama = run_llama_server(log_dir, not args.no_w3)
+        llama = run_llama_server(log_dir, not args.no_w3, not args.no_fleets)
         print("running kronk ...", flush=True)
-        kronk = run_kronk(log_dir, not args.no_w3, args.kronk_model_config)
+        kronk = run_kronk(log_dir, not args.no_w3, not args.no_fleets, args.kronk_model_config)
     print("measuring kronk's own prefill references ...", flush=True)
     cold, refs = kronk_references(kronk.w1)
     report(llama, kronk, cold, refs)

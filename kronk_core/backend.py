@@ -61,6 +61,9 @@ class ModelInfo:
     n_embd: int = 0
     # Weights plus context memory (KV cache, compute buffers) as the backend estimates it.
     memory_bytes: int = 0
+    # `decode` returns before the device has finished (a GPU): the engine hands out the
+    # last step's text while the next decode runs, then calls `synchronize`.
+    overlap_decode: bool = False
 
 
 @dataclass(slots=True)
@@ -127,7 +130,14 @@ class TextModel(Protocol):
     def is_end_of_generation(self, token: int) -> bool: ...
 
     def decode(self, batch: Batch) -> None:
-        """Run the model over the batch; raises KronkError when the backend fails."""
+        """Run the model over the batch; raises KronkError when the backend fails.
+
+        With `info.overlap_decode` it may return while the device still computes;
+        reading logits or sampled tokens, or `synchronize`, waits for it.
+        """
+
+    def synchronize(self) -> None:
+        """Wait until the last decode has finished on the device."""
 
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         """Log-probabilities of the raw (unsampled) distribution at batch_index."""
@@ -141,8 +151,16 @@ class TextModel(Protocol):
         or is past the model's limits.
         """
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> Sampler:
-        """A native chain for the stages: compiled grammars are copied, others built."""
+    def new_sampler(
+        self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
+    ) -> Sampler:
+        """A chain for the stages; compiled grammars are copied, other stages built.
+
+        `seq_id`: the KV sequence it samples for (the engine's slots say), so a backend
+        may sample that sequence where its logits are computed; `logits`: whether the
+        raw logits at its rows are read too (`logprobs`). Without `seq_id`, a chain
+        that samples from the logits on the host.
+        """
 
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
         """Remove positions [start, end) of seq_id (end -1 = to the end)."""

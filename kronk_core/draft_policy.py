@@ -5,11 +5,14 @@ drafting it) and pays only if the target accepts it. The policy weighs the
 two with what it has measured: each slot's acceptance rate and how a decode's
 time grows with its rows. Speculation backs off when acceptance is low or
 when the batch is already full of other slots' tokens, and probes now and
-then so that a slot whose text turned predictable speculates again.
+then so that a slot whose text turned predictable speculates again. Over all
+of it, the output rate of whole steps with drafts and without, per batch size,
+decides whether a step drafts at all (`Payoff`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +65,59 @@ class StepCost:
         return self.scale - per_row, per_row
 
 
+# Every this many steps of a batch size, at least, the arm (drafting or not) that measured
+# slower runs instead, so that both rates stay current as the text and the context change;
+# less often the slower it is, so that exploring costs about EXPLORE_BUDGET of the rate.
+EXPLORE_EVERY = 16
+EXPLORE_BUDGET = 0.01
+# Steps of an arm before its rate is trusted.
+_MIN_SAMPLES = 6
+
+
+class Payoff:
+    """What drafting really returns: output tokens per second of whole engine steps (decode,
+    drafting, verifying, sampling, detokenizing) with drafts and without, per number of
+    generating slots. The cost model predicts; this measures, so a cost the model does not
+    see (sampling every verified row at a high temperature, say) still turns drafting off
+    where it does not pay."""
+
+    def __init__(self, smoothing: float = 0.15) -> None:
+        self._smoothing = smoothing
+        self._rates: dict[tuple[int, bool], float] = {}
+        self._samples: dict[tuple[int, bool], int] = {}
+        self._steps: dict[int, int] = {}
+
+    @staticmethod
+    def bucket(slots: int) -> int:
+        """Batch sizes alike enough to share a verdict: 1, 2, 3, 4, 5-8, 9-16, ..."""
+        return slots if slots <= 4 else 4 + (slots - 1).bit_length() - 2
+
+    def observe(self, slots: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0.0:
+            return
+        key = (self.bucket(slots), drafted)
+        rate = tokens / seconds
+        known = self._rates.get(key)
+        self._rates[key] = rate if known is None else known + self._smoothing * (rate - known)
+        self._samples[key] = self._samples.get(key, 0) + 1
+
+    def rate(self, slots: int, drafted: bool) -> float | None:
+        key = (self.bucket(slots), drafted)
+        return self._rates[key] if self._samples.get(key, 0) >= _MIN_SAMPLES else None
+
+    def drafts_now(self, slots: int) -> bool:
+        """Whether this step may draft: the arm that measured faster, the other one every
+        EXPLORE_EVERY steps; until both are known, drafting, with a plain step as often."""
+        bucket = self.bucket(slots)
+        step = self._steps[bucket] = self._steps.get(bucket, 0) + 1
+        plain, drafting = self.rate(slots, False), self.rate(slots, True)
+        if plain is None or drafting is None:
+            return not (step % EXPLORE_EVERY == 0 and plain is None)
+        faster, slower = max(plain, drafting), min(plain, drafting)
+        every = max(EXPLORE_EVERY, math.ceil((1.0 - slower / faster) / EXPLORE_BUDGET))
+        return (drafting > plain) != (step % every == 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Wish:
     """A generating slot this step, and the most draft tokens that could still be output."""
@@ -86,6 +142,7 @@ class DraftPolicy:
         self._verified = [False] * n_slots
         self._idle_steps = [0] * n_slots
         self._draft_seconds = 0.0  # drafting one token, smoothed
+        self.payoff = Payoff()
 
     def reset(self, slot_id: int) -> None:
         """A new request in the slot: it starts from what earlier requests' drafts achieved."""
@@ -116,6 +173,11 @@ class DraftPolicy:
         if not prefill:
             self.cost.observe(rows, seconds)
 
+    def stepped(self, slots: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole engine step of `slots` generating slots (no prompt tokens) output
+        `tokens` tokens in `seconds`, with drafts or without."""
+        self.payoff.observe(slots, drafted, tokens, seconds)
+
     def drafted(self, tokens: int, seconds: float) -> None:
         """The draft strategy took `seconds` to propose `tokens` tokens."""
         if tokens:
@@ -135,6 +197,8 @@ class DraftPolicy:
         if not self.adaptive:
             return self._all_it_can(wishes, n_batch - len(wishes) - prefill)
         if not self.cost.known:
+            return {}
+        if not prefill and not self.payoff.drafts_now(len(wishes)):
             return {}
         base, per_row = self.cost.estimate()
         rows = len(wishes)

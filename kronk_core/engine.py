@@ -7,6 +7,14 @@ strategy (speculative decoding), a generating slot's token may carry draft
 tokens behind it; kronk_core/speculation.py decides which of them stand. The
 asyncio side talks to the thread only through a bounded request queue and
 per-request output queues fed with `loop.call_soon_threadsafe`.
+
+Where the backend's decode returns before the device has finished
+(`ModelInfo.overlap_decode`, a GPU), a step's tokens are sampled and counted
+at once (end of generation, max_tokens and the window are known from the ids),
+the next decode is launched, and only then is their text worked out and handed
+over (detokenizing, stop strings, events) while the device computes. A stop
+string found that way ends the request after the decode in flight, whose token
+for it stays in the slot's KV and its record.
 """
 
 from __future__ import annotations
@@ -104,6 +112,10 @@ class _Job:
     first_token_at: float = 0.0
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
     stops: StopMatcher | None = None
+    # Overlapped decoding: tokens sampled and counted whose text is not handed over yet,
+    # and whether handing them over found a stop string (the request then ends).
+    undelivered: list[tuple[int, tuple[TokenLogprob, ...]]] = field(default_factory=list)
+    stopped: bool = False
 
     @property
     def prefilling(self) -> bool:
@@ -235,6 +247,8 @@ class Engine:
         self._wake = threading.Event()
         self._active: list[_Job] = []
         self._outbox = _Outbox()
+        self._overlap = model.info.overlap_decode
+        self._delivering: list[_Job] = []  # jobs with undelivered tokens, in order
         self._stopping = False
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
@@ -432,7 +446,9 @@ class Engine:
             job.cache_ready_at = time.monotonic()
             stages = job.request.stages
             job.sampler = self.model.new_sampler(
-                self.sampler_stages(job.request.sampling) if stages is None else stages
+                self.sampler_stages(job.request.sampling) if stages is None else stages,
+                seq_id=slot.seq_id,
+                logits=job.request.logprobs,
             )
         except KronkError as exc:
             self._finish(job, FinishReason.error, error=exc)
@@ -452,6 +468,7 @@ class Engine:
 
     def _step(self) -> None:
         """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
+        began = time.perf_counter()
         drafts = self._drafts() if self._speculation is not None else {}
         parts: list[_Part] = []
         for job in self._active:
@@ -473,9 +490,14 @@ class Engine:
         try:
             started = time.perf_counter()
             self._decode(parts)
+            delivering = self._deliver_all() if self._overlap else 0.0
+            if self._overlap:
+                self.model.synchronize()
             if self._speculation is not None:
-                self._speculation.decoded(*_rows(parts), time.perf_counter() - started)
+                device = time.perf_counter() - started - delivering
+                self._speculation.decoded(*_rows(parts), device)
         except Exception as caught:
+            self._deliver_all()
             exc = self._unexpected(caught, "a decode")
             # Nothing of a failed decode may stay in the KV: the slots record what is there.
             for part in parts:
@@ -498,8 +520,14 @@ class Engine:
                         self._commit([part])
             self._record_step(parts)
             return
+        counted = [(part.job, part.job.completion_tokens) for part in parts if part.generated]
         self._commit(parts)
         self._record_step(parts)
+        if self._speculation is not None and len(counted) == len(parts):
+            # A step of generating slots alone: what it output, drafts or not, and in what time.
+            output = sum(job.completion_tokens - before for job, before in counted)
+            seconds = time.perf_counter() - began
+            self._speculation.stepped(len(parts), bool(drafts), output, seconds)
 
     def _drafts(self) -> dict[int, Draft]:
         """Draft tokens by slot id for the generating slots (speculative decoding)."""
@@ -545,6 +573,8 @@ class Engine:
             if part.generated:
                 slot.tokens.append(part.tokens[0])  # draft tokens join once they stand
                 job.pending_token = None
+                if job.stopped:
+                    self._stop_after_delivery(part)
             else:
                 slot.tokens.extend(part.tokens)
                 job.next_prompt_index += len(part.tokens)
@@ -573,6 +603,16 @@ class Engine:
                 except Exception as exc:
                     self._fail(part.job, self._unexpected(exc, "the cache strategy"))
                     self._reset(slot)
+
+    def _stop_after_delivery(self, part: _Part) -> None:
+        """A stop string was found in the text of the token this part decoded: the request
+        ends; its draft tokens, never output, leave the KV."""
+        job, slot = part.job, part.job.slot
+        assert slot is not None
+        cut = part.draft is None or self._speculation is None or self._speculation.cut(slot)
+        if not cut:
+            self._reset(slot)
+        self._finish(job, FinishReason.stop)
 
     def _unexpected(self, exc: Exception, during: str) -> KronkError:
         """A KronkError as it is; anything else is a fault (logged with its stack) that
@@ -658,8 +698,9 @@ class Engine:
             self._finish(job, reason)
 
     def _emit(self, job: _Job, token: int, batch_index: int) -> FinishReason | None:
-        """Hand one sampled token to the consumer; the reason it ends the request, if it does."""
-        assert job.slot is not None and job.stops is not None
+        """Count one sampled token and hand it to the consumer (with overlap, after the next
+        decode is launched); the reason it ends the request, if it does."""
+        assert job.slot is not None
         if job.completion_tokens == 0:
             job.first_token_at = time.monotonic()
         if self.model.is_end_of_generation(token):
@@ -671,18 +712,54 @@ class Engine:
             # The native chain samples from a copy, so these are the raw
             # log-probs the token was chosen from, as before acceptance.
             logprobs = (self.model.logprobs(batch_index, token, job.request.top_logprobs),)
-        piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
-        text = job.stops.push(job.utf8.push(piece))
-        # Delivered even when the text is held back, so every token is accounted for.
-        self._outbox.post(job, TextChunk(text, 1, logprobs))
-        if job.stops.matched is not None:
-            return FinishReason.stop
-        if (
+        job.undelivered.append((token, logprobs))
+        ends = (
             job.completion_tokens >= job.request.max_tokens
             or len(job.slot.tokens) + 1 >= self.n_ctx_per_seq
-        ):
-            return FinishReason.length
-        return None
+        )
+        if self._overlap and not ends:
+            if len(job.undelivered) == 1:
+                self._delivering.append(job)
+            return None
+        if self._deliver(job):
+            return FinishReason.stop
+        return FinishReason.length if ends else None
+
+    def _deliver(self, job: _Job) -> bool:
+        """Hand a job's counted tokens to its consumer, oldest first; True when their text
+        reaches a stop string (the tokens after it are no longer counted)."""
+        assert job.stops is not None
+        undelivered, job.undelivered = job.undelivered, []
+        for index, (token, logprobs) in enumerate(undelivered):
+            piece = self.model.token_bytes(token, special=job.request.special_tokens_as_text)
+            text = job.stops.push(job.utf8.push(piece))
+            # Posted even when the text is held back, so every token is accounted for.
+            self._outbox.post(job, TextChunk(text, 1, logprobs))
+            if job.stops.matched is not None:
+                # Tokens after the stop came from one verified draft: as without overlap,
+                # the stop token and those after it count as rejected, not accepted.
+                dropped = len(undelivered) - index - 1
+                job.completion_tokens -= dropped
+                self._generated -= dropped
+                if dropped:
+                    job.accepted_tokens -= dropped
+                    job.rejected_tokens += dropped
+                    if self._speculation is not None and job.slot is not None:
+                        self._speculation.settled(job.slot.id, -dropped, dropped)
+                return True
+        return False
+
+    def _deliver_all(self) -> float:
+        """Hand over the tokens of the last step while the device decodes the next one;
+        returns the seconds it took."""
+        started = time.perf_counter()
+        delivering, self._delivering = self._delivering, []
+        for job in delivering:
+            # A job that finished meanwhile had its tokens delivered then.
+            if job.undelivered and self._deliver(job):
+                job.stopped = True
+        self._outbox.flush()
+        return time.perf_counter() - started
 
     def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
@@ -712,6 +789,8 @@ class Engine:
             self._end(job, reason, error)
 
     def _end(self, job: _Job, reason: FinishReason, error: KronkError | None) -> None:
+        if job.undelivered and reason is not FinishReason.error:
+            self._deliver(job)
         if job.stops is not None and reason is not FinishReason.error:
             tail = job.stops.push(job.utf8.flush()) + job.stops.flush()
             if tail:

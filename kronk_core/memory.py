@@ -7,6 +7,18 @@ the CLI and the admin endpoints show them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+
+def available_ram() -> int | None:
+    """MemAvailable (free plus reclaimable cache) on Linux; None elsewhere."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(frozen=True, slots=True)

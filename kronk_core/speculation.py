@@ -157,6 +157,9 @@ class Speculation:
     def decoded(self, rows: int, prefill: int, seconds: float) -> None:
         self.policy.decoded(rows, prefill, seconds)
 
+    def stepped(self, slots: int, drafted: bool, tokens: int, seconds: float) -> None:
+        self.policy.stepped(slots, drafted, tokens, seconds)
+
     # ---- after the decode --------------------------------------------------------
 
     def verify(self, slot_id: int, sampler: Sampler, first_row: int, draft: Draft) -> list[int]:

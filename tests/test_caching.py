@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kronk_caching.host_store import HostStore
+from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
 from kronk_core.engine import StepRecord
@@ -138,6 +138,14 @@ class ColdReplay:
             sampler.close()
         return text.decode("utf-8", errors="replace")
 
+    def extend(self, token: int) -> None:
+        """Decode one more token after the last generate(): what the engine decodes while
+        it hands out the text that then meets a stop string (overlapped decoding)."""
+        batch = Batch()
+        self._index = batch.add(token, len(self.tokens), 0, True)
+        self.model.decode(batch)
+        self.tokens.append(token)
+
     def move_cells(self) -> None:
         """Export the sequence and import it again, as a restore from the host tier does:
         its cells then lie where a restored state's lie (which changes rounding)."""
@@ -205,6 +213,12 @@ class BatchReplay:
             self.logprobs[slot].append([(t.token, t.logprob) for t in top])
             self.text[slot] += self.model.token_bytes(token)
             self._pending[slot] = token
+
+    def end(self, slot: int) -> None:
+        """The request in `slot` ended and the engine emptied its slot (no cache): so does
+        the replay, so that later requests' cells lie where the engine's lie."""
+        self.model.seq_remove(slot, 0, -1)
+        self.tokens[slot] = []
 
     def close(self) -> None:
         self._greedy.close()
@@ -550,6 +564,31 @@ def long_user_turn(index: int) -> dict[str, str]:
     return {"role": "user", "content": f"Turn {index}: here are the readings.\n{rows}\nSummarise."}
 
 
+async def long_conversation(
+    kronk: Kronk, turns: int
+) -> tuple[list[dict[str, str]], list[tuple[list[int], ChatResult]]]:
+    """`turns` long tool-result turns on model "m": the messages, and each turn's prompt
+    tokens and answer."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    history = []
+    for turn in range(turns):
+        messages.append(long_user_turn(turn))
+        result = await ask(kronk, "m", messages)
+        history.append((await prompt_tokens(kronk, messages), result))
+        messages.append({"role": "assistant", "content": result.content})
+    return messages, history
+
+
+def replay_turns(
+    replay: ColdReplay, history: list[tuple[list[int], ChatResult]], up_to: int
+) -> None:
+    """Decode the chunks the slot decoded for these turns; answers before `up_to` too."""
+    for turn_prompt, turn_result in history:
+        replay.prefill(turn_prompt, turn_result.usage.cached_tokens)
+        if len(turn_prompt) < up_to:
+            assert replay.generate(turn_result.usage.completion_tokens) == turn_result.content
+
+
 async def test_sliding_window_cut_back_through_a_checkpoint(
     gemma_path: str, tmp_path: Path
 ) -> None:
@@ -568,13 +607,7 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
     assert not loaded.model.info.kv_trimmable and loaded.model.info.n_swa == 512
     replay = ColdReplay(model_config(Path(gemma_path)))
     try:
-        messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
-        history = []
-        for turn in range(7):
-            messages.append(long_user_turn(turn))
-            result = await ask(kronk, "m", messages)
-            history.append((await prompt_tokens(kronk, messages), result))
-            messages.append({"role": "assistant", "content": result.content})
+        messages, history = await long_conversation(kronk, 7)
         floor = loaded.model.trim_floor(0)
         edited = [*messages[:-4], long_user_turn(99)]  # replaces turn 5's tool result
         prompt = await prompt_tokens(kronk, edited)
@@ -583,10 +616,7 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         assert loaded.engine.cache_counters().checkpoint_restores == 1
         # The checkpoint is the end of turn 4's prompt.
         assert result.usage.cached_tokens == len(history[4][0]) < floor
-        for turn_prompt, turn_result in history[:5]:
-            replay.prefill(turn_prompt, turn_result.usage.cached_tokens)
-            if len(turn_prompt) < result.usage.cached_tokens:
-                assert replay.generate(turn_result.usage.completion_tokens) == turn_result.content
+        replay_turns(replay, history[:5], up_to=result.usage.cached_tokens)
         # A restored window lies in other cells than it was computed in, which changes
         # rounding by up to 0.4 nats here: move the reference's own window the same way.
         replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
@@ -598,6 +628,87 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         replay.close()
         kronk.close()
         cold.close()
+
+
+async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """Conversation A runs 12 turns on a sliding-window model, then other traffic takes its
+    slot. B starts as A did (a reopened chat, a retried task: the same messages) and runs
+    4 turns, other traffic taking the slot between them. The host tier holds A (the
+    longest match, but its window moved on: it cannot be cut back to where B's prompt
+    leaves it) and B's own last turn: each B turn after its first restores B's own, so it
+    prefills only what its turn added, token for token a cold replay's."""
+    kronk = fresh(gemma_path, tmp_path, n_seq_max=1, caching={"host_cache_bytes": 1 << 30})
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    other = iter([*AGENT_SYSTEMS, "You are sub-agent Delta. " + SYSTEM])
+    try:
+        a: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        for turn in range(12):
+            a.append(long_user_turn(turn))
+            a.append({"role": "assistant", "content": (await ask(kronk, "m", a)).content})
+        await ask(kronk, "m", conversation(next(other), 1))  # A leaves its slot
+        b: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+        previous = 0
+        for turn in range(4):
+            b.append(long_user_turn(turn))
+            prompt = await prompt_tokens(kronk, b)
+            a_entry = host_store(kronk).best(prompt, lambda entry, shared: shared)[1]
+            assert a_entry is not None and len(a_entry.tokens) > len(prompt)  # A matches most
+            result = await ask(kronk, "m", b)
+            if turn:
+                assert result.usage.cached_tokens >= previous
+                replay.move_cells()  # restored: its cells lie elsewhere, as in the slot
+            reference = replay.prefill(prompt, result.usage.cached_tokens)
+            assert_same_first_token(result, reference)
+            assert replay.generate(result.usage.completion_tokens) == result.content
+            assert_same_logprobs(result, replay)
+            previous = len(prompt)
+            b.append({"role": "assistant", "content": result.content})
+            if turn < 3:
+                await ask(kronk, "m", conversation(next(other), 1))
+        counters = kronk.load("m").engine.cache_counters()
+        assert counters.restores == 3
+    finally:
+        replay.close()
+        kronk.close()
+
+
+async def test_a_stored_conversation_is_cut_back_through_its_stored_checkpoint(
+    gemma_path: str, tmp_path: Path
+) -> None:
+    """A sliding-window conversation evicted to disk keeps its checkpoints: after a restart,
+    an edit of a message 600 tokens back (below its trim floor) restores it through the
+    checkpoint taken at the end of that turn's prompt, exactly as its slot would have."""
+    caching = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}
+    kronk = fresh(gemma_path, tmp_path, caching=caching, n_seq_max=1)
+    replay = ColdReplay(model_config(Path(gemma_path)))
+    try:
+        messages, history = await long_conversation(kronk, 7)
+        floor = kronk.load("m").model.trim_floor(0)
+        await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))  # evicts it to disk
+    finally:
+        kronk.close()
+    restarted = fresh(gemma_path, tmp_path, caching=caching, n_seq_max=1)
+    try:
+        edited = [*messages[:-4], long_user_turn(99)]  # replaces turn 5's tool result
+        prompt = await prompt_tokens(restarted, edited)
+        assert common_prefix(prompt, history[-1][0]) < floor
+        result = await ask(restarted, "m", edited)
+        counters = restarted.load("m").engine.cache_counters()
+        assert counters.restores == 1 and counters.checkpoint_restores == 1
+        assert result.usage.cached_tokens == len(history[4][0]) < floor
+        replay_turns(replay, history[:5], up_to=result.usage.cached_tokens)
+        # Restored, then cut through the checkpoint: move the reference's cells the same way.
+        replay.move_cells()
+        replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
+        reference = replay.prefill(prompt, result.usage.cached_tokens)
+        assert_same_first_token(result, reference)
+        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert_same_logprobs(result, replay)
+    finally:
+        replay.close()
+        restarted.close()
 
 
 @pytest.mark.parametrize("repeats", [1, 5], ids=["short-prefix", "prefix-beyond-window"])
@@ -871,7 +982,7 @@ async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
         assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
         directory.unlink()  # the operator repairs it: the next eviction is written again
         await ask(kronk, "m", conversation(AGENT_SYSTEMS[2], 1))
-        assert [p.suffix for p in entries_on_disk(disk)] == [".state", ".tokens"]
+        assert [p.suffix for p in entries_on_disk(disk)] == [".checkpoints", ".state", ".tokens"]
     finally:
         kronk.close()
     # A directory that cannot be made at all: the model loads and serves, RAM only.
@@ -921,8 +1032,11 @@ async def test_a_full_disk_leaves_no_half_written_entry(gemma_path: str, tmp_pat
         store = host_store(restarted)
         # Only the entry written with room on disk; the first never reached it.
         assert len(store) == 1
-        assert store.best(await prompt_tokens(restarted, first_turn), at_least=100)[0] == 0
+        def shared(entry: StoredConversation, prefix: int) -> int:
+            return prefix if prefix >= 100 else 0
+
+        assert store.best(await prompt_tokens(restarted, first_turn), shared)[0] == 0
         second = await prompt_tokens(restarted, conversation(AGENT_SYSTEMS[1], 1))
-        assert store.best(second, at_least=100)[0] > 100
+        assert store.best(second, shared)[0] > 100
     finally:
         restarted.close()

@@ -113,8 +113,10 @@ class FaultyModel:
         self._model.decode(batch)
         self.last_batch = batch
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> FaultySampler:
-        return FaultySampler(self._model.new_sampler(stages), self)
+    def new_sampler(
+        self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
+    ) -> FaultySampler:
+        return FaultySampler(self._model.new_sampler(stages, seq_id=seq_id, logits=logits), self)
 
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
         if start == 0:

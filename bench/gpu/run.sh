@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Kronk's GPU checks, on the GPU machine, from the root of the checkout, with the GPU kit's
-# bundle in .gpu (built on your machine by `KIT_WORKTREE=1 bash ../shared/gpu-kit/prepare.sh`):
+# bundle in .gpu (built on your machine by `KIT_WORKTREE=1 bash ../shared/gpu-kit/prepare.sh`,
+# then `bash bench/gpu/extra_wheels.sh`):
 #   1. the kit's build and preparation, no kit bench: llama.cpp for CUDA with llama-server and
 #      llama-batched-bench in /tmp/llama-build, the project's wheels in /tmp/site, the
 #      random-weight 1.24B model in /tmp/kronk-bench (a warm machine reuses all of it);
-#   2. bench/gpu/load_order.py: the load crash case by case (import order, bindings);
-#   3. bench/bench_gpu.py: engine vs llama-batched-bench, per-step overhead, servers.
-# Results in $OUT: kit/ (the kit's log), load_order.txt, symbols.txt, bench_gpu.json/.txt.
-# Knobs: DEADLINE (s, default 560), KIT (bundle folder), PARTS (load,bench), BENCH_ARGS.
+#   2. exact: tests/test_engine_overlap.py on CUDA (overlapped decoding and device sampling
+#      against the host engine, and a cached conversation against a cold replay);
+#   3. load: bench/gpu/load_order.py, the load crash case by case (import order, bindings);
+#   4. bench: bench/bench_gpu.py, engine vs llama-batched-bench, per-step split, servers.
+# Results in $OUT: kit/ (the kit's log), exactness.txt, load_order.txt, symbols.txt,
+# bench_gpu.json/.txt. Knobs: DEADLINE (s, default 560), KIT (bundle folder), PARTS
+# (exact,bench; load too where asked), BENCH_ARGS.
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 KIT="${KIT:-$ROOT/.gpu}"
 OUT="${OUT:-/tmp/gpu-out}"
 DEADLINE="${DEADLINE:-560}"
-PARTS="${PARTS:-load,bench}"
+PARTS="${PARTS:-exact,bench}"
 T0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 mkdir -p "$OUT/kit"
@@ -47,6 +51,13 @@ CXX_USED=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' /tmp/llama-build/CMakeCache
 echo "static runtime in $CXX_USED's specs: $("$CXX_USED" -dumpspecs 2>/dev/null | grep -c static-libstdc); env: CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
 cut -d: -f1 "$OUT/symbols.txt" | sort | uniq -c
 
+if [[ ",$PARTS," == *",exact,"* ]]; then
+  echo "######## exactness on CUDA ($(left) s left)"
+  KRONK_OVERLAP_MODEL="$MODEL" KRONK_OVERLAP_TEMPLATE=chatml \
+    timeout -k 5 $(( $(left) - 200 > 100 ? 100 : ($(left) - 200 > 30 ? $(left) - 200 : 30) )) \
+    python3 -m pytest --noconftest -p no:cacheprovider -q --rootdir "$ROOT" \
+    "$ROOT/tests/test_engine_overlap.py" 2>&1 | tail -n 40 | tee "$OUT/exactness.txt"
+fi
 if [[ ",$PARTS," == *",load,"* ]]; then
   echo "######## load order ($(left) s left)"
   timeout -k 5 $(( $(left) - 150 > 200 ? 200 : ($(left) - 150 > 30 ? $(left) - 150 : 30) )) python3 "$ROOT/bench/gpu/load_order.py" "$MODEL" \

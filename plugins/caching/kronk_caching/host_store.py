@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,14 +25,35 @@ from kronk_core.tokens import common_prefix
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The untrimmable part of a sequence's state (sliding-window cells, recurrent state)
+    when it held `length` tokens: what cuts it back below its trim floor."""
+
+    length: int
+    state: bytes
+
+
 @dataclass(slots=True)
 class StoredConversation:
     tokens: tuple[int, ...]
     state: bytes | None  # None: only on disk
     file: Path | None
     # The state, once restored, can be cut back to this length and no shorter
-    # (TextModel.trim_floor when it was saved).
+    # (TextModel.trim_floor when it was saved)...
     floor: int = 0
+    # ...or to one of these lengths, through the checkpoint taken there (ascending).
+    checkpoint_lengths: tuple[int, ...] = ()
+    checkpoints: tuple[Checkpoint, ...] | None = ()  # None: only on disk
+
+    @property
+    def ram_bytes(self) -> int:
+        held = len(self.state) if self.state is not None else 0
+        return held + sum(len(c.state) for c in self.checkpoints or ())
+
+    def keeps(self, length: int) -> bool:
+        """Whether the state can be cut back to exactly `length` tokens."""
+        return length >= min(self.floor, len(self.tokens)) or length in self.checkpoint_lengths
 
 
 class HostStore:
@@ -55,41 +76,62 @@ class HostStore:
     def ram_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], state: bytes, floor: int = 0) -> None:
-        """Keep this conversation's state; drop stored conversations it extends."""
+    def put(
+        self,
+        tokens: Sequence[int],
+        state: bytes,
+        floor: int = 0,
+        checkpoints: Sequence[Checkpoint] = (),
+    ) -> None:
+        """Keep this conversation's state; drop stored conversations it extends, where it
+        can be cut back to them (a sliding window's state often cannot: the shorter one
+        then stays, for branches that leave the conversation there)."""
         key = token_key(tokens)
-        for other in [k for k, e in self._entries.items() if _is_prefix(e.tokens, tokens)]:
+        ordered = tuple(sorted(checkpoints, key=lambda c: c.length))
+        entry = StoredConversation(
+            tuple(tokens), state, None, floor, tuple(c.length for c in ordered), ordered
+        )
+        for other in [
+            k
+            for k, e in self._entries.items()
+            if _is_prefix(e.tokens, tokens) and entry.keeps(len(e.tokens))
+        ]:
             self._drop(other)
-        file = None
         if self._directory is not None:
-            file = self._write(
-                self._directory / hashlib.sha256(key).hexdigest(), tokens, state, floor
-            )
-        self._entries[key] = StoredConversation(tuple(tokens), state, file, floor)
-        self._bytes += len(state)
+            entry.file = self._write(self._directory / hashlib.sha256(key).hexdigest(), entry)
+        self._entries[key] = entry
+        self._bytes += entry.ram_bytes
         self._shrink()
 
-    def _write(self, file: Path, tokens: Sequence[int], state: bytes, floor: int) -> Path | None:
+    def _write(self, file: Path, entry: StoredConversation) -> Path | None:
         """Write an entry's files; None (and nothing on disk) when the disk refuses.
 
         Each file is written aside and renamed into place, the tokens file (the
         index) last, so a write cut short never leaves an entry that looks whole.
         """
-        state_file, tokens_file = file.with_suffix(".state"), file.with_suffix(".tokens")
-        partial = [file.with_suffix(".state.partial"), file.with_suffix(".tokens.partial")]
+        assert entry.state is not None and entry.checkpoints is not None
+        names = (".state", ".checkpoints", ".tokens")
+        final = [file.with_suffix(name) for name in names]
+        partial = [file.with_suffix(name + ".partial") for name in names]
         try:
             file.parent.mkdir(parents=True, exist_ok=True)  # back, if it was removed
-            partial[0].write_bytes(state)
-            partial[0].replace(state_file)
+            partial[0].write_bytes(entry.state)
+            partial[0].replace(final[0])
+            partial[1].write_bytes(_pack_checkpoints(entry.checkpoints))
+            partial[1].replace(final[1])
             # The floor first, then the tokens.
-            np.asarray([floor, *tokens], dtype=np.int32).tofile(partial[1])
-            partial[1].replace(tokens_file)
+            np.asarray([entry.floor, *entry.tokens], dtype=np.int32).tofile(partial[2])
+            partial[2].replace(final[2])
         except OSError as exc:
             self._disk_failed(exc)
-            for path in (*partial, state_file, tokens_file):
+            for path in (*partial, *final):
                 _unlink(path)
             return None
         if self._disk_failing:
@@ -106,17 +148,23 @@ class HostStore:
             )
         self._disk_failing = True
 
-    def best(self, prompt: Sequence[int], *, at_least: int) -> tuple[int, StoredConversation]:
-        """The entry sharing the longest prefix (≥ at_least) with prompt, or (0, empty)."""
-        best_len, best_key = 0, b""
+    def best(
+        self, prompt: Sequence[int], usable: Callable[[StoredConversation, int], int]
+    ) -> tuple[int, StoredConversation | None]:
+        """The entry that keeps the most of the prompt, and how much: for each entry,
+        `usable(entry, shared prefix)` says how much of it a restore can keep. The
+        longest raw match is often a longer branch a sliding window cannot cut back to
+        where the prompt leaves it; a shorter one (the conversation's own last turn)
+        then serves. Ties go to the most recently used."""
+        best_keep, best_key = 0, b""
         for key, entry in self._entries.items():
-            shared = common_prefix(entry.tokens, prompt)
-            if shared >= at_least and shared > best_len:
-                best_len, best_key = shared, key
-        if not best_len:
-            return 0, StoredConversation((), None, None)
+            keep = usable(entry, common_prefix(entry.tokens, prompt))
+            if keep and keep >= best_keep:
+                best_keep, best_key = keep, key
+        if not best_keep:
+            return 0, None
         self._entries.move_to_end(best_key)
-        return best_len, self._entries[best_key]
+        return best_keep, self._entries[best_key]
 
     def state_of(self, entry: StoredConversation) -> bytes | None:
         if entry.state is not None:
@@ -128,6 +176,17 @@ class HostStore:
         except OSError:
             return None
 
+    def checkpoints_of(self, entry: StoredConversation) -> tuple[Checkpoint, ...]:
+        """The entry's checkpoints (read from disk when not in RAM; none if unreadable)."""
+        if entry.checkpoints is not None:
+            return entry.checkpoints
+        if entry.file is None:
+            return ()
+        try:
+            return _unpack_checkpoints(entry.file.with_suffix(".checkpoints").read_bytes())
+        except (OSError, ValueError):
+            return ()
+
     def _shrink(self) -> None:
         """Evict RAM copies, least recently used first, until under budget."""
         for key, entry in list(self._entries.items()):
@@ -135,19 +194,18 @@ class HostStore:
                 return
             if entry.state is None:
                 continue
-            self._bytes -= len(entry.state)
+            self._bytes -= entry.ram_bytes
             if entry.file is not None:
-                entry.state = None  # still on disk
+                entry.state = entry.checkpoints = None  # still on disk
             else:
                 del self._entries[key]
 
     def _drop(self, key: bytes) -> None:
         entry = self._entries.pop(key)
-        if entry.state is not None:
-            self._bytes -= len(entry.state)
+        self._bytes -= entry.ram_bytes
         if entry.file is not None:
-            _unlink(entry.file.with_suffix(".tokens"))
-            _unlink(entry.file.with_suffix(".state"))
+            for suffix in (".tokens", ".checkpoints", ".state"):
+                _unlink(entry.file.with_suffix(suffix))
 
     def _load_index(self) -> None:
         assert self._directory is not None
@@ -160,11 +218,56 @@ class HostStore:
             tokens = tuple(rest)
             file = tokens_file.with_suffix("")
             if file.with_suffix(".state").exists():
-                self._entries[token_key(tokens)] = StoredConversation(tokens, None, file, floor)
+                lengths = _checkpoint_lengths(file.with_suffix(".checkpoints"))
+                self._entries[token_key(tokens)] = StoredConversation(
+                    tokens, None, file, floor, lengths, None
+                )
         if self._entries:
             log.info(
                 "host cache: %d conversations on disk in %s", len(self._entries), self._directory
             )
+
+
+# A checkpoints file: their count, each one's length and size (int64), then their states.
+def _pack_checkpoints(checkpoints: Sequence[Checkpoint]) -> bytes:
+    header = [len(checkpoints)] + [n for c in checkpoints for n in (c.length, len(c.state))]
+    return np.asarray(header, dtype=np.int64).tobytes() + b"".join(c.state for c in checkpoints)
+
+
+def _read_header(data: bytes) -> tuple[list[tuple[int, int]], int]:
+    """(length, size) of each checkpoint, and where their states start."""
+    if len(data) < 8:
+        raise ValueError("truncated checkpoints file")
+    count = int(np.frombuffer(data[:8], dtype=np.int64)[0])
+    end = 8 + 16 * count
+    if count < 0 or len(data) < end:
+        raise ValueError("truncated checkpoints file")
+    pairs = np.frombuffer(data[8:end], dtype=np.int64).reshape(count, 2)
+    return [(int(length), int(size)) for length, size in pairs], end
+
+
+def _unpack_checkpoints(data: bytes) -> tuple[Checkpoint, ...]:
+    header, offset = _read_header(data)
+    checkpoints = []
+    for length, size in header:
+        if offset + size > len(data):
+            raise ValueError("truncated checkpoints file")
+        checkpoints.append(Checkpoint(length, data[offset : offset + size]))
+        offset += size
+    return tuple(checkpoints)
+
+
+def _checkpoint_lengths(path: Path) -> tuple[int, ...]:
+    """The lengths in a checkpoints file's header (none when it is missing or unreadable:
+    entries written before checkpoints were stored have none)."""
+    try:
+        with path.open("rb") as file:
+            count = file.read(8)
+            size = 16 * int(np.frombuffer(count, dtype=np.int64)[0]) if len(count) == 8 else 0
+            header, _ = _read_header(count + file.read(size))
+    except (OSError, ValueError):
+        return ()
+    return tuple(length for length, _ in header)
 
 
 def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kronk_caching.counting import Counted
-from kronk_caching.host_store import HostStore, StoredConversation
+from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
 from kronk_core.backend import TextModel
 from kronk_core.slots import CacheCounters, CachePlan, Slot
@@ -31,14 +31,6 @@ from kronk_core.tokens import common_prefix
 from kronk_core.types import GenerationRequest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """The untrimmable part of a slot's state when it held `length` tokens."""
-
-    length: int
-    state: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +146,8 @@ class IncrementalCache(Counted, PromptsAsGiven):
             reuse = Reuse()
             restored = self._load(slot, entry, stored, model)
             if restored:
-                self._count(restores=1, tokens_saved=restored)
+                through = int(restored < min(entry.floor, len(entry.tokens)))
+                self._count(restores=1, checkpoint_restores=through, tokens_saved=restored)
                 return CachePlan(reused=restored)
         if donor is not None and shared >= max(self._min_tokens, reuse.keep + self._min_tokens):
             return self._copy(donor, shared, slot, prompt, model)
@@ -243,22 +236,30 @@ class IncrementalCache(Counted, PromptsAsGiven):
     def _save(self, slot: Slot, model: TextModel) -> None:
         if self.store is not None and len(slot.tokens) >= self._min_tokens:
             floor = model.trim_floor(slot.seq_id)
-            self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor)
+            checkpoints = self._checkpoints.get(slot.id, ())
+            self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor, checkpoints)
 
     def _stored(
         self, prompt: Sequence[int], at_least: int
     ) -> tuple[int, StoredConversation | None]:
-        """The host tier's best conversation for this prompt, and how much of it is usable."""
+        """The host tier's conversation that keeps the most of this prompt, and how much."""
         if self.store is None:
             return 0, None
-        shared, entry = self.store.best(prompt, at_least=at_least)
-        keep = min(shared, len(prompt) - 1)
-        if not shared or (keep < len(entry.tokens) and keep < entry.floor):
-            return 0, None
-        return keep, entry
+
+        def usable(entry: StoredConversation, shared: int) -> int:
+            keep = min(shared, len(prompt) - 1)
+            if entry.keeps(keep):
+                return keep
+            # Below the trim floor: back to the last checkpoint before the branch.
+            lengths = [length for length in entry.checkpoint_lengths if length <= keep]
+            return lengths[-1] if lengths and lengths[-1] >= self._min_tokens else 0
+
+        keep, entry = self.store.best(prompt, usable)
+        return (keep, entry) if keep >= at_least else (0, None)
 
     def _load(self, slot: Slot, entry: StoredConversation, keep: int, model: TextModel) -> int:
-        """Restore a stored conversation into the (empty) slot, cut to `keep`; 0 on failure."""
+        """Restore a stored conversation into the (empty) slot, cut to `keep` (through the
+        checkpoint taken there when the trim floor is above it); 0 on failure."""
         assert self.store is not None
         state = self.store.state_of(entry)
         if state is None or model.set_seq_state(slot.seq_id, state) == 0:
@@ -266,7 +267,15 @@ class IncrementalCache(Counted, PromptsAsGiven):
             self._clear(slot, model)
             return 0
         slot.tokens.extend(entry.tokens)
-        if keep < len(slot.tokens) and not self._cut(slot, Reuse(keep), model):
+        # The slot can cut back through the conversation's checkpoints as it could before.
+        self._checkpoints[slot.id] = list(self.store.checkpoints_of(entry))
+        checkpoint = None
+        if keep < min(entry.floor, len(entry.tokens)):
+            checkpoint = next((c for c in self._checkpoints[slot.id] if c.length == keep), None)
+            if checkpoint is None:  # its file went missing
+                self._clear(slot, model)
+                return 0
+        if keep < len(slot.tokens) and not self._cut(slot, Reuse(keep, checkpoint), model):
             self._clear(slot, model)
             return 0
         return keep

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from kronk_caching.host_store import HostStore
 from kronk_caching.imc import IncrementalCache
 from kronk_caching.none import NoCache
-from kronk_caching.settings import SETTINGS
+from kronk_caching.settings import SETTINGS, host_cache_bytes
 from kronk_caching.spc import SystemPromptCache
 from kronk_core import hookimpl
 from kronk_core.backend import ModelInfo
@@ -65,9 +65,11 @@ def system_prompt_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> 
 def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
     settings = SETTINGS.of(model_config)
     store = None
-    if settings.host_cache_bytes or settings.host_cache_dir:
+    budget = host_cache_bytes(settings)
+    if budget or settings.host_cache_dir:
+        log.info("%s: host cache tier of %.1f GiB", model_info.id, budget / (1 << 30))
         store = HostStore(
-            max_bytes=settings.host_cache_bytes,
+            max_bytes=budget,
             directory=settings.host_cache_dir,
             fingerprint=state_fingerprint(model_config, model_info),
         )

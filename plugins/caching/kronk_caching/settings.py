@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kronk_core.memory import available_ram
 from kronk_core.sections import ModelSection
 
 
@@ -29,12 +30,25 @@ class CachingSettings(BaseModel):
 
     # Fewer shared tokens than this are not worth reusing.
     cache_min_tokens: Annotated[int, Field(ge=0)] = 100
-    # IMC's host tier: RAM for the KV states of conversations evicted from slots (0: off),
-    # and a directory that keeps them on disk too.
-    host_cache_bytes: Annotated[int, Field(ge=0)] = 1 << 30
+    # IMC's host tier: RAM for the KV states of conversations evicted from slots (0: off;
+    # unset: a quarter of the memory available when the model loads, at most 8 GiB, as
+    # llama-server's --cache-ram), and a directory that keeps them on disk too.
+    host_cache_bytes: Annotated[int, Field(ge=0)] | None = None
     host_cache_dir: Path | None = None
     # SPC: whose remembered system prompt a request without one gets.
     spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 
 
 SETTINGS = ModelSection("caching", CachingSettings)
+
+
+HOST_CACHE_CAP = 8 << 30
+HOST_CACHE_FALLBACK = 1 << 30  # where the available memory is unknown (not Linux)
+
+
+def host_cache_bytes(settings: CachingSettings) -> int:
+    """The host tier's RAM budget: the setting, else a quarter of what is available now."""
+    if settings.host_cache_bytes is not None:
+        return settings.host_cache_bytes
+    available = available_ram()
+    return HOST_CACHE_FALLBACK if available is None else min(available // 4, HOST_CACHE_CAP)

@@ -6,8 +6,13 @@ from pathlib import Path
 
 import click
 
+from kronk_llamacpp.detect import detect
 from kronk_llamacpp.libs import LibsBuilder, LibsError
 from kronk_llamacpp.native import PROCESSORS, libraries_root
+
+# CMake variables naming the GPU architectures to build for: detected ones go in unless
+# the user names their own.
+_ARCHITECTURE_VARIABLES = ("CMAKE_CUDA_ARCHITECTURES", "AMDGPU_TARGETS")
 
 
 def add_commands(group: click.Group) -> None:
@@ -15,10 +20,10 @@ def add_commands(group: click.Group) -> None:
     @click.option(
         "--processor",
         envvar="KRONK_PROCESSOR",
-        type=click.Choice(PROCESSORS, case_sensitive=False),
-        default="cpu",
+        type=click.Choice(("auto", *PROCESSORS), case_sensitive=False),
+        default="auto",
         show_default=True,
-        help="Which llama.cpp backend to build",
+        help="Which llama.cpp backend to build (auto: the GPU this machine has, else cpu)",
     )
     @click.option(
         "--lib-path",
@@ -40,6 +45,11 @@ def add_commands(group: click.Group) -> None:
         help="Extra CMake argument, repeatable (e.g. -DCMAKE_CUDA_ARCHITECTURES=90)",
     )
     @click.option("--force", is_flag=True, help="Rebuild even when the installed build matches")
+    @click.option(
+        "--local",
+        is_flag=True,
+        help="Build on this machine (the Kronk manual's flag; Kronk always builds locally)",
+    )
     def libs(
         processor: str,
         lib_path: Path | None,
@@ -47,10 +57,19 @@ def add_commands(group: click.Group) -> None:
         jobs: int | None,
         cmake_args: tuple[str, ...],
         force: bool,
+        local: bool,
     ) -> None:
-        """Build and install llama.cpp's libraries for a processor (cpu, cuda, vulkan, metal)."""
+        """Build and install llama.cpp's libraries for this machine's processor (or the one
+        named: cpu, cuda, hip, vulkan, metal); later runs of Kronk load them."""
         root = (lib_path or libraries_root()).expanduser()
         processor = processor.lower()
+        detected = detect()
+        if processor == "auto":
+            processor = detected.processor
+            click.echo(f"detected: {detected.processor}: {detected.found}")
+        named = {arg.removeprefix("-D").split("=")[0].split(":")[0] for arg in cmake_args}
+        if detected.processor == processor and not named & set(_ARCHITECTURE_VARIABLES):
+            cmake_args = (*detected.cmake_args, *cmake_args)
         try:
             target = LibsBuilder(
                 processor, root, source=source, jobs=jobs, cmake_args=cmake_args, say=click.echo
@@ -59,4 +78,7 @@ def add_commands(group: click.Group) -> None:
             raise click.ClickException(str(exc)) from None
         where = "" if lib_path is None else f"KRONK_LIB_PATH={root} "
         click.echo(f"libraries: {target}")
-        click.echo(f"use them with: {where}KRONK_PROCESSOR={processor} kronk server start")
+        click.echo(
+            f"kronk loads them from now on ({where}kronk server start); "
+            "KRONK_PROCESSOR chooses another build"
+        )

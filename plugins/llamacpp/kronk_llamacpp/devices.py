@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from pathlib import Path
 
-from kronk_core.memory import Device
+from kronk_core.memory import Device, available_ram
 from kronk_llamacpp.library import ensure_initialised
 
 # enum ggml_backend_dev_type (ggml-backend.h)
@@ -38,17 +37,6 @@ def _ggml() -> ctypes.CDLL:
         lib.ggml_backend_dev_memory.restype = None
         _functions = lib
     return _functions
-
-
-def available_ram() -> int | None:
-    """MemAvailable (free plus reclaimable cache) on Linux; None elsewhere."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def list_devices() -> list[Device]:

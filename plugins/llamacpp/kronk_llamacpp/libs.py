@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from kronk_llamacpp.native import MANIFEST, PROCESSORS
+from kronk_llamacpp.native import MANIFEST, PROCESSORS, remember_processor
 
 DISTRIBUTION = "llama-cpp-python"
 SDIST_PREFIX = "llama_cpp_python"
@@ -45,6 +46,7 @@ COMMON_ARGS = (
 PROCESSOR_ARGS = {
     "cpu": (),
     "cuda": ("-DGGML_CUDA=ON",),
+    "hip": ("-DGGML_HIP=ON",),
     "vulkan": ("-DGGML_VULKAN=ON",),
     "metal": ("-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"),
 }
@@ -94,6 +96,27 @@ def _cublas(nvcc: str) -> bool:
     return False
 
 
+def _hipconfig() -> str | None:
+    found = _find("hipconfig")
+    fallback = Path("/opt/rocm/bin/hipconfig")
+    return found or (str(fallback) if os.access(fallback, os.X_OK) else None)
+
+
+def _hip_environment() -> dict[str, str]:
+    """HIP builds compile with ROCm's clang, which CMake finds through these (llama.cpp's
+    build instructions set them the same way)."""
+    hipconfig = _hipconfig()
+    if hipconfig is None:
+        return {}
+
+    def ask(flag: str) -> str:
+        return subprocess.run(
+            [hipconfig, flag], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    return {"HIPCXX": f"{ask('-l')}/clang", "HIP_PATH": ask("-R")}
+
+
 def _vulkan_headers() -> bool:
     sdk = os.environ.get("VULKAN_SDK")
     roots = [Path(sdk) / "include"] if sdk else []
@@ -120,6 +143,11 @@ def missing_tools(processor: str) -> list[str]:
                 f"cuBLAS (headers and library) next to {nvcc}: install the CUDA toolkit's "
                 "cuBLAS (e.g. the cuda-libraries-dev package), or set CUDA_PATH to a full toolkit"
             )
+    if processor == "hip" and _hipconfig() is None:
+        missing.append(
+            "hipconfig, ROCm's HIP toolkit (install ROCm; if it is installed outside PATH, "
+            "add /opt/rocm/bin to PATH)"
+        )
     if processor == "vulkan":
         if _find("glslc") is None:
             missing.append("glslc, the Vulkan shader compiler (Vulkan SDK; apt install glslc)")
@@ -140,6 +168,32 @@ def _library_files(build: Path) -> list[Path]:
     patterns = {"darwin": ("*.dylib",), "win32": ("*.dll",)}.get(sys.platform, ("*.so", "*.so.*"))
     found = {path for pattern in patterns for path in (build / "bin").glob(pattern)}
     return sorted(found)
+
+
+class BuildProgress:
+    """Says how far a build is, from the progress its generator prints: Ninja's
+    `[12/345]` or Make's `[ 45%]`; a line each time it passes another tenth."""
+
+    _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
+    _MAKE = re.compile(r"^\[\s*(\d+)%\]")
+
+    def __init__(self, say: Callable[[str], None], processor: str) -> None:
+        self._say = say
+        self._processor = processor
+        self._shown = 0
+
+    def read(self, line: str) -> None:
+        if ninja := self._NINJA.match(line):
+            done, total = int(ninja.group(1)), int(ninja.group(2))
+            percent = 100 * done // total if total else 0
+            detail = f" ({done}/{total})"
+        elif make := self._MAKE.match(line):
+            percent, detail = int(make.group(1)), ""
+        else:
+            return
+        if percent >= self._shown + 10 or (percent == 100 and self._shown < 100):
+            self._shown = percent - percent % 10
+            self._say(f"building the {self._processor} libraries: {percent}%{detail}")
 
 
 class LibsBuilder:
@@ -192,6 +246,7 @@ class LibsBuilder:
             )
         if not force and self.up_to_date():
             self.say(f"{self.processor} libraries for {DISTRIBUTION} {self.version} are up to date")
+            remember_processor(self.root, self.processor)
             return self.target
         sources = self._sources()
         started = time.monotonic()
@@ -256,11 +311,23 @@ class LibsBuilder:
     def _cmake(self, step: str, *args: str) -> None:
         self.say(f"cmake {step} ({self.processor}); log: {self.log}")
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        environment = {**os.environ}
+        if self.processor == "hip":
+            environment = {**_hip_environment(), **environment}
+        progress = BuildProgress(self.say, self.processor)
         with self.log.open("a") as log:
             log.write(f"\n$ cmake {' '.join(args)}\n")
             log.flush()
-            done = subprocess.run(["cmake", *args], stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
+            process = subprocess.Popen(
+                ["cmake", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, errors="replace", env=environment,
+            )  # fmt: skip
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                progress.read(line)
+            returncode = process.wait()
+        if returncode != 0:
             tail = self.log.read_text(errors="replace").splitlines()[-30:]
             raise LibsError(f"cmake {step} failed (full log: {self.log}):\n" + "\n".join(tail))
 
@@ -287,3 +354,4 @@ class LibsBuilder:
             self.target.replace(old)
         staging.replace(self.target)
         shutil.rmtree(old, ignore_errors=True)
+        remember_processor(self.root, self.processor)

@@ -12,11 +12,17 @@ import numpy as np
 from kronk_core.backend import Batch, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
-from kronk_core.sampling import GRAMMAR_STAGES, SamplerStage
+from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.grammars import GrammarCompiler
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
-from kronk_llamacpp.sampler import DryPrototypes, GreedySampler, NativeSampler, build_sampler
+from kronk_llamacpp.sampler import (
+    DeviceGreedySamplers,
+    DryPrototypes,
+    GreedySampler,
+    NativeSampler,
+    build_sampler,
+)
 from kronk_llamacpp.settings import SETTINGS, RopeScaling
 from kronk_llamacpp.vocab import tokenize
 from kronk_llamacpp.weights import load_weights, metadata
@@ -24,6 +30,8 @@ from kronk_llamacpp.weights import load_weights, metadata
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_WINDOW = 8192
+# Rows one sequence may sample on the device in one decode: a token and its draft tokens.
+DEVICE_SAMPLED_ROWS = 64
 
 
 def decode_error(status: int) -> KronkError:
@@ -44,6 +52,7 @@ class LlamaTextModel:
         self._ctx: llama_cpp.llama_context_p | None = None
         self._batch: llama_cpp.llama_batch | None = None
         self._dry: DryPrototypes | None = None
+        self._device_greedy: DeviceGreedySamplers | None = None
         try:
             self._open_context(config)
         except BaseException:
@@ -68,7 +77,10 @@ class LlamaTextModel:
                 n_ctx_train,
                 n_ctx_train,
             )
-        self._ctx = llama_cpp.llama_init_from_model(model, context_params(config, context_window))
+        params = context_params(config, context_window)
+        if llama.device_sampling:
+            params.n_outputs_max_per_seq = DEVICE_SAMPLED_ROWS
+        self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not self._ctx:
             raise ModelLoadError(
                 f"context_window: llama.cpp could not create a context of {context_window} tokens "
@@ -101,6 +113,8 @@ class LlamaTextModel:
         n_swa = int(llama_cpp.llama_model_n_swa(model))
         n_layer = llama_cpp.llama_model_n_layer(model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+        if llama.device_sampling:
+            self._device_greedy = DeviceGreedySamplers(self._ctx, self.n_vocab)
         arch = found.get("general.architecture", "unknown")
         key_len = int(found.get(f"{arch}.attention.key_length", "0") or 0)
         value_len = int(found.get(f"{arch}.attention.value_length", "0") or 0)
@@ -131,6 +145,7 @@ class LlamaTextModel:
             memory_bytes=int(
                 llama_cpp.llama_model_size(model) + kv_bytes * llama_cpp.llama_n_ctx(self._ctx)
             ),
+            overlap_decode=llama.overlap_decode,
         )
 
     # ---- tokens ------------------------------------------------------------
@@ -179,6 +194,9 @@ class LlamaTextModel:
         if status != 0:
             raise decode_error(status)
 
+    def synchronize(self) -> None:
+        llama_cpp.llama_synchronize(self._ctx)
+
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
@@ -209,8 +227,15 @@ class LlamaTextModel:
             for stage in stages
         ]
 
-    def new_sampler(self, stages: Sequence[SamplerStage]) -> NativeSampler | GreedySampler:
+    def new_sampler(
+        self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
+    ) -> NativeSampler | GreedySampler:
         assert self._ctx is not None and self._dry is not None
+        if seq_id is not None and self._device_greedy is not None:
+            greedy = not logits and len(stages) == 1 and isinstance(stages[0], Greedy)
+            device = self._device_greedy.bind(seq_id, greedy)
+            if device is not None:
+                return device
         return build_sampler(
             self._ctx, self.n_vocab, self.n_ctx_per_seq, stages, self._dry, self._grammars
         )
@@ -283,6 +308,9 @@ class LlamaTextModel:
         return bool(read > 0)
 
     def close(self) -> None:
+        if self._device_greedy is not None:
+            self._device_greedy.close()
+            self._device_greedy = None
         if self._dry is not None:
             self._dry.close()
             self._dry = None

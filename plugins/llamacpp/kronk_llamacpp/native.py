@@ -3,9 +3,10 @@
 `llama_cpp` binds its library when it is first imported, so the choice is made once per
 process, here, before that import:
 
-- `KRONK_PROCESSOR` set (`cpu`, `cuda`, `vulkan`, `metal`): the libraries `kronk libs`
-  installed in `<KRONK_LIB_PATH>/<processor>` (default `~/.kronk/libraries`);
+- `KRONK_PROCESSOR` set (`cpu`, `cuda`, `hip`, `vulkan`, `metal`): the libraries
+  `kronk libs` installed in `<KRONK_LIB_PATH>/<processor>` (default `~/.kronk/libraries`);
 - else `LLAMA_CPP_LIB_PATH` if set (llama-cpp-python's own variable: a build of your own);
+- else the processor `kronk libs` last installed in that folder, if its libraries are there;
 - else the CPU libraries bundled in the llama-cpp-python wheel.
 
 On Linux the C++ runtime (the system's libstdc++) is loaded first, on its own and into
@@ -23,6 +24,7 @@ docs/gpu.md ("The load-order crash").
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import re
@@ -37,8 +39,11 @@ from kronk_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PROCESSORS = ("cpu", "cuda", "vulkan", "metal")
+PROCESSORS = ("cpu", "cuda", "hip", "vulkan", "metal")
 MANIFEST = "kronk-libs.json"
+# In the libraries folder: the processor `kronk libs` last installed, used without
+# KRONK_PROCESSOR.
+REMEMBERED = "kronk-processor.json"
 _CXX_RUNTIME = "libstdc++.so.6"
 _lock = threading.Lock()
 
@@ -47,7 +52,7 @@ _lock = threading.Lock()
 class NativeLibraries:
     """What this process loaded: for `kronk devices` and the logs."""
 
-    processor: str | None  # None: not chosen with KRONK_PROCESSOR
+    processor: str | None  # None: no kronk libs build (LLAMA_CPP_LIB_PATH or the wheel)
     directory: Path  # where libllama came from
     cxx_runtime: str | None  # the C++ runtime pinned first (Linux), its path
     cxx_runtime_loaded_before: bool  # another extension had loaded it before llama.cpp
@@ -72,6 +77,22 @@ def selected_processor() -> str | None:
             "KRONK_PROCESSOR", f"must be one of {', '.join(PROCESSORS)}, got {value!r}"
         )
     return value
+
+
+def remembered_processor() -> str | None:
+    """The processor `kronk libs` last installed here, if its libraries are still there."""
+    root = libraries_root()
+    try:
+        processor = json.loads((root / REMEMBERED).read_text())["processor"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if processor not in PROCESSORS or not library_file(root / processor).is_file():
+        return None
+    return str(processor)
+
+
+def remember_processor(root: Path, processor: str) -> None:
+    (root / REMEMBERED).write_text(json.dumps({"processor": processor}) + "\n")
 
 
 def library_file(directory: Path) -> Path:
@@ -104,6 +125,9 @@ def choose_directory() -> tuple[str | None, Path]:
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
     if override:
         return None, Path(override).expanduser()
+    remembered = remembered_processor()
+    if remembered is not None:
+        return remembered, libraries_root() / remembered
     return None, _bundled_directory()
 
 
@@ -200,7 +224,7 @@ def load() -> NativeLibraries:
         log.info(
             "llama.cpp libraries: %s (%s)%s",
             _loaded.directory,
-            _loaded.processor or "KRONK_PROCESSOR unset",
+            _loaded.processor or "no kronk libs build",
             f"; C++ runtime {_loaded.cxx_runtime} loaded first"
             if _loaded.cxx_runtime and not _loaded.cxx_runtime_loaded_before
             else "",

@@ -38,3 +38,4 @@ def apply_placement(params: llama_cpp.llama_model_params, config: ModelConfig) -
         shares = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*llama.tensor_split)
         params._kronk_tensor_split = shares
         params.tensor_split = shares
+

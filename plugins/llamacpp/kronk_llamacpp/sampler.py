@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import llama_cpp
 import numpy as np
@@ -113,6 +114,75 @@ class GreedySampler:
 
     def close(self) -> None:
         pass
+
+
+class DeviceGreedySampler(GreedySampler):
+    """Greedy on the device: a greedy chain attached to the slot's sequence takes the
+    argmax inside the decode's graph, so only the token id comes back instead of a logit
+    row (512 KB for a 128k vocabulary, per slot and step)."""
+
+    def sample(self, batch_index: int) -> int:
+        token = int(llama_cpp.llama_get_sampled_token_ith(self._ctx, batch_index))
+        if token < 0:  # the row was not sampled on the device: its logits came back
+            return super().sample(batch_index)
+        return token
+
+
+class DeviceGreedySamplers:
+    """The greedy chains attached to sequences of one context (`llama_set_sampler`).
+
+    Attaching or detaching makes llama.cpp rebuild its graph reservation, so a chain
+    stays attached while greedy requests keep using its sequence, and goes when a
+    request there needs the host's logits (another chain, log-probs).
+    """
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int) -> None:
+        self._ctx = ctx
+        self._n_vocab = n_vocab
+        self._attached: dict[int, llama_cpp.llama_sampler_p] = {}
+        self._set_sampler = _set_sampler_function()
+        self.enabled = True
+
+    def bind(self, seq_id: int, greedy: bool) -> DeviceGreedySampler | None:
+        """A device sampler for a greedy request in seq_id; None (and seq_id detached)
+        when the request samples on the host."""
+        if greedy and self.enabled:
+            if seq_id in self._attached:
+                return DeviceGreedySampler(self._ctx, self._n_vocab)
+            chain = llama_cpp.llama_sampler_chain_init(
+                llama_cpp.llama_sampler_chain_default_params()
+            )
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            if self._set_sampler(self._ctx, seq_id, chain):
+                self._attached[seq_id] = chain
+                return DeviceGreedySampler(self._ctx, self._n_vocab)
+            # This backend cannot run it (llama.cpp logs why): sample on the host.
+            self._set_sampler(self._ctx, seq_id, None)
+            llama_cpp.llama_sampler_free(chain)
+            self.enabled = False
+            return None
+        self._detach(seq_id)
+        return None
+
+    def _detach(self, seq_id: int) -> None:
+        chain = self._attached.pop(seq_id, None)
+        if chain is not None:
+            self._set_sampler(self._ctx, seq_id, None)
+            llama_cpp.llama_sampler_free(chain)
+
+    def close(self) -> None:
+        for seq_id in list(self._attached):
+            self._detach(seq_id)
+
+
+def _set_sampler_function() -> Callable[[object, int, object], bool]:
+    """`llama_set_sampler(ctx, seq_id, chain or None)`, which llama-cpp-python does not bind."""
+    import llama_cpp.llama_cpp as bindings
+
+    function = bindings._lib.llama_set_sampler
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
+    function.restype = ctypes.c_bool
+    return cast(Callable[[object, int, object], bool], function)
 
 
 class ShortlistGreedySampler(NativeSampler):

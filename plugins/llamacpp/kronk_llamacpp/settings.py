@@ -94,6 +94,12 @@ class LlamaCppSettings(BaseModel):
     # One KV pool shared by all slots: concurrent short decodes batch far better than with
     # a stream per slot (measured 2.4x vs 1.6x one stream at 4 streams on 2 cores).
     kv_unified: bool = True
+    # Hand out a step's text while the device decodes the next step (a GPU's decode returns
+    # before it finishes). Off: on an H100 it cost 8% at one stream (docs/gpu.md).
+    overlap_decode: bool = False
+    # Greedy requests without log-probs take their argmax on the device, so only token ids
+    # come back. Off: on an H100 the device time grew by what the host saved (docs/gpu.md).
+    device_sampling: bool = False
     rope_scaling: RopeScaling = RopeScaling.none
     rope_freq_base: Annotated[float, Field(gt=0.0)] | None = None
     rope_freq_scale: Annotated[float, Field(gt=0.0)] | None = None

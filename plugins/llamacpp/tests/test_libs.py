@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
 from kronk_core.models import cache_dir
+from kronk_llamacpp.detect import Detected, detect
+from kronk_llamacpp.libs import BuildProgress
 from kronk_llamacpp.native import MANIFEST
 
 LIBS = cache_dir() / "libs"
@@ -57,7 +62,11 @@ def test_a_missing_toolchain_is_a_clear_error_before_any_download(tmp_path: Path
 def test_cpu_libraries_build_install_and_serve() -> None:
     built = kronk("libs", "--processor", "cpu", "--lib-path", str(LIBS))
     assert built.returncode == 0, built.stdout + built.stderr
-    assert f"KRONK_LIB_PATH={LIBS} KRONK_PROCESSOR=cpu kronk server start" in built.stdout
+    assert f"kronk loads them from now on (KRONK_LIB_PATH={LIBS} kronk server start)" in (
+        built.stdout
+    )
+    if "up to date" not in built.stdout:  # a build (CI's fresh machine) says how far it is
+        assert "building the cpu libraries: 100%" in built.stdout
     manifest = json.loads((LIBS / "cpu" / MANIFEST).read_text())
     assert manifest["processor"] == "cpu"
     assert manifest["llama_cpp_python"] == version("llama-cpp-python")
@@ -81,6 +90,18 @@ def test_cpu_libraries_build_install_and_serve() -> None:
     mapped = lines["mapped"].split(",")
     assert mapped and all(path.startswith(f"{LIBS / 'cpu'}/") for path in mapped)
 
+    # Remembered: without KRONK_PROCESSOR, Kronk loads what `kronk libs` installed there.
+    remembered = subprocess.run(
+        [sys.executable, "-c", USE_THEM],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KRONK_LIB_PATH": str(LIBS)},
+        timeout=600,
+    )
+    assert remembered.returncode == 0, remembered.stderr
+    lines = dict(line.split(" ", 1) for line in remembered.stdout.splitlines())
+    assert Path(lines["directory"]) == LIBS / "cpu"
+
 
 def test_a_processor_without_libraries_is_refused_with_the_command_to_run(tmp_path: Path) -> None:
     refused = subprocess.run(
@@ -93,3 +114,76 @@ def test_a_processor_without_libraries_is_refused_with_the_command_to_run(tmp_pa
     assert refused.returncode != 0
     assert f"no cuda llama.cpp libraries in {tmp_path / 'cuda'}" in refused.stderr
     assert "kronk libs --processor cuda" in refused.stderr
+
+
+def fake_tool(directory: Path, name: str, output: str) -> None:
+    """A vendor's GPU tool as it answers on a machine with that GPU (none exists here)."""
+    script = directory / name
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(output)}\n")  # a shell builtin
+    script.chmod(0o755)
+
+
+NVIDIA_SMI = "NVIDIA H100 80GB HBM3, 9.0\nNVIDIA GeForce RTX 4090, 8.9"
+ROCMINFO = """Agent 2
+  Name:                    gfx90a
+  Marketing Name:          AMD Instinct MI210"""
+VULKANINFO = """GPU0:
+	deviceType         = PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU
+	deviceName         = Intel(R) Graphics (ADL GT2)"""
+
+
+@pytest.mark.parametrize(
+    ("tool", "output", "processor", "found", "cmake_args"),
+    [
+        ("nvidia-smi", NVIDIA_SMI, "cuda",
+         "NVIDIA H100 80GB HBM3 (compute capability 9.0), NVIDIA GeForce RTX 4090 "
+         "(compute capability 8.9)", ("-DCMAKE_CUDA_ARCHITECTURES=89;90",)),
+        ("rocminfo", ROCMINFO, "hip", "AMD GPU (gfx90a)", ("-DAMDGPU_TARGETS=gfx90a",)),
+        ("vulkaninfo", VULKANINFO, "vulkan", "Vulkan GPU (Intel(R) Graphics (ADL GT2))", ()),
+    ],
+)  # fmt: skip
+def test_the_gpu_is_detected_by_its_vendors_tool(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tool: str,
+    output: str,
+    processor: str,
+    found: str,
+    cmake_args: tuple[str, ...],
+) -> None:
+    fake_tool(tmp_path, tool, output)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect() == Detected(processor, found, cmake_args)
+
+
+def test_no_gpu_tool_means_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_tool(tmp_path, "nvidia-smi", "No devices were found")  # a driver without a GPU
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect().processor == "cpu"
+
+
+def test_kronk_libs_builds_for_the_detected_gpu(tmp_path: Path) -> None:
+    """Auto-detection picks CUDA for its architectures; without nvcc it says what to install
+    before downloading anything."""
+    fake_tool(tmp_path, "nvidia-smi", NVIDIA_SMI)
+    fake_tool(tmp_path, "cmake", "cmake version 3.30")
+    fake_tool(tmp_path, "g++", "")
+    done = kronk("libs", "--lib-path", str(tmp_path / "libs"), env={"PATH": str(tmp_path)})
+    assert done.returncode == 1
+    assert "detected: cuda: NVIDIA H100 80GB HBM3 (compute capability 9.0)" in done.stdout
+    assert "cannot build the cuda libraries; missing:" in done.stderr and "nvcc" in done.stderr
+    assert not (tmp_path / "libs" / "src").exists()
+
+
+def test_build_progress_is_read_from_ninja_and_make() -> None:
+    said: list[str] = []
+    ninja = BuildProgress(said.append, "cuda")
+    for done in range(1, 41):
+        ninja.read(f"[{done}/40] Building CUDA object ggml/src/x{done}.cu.o\n")
+    assert said[0] == "building the cuda libraries: 10% (4/40)"
+    assert said[-1] == "building the cuda libraries: 100% (40/40)" and len(said) == 10
+    said.clear()
+    make = BuildProgress(said.append, "cpu")
+    for line in ("[  3%] Building C object a.o", "-- configured", "[ 12%] Linking", "[100%] Built"):
+        make.read(line)
+    assert said == ["building the cpu libraries: 12%", "building the cpu libraries: 100%"]
