@@ -214,8 +214,13 @@ def test_engine_and_cache_gauges(debug: DebugServer) -> None:
     assert ("kronk_cache_host_bytes", frozenset(model.items())) in samples
     assert value(samples, "kronk_model_load_seconds_count", **model) == 1  # the preload
     assert value(samples, "kronk_model_load_seconds_sum", **model) > 0
-    assert value(samples, "kronk_event_loop_lag_seconds_count") > 0
     assert value(samples, "process_cpu_seconds_total") > 0
+    # The lag monitor observes every half second: wait for its first observation.
+    deadline = time.monotonic() + 30
+    while value(samples, "kronk_event_loop_lag_seconds_count") == 0:
+        assert time.monotonic() < deadline, "the lag monitor observed nothing"
+        time.sleep(0.1)
+        samples = scrape(debug)
 
 
 def test_every_metric_is_documented(debug: DebugServer) -> None:
