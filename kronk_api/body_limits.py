@@ -62,6 +62,7 @@ def check_json(body: bytes, limits: BodyLimits) -> Any:
                     f"a string in the request body is longer than "
                     f"{limits.max_string_length} characters"
                 )
+            _check_unicode(value)
             continue
         if not isinstance(value, dict | list):
             continue
@@ -80,6 +81,20 @@ def check_json(body: bytes, limits: BodyLimits) -> Any:
         else:
             pending.extend((item, depth + 1) for item in value)
     return data
+
+
+def _check_unicode(value: str) -> None:
+    """JSON's `\\ud800` escapes decode to lone surrogates, which no UTF-8 consumer (the
+    tokenizer, a grammar, a log line) can take."""
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"a string in the request body is not valid Unicode: it holds the lone surrogate "
+            f"{value[exc.start]!r} at character {exc.start}"
+        ) from None
 
 
 def body_guard(limits: BodyLimits) -> Callable[..., Awaitable[None]]:

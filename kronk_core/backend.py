@@ -156,10 +156,19 @@ class TextModel(Protocol):
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         """Log-probabilities of the raw (unsampled) distribution at batch_index."""
 
+    def compile_stages(self, stages: Sequence[SamplerStage]) -> list[SamplerStage]:
+        """The stages with every grammar stage (`GRAMMAR_STAGES`) compiled into a
+        `CompiledGrammar`, so that `new_sampler` on the engine thread only copies it.
+
+        Any thread may call it; the SDK calls it in a worker thread before queuing a
+        request. Raises InvalidRequestError for a grammar or schema that does not compile
+        or is past the model's limits.
+        """
+
     def new_sampler(
         self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
     ) -> Sampler:
-        """A chain for the stages.
+        """A chain for the stages; compiled grammars are copied, other stages built.
 
         `seq_id`: the KV sequence it samples for (the engine's slots say), so a backend
         may sample that sequence where its logits are computed; `logits`: whether the

@@ -304,6 +304,10 @@ class Engine:
                 job.deliver(Finished(FinishReason.cancelled, Usage()))
         self._wake.set()
 
+    def sampler_stages(self, params: SamplingParams) -> Sequence[SamplerStage]:
+        """The sampler stages the plugins make of `params` for this model."""
+        return self._sampler_stages(params)
+
     def add_step_listener(self, listener: Callable[[StepRecord], None]) -> None:
         """Call listener(record) on the engine thread after every decode step."""
         self._step_listeners.append(listener)
@@ -440,8 +444,9 @@ class Engine:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             job.cached_tokens = job.next_prompt_index = plan.reused
             job.cache_ready_at = time.monotonic()
+            stages = job.request.stages
             job.sampler = self.model.new_sampler(
-                self._sampler_stages(job.request.sampling),
+                self.sampler_stages(job.request.sampling) if stages is None else stages,
                 seq_id=slot.seq_id,
                 logits=job.request.logprobs,
             )

@@ -30,6 +30,12 @@ class ContextOverflowError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+class LimitExceededError(InvalidRequestError):
+    """The request is past a configured limit; the message names the setting that raises it."""
+
+    code = "limit_exceeded"
+
+
 class NotFoundError(KronkError):
     """The thing a request names (a stored response, ...) does not exist."""
 

@@ -174,6 +174,11 @@ def check_chat(request: ChatRequest) -> None:
         raise InvalidRequestError("messages must not be empty", param="messages")
     if "" in request.stop:
         raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
+    for param, constraint in (("grammar", request.grammar), ("json_schema", request.json_schema)):
+        if constraint is not None and not constraint.strip():
+            raise InvalidRequestError(
+                f"{param}: an empty {param} constrains nothing; leave it out instead", param=param
+            )
     if request.continue_final_message:
         _check_continued(request.messages[-1])
         if request.enable_thinking:

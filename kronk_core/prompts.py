@@ -153,17 +153,31 @@ def _trim_to_fit(
     limit = loaded.model.info.n_ctx_per_seq
     if prompt_len + wanted <= limit:
         return messages, None
-    kept = list(messages)
-    head = 1 if kept[0].role in ("system", "developer") else 0
+    head = 1 if messages[0].role in ("system", "developer") else 0
     # A continued message keeps the message it answers.
     last = 2 if request.continue_final_message else 1
-    prompt: list[int] | None = None
-    while len(kept) - head > last:
-        del kept[head]
-        prompt = loaded.tokenize_prompt(render_prompt(loaded, kept, options, request))
-        if len(prompt) + wanted <= limit:
-            return kept, prompt
-    return kept, prompt
+    droppable = len(messages) - head - last
+    if droppable < 1:
+        return list(messages), None
+    tried: dict[int, tuple[list[ChatMessage], list[int]]] = {}
+
+    def without(count: int) -> tuple[list[ChatMessage], list[int]]:
+        if count not in tried:
+            kept = [*messages[:head], *messages[head + count :]]
+            text = render_prompt(loaded, kept, options, request)
+            tried[count] = kept, loaded.tokenize_prompt(text)
+        return tried[count]
+
+    # The fewest oldest messages to drop, by bisection: each try renders and tokenizes the
+    # whole prompt, and one at a time over thousands of messages would take hours.
+    low, high = 1, droppable
+    while low < high:
+        middle = (low + high) // 2
+        if len(without(middle)[1]) + wanted <= limit:
+            high = middle
+        else:
+            low = middle + 1
+    return without(low)
 
 
 def _system_tokens(

@@ -7,7 +7,7 @@ token (`Greedy`, `Distribution` or `AdaptiveP`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from kronk_core.config import SamplingConfig
 from kronk_core.types import SamplingParams, StructuredOutput
@@ -38,6 +38,22 @@ class StructuredGrammar:
     """Constrain output to a StructuredOutput (JSON pieces between literal markup)."""
 
     output: StructuredOutput
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGrammar:
+    """A grammar stage its backend compiled before the request was queued
+    (`TextModel.compile_stages`), so that the engine thread only copies it.
+
+    `native` is the backend's own compiled form; `source` is what it was compiled from.
+    """
+
+    source: Grammar | JsonSchemaGrammar | StructuredGrammar
+    native: object = field(compare=False)
+
+
+# The stages a backend compiles: TextModel.compile_stages turns them into CompiledGrammar.
+GRAMMAR_STAGES = (Grammar, JsonSchemaGrammar, StructuredGrammar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +125,7 @@ SamplerStage = (
     | Grammar
     | JsonSchemaGrammar
     | StructuredGrammar
+    | CompiledGrammar
     | Penalties
     | Dry
     | TopK

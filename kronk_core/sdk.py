@@ -12,8 +12,10 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from kronk_core import inputs
 from kronk_core.backend import ModelFacts
@@ -46,11 +48,14 @@ from kronk_core.prompts import (
 )
 from kronk_core.registry import Registry
 from kronk_core.registry import collect as collect_registry
+from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Kronk:
@@ -311,7 +316,9 @@ class Kronk:
         # on the engine's work keeps the pool from unloading it.
         with text_model(await self.lease(model)) as loaded:
             leased = time.monotonic()
-            prepared = prepare(loaded)
+            # Rendering, tokenizing and compiling a grammar take long for a long prompt or a
+            # big schema (tens of seconds for 10,000 messages): never on the event loop.
+            prepared = await self._using(loaded, partial(_prepare_for_engine, loaded, prepare))
             stream = await loaded.engine.submit(
                 prepared.generation,
                 wait=self.config.queue_wait_seconds if wait is None else wait,
@@ -368,12 +375,29 @@ class Kronk:
         inputs.check_chat(request)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)
+            count = partial(
+                count_prompt, loaded, request, scope, add_generation_prompt=add_generation_prompt
+            )
+            return await self._using(loaded, count)
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
         with await self.lease(model) as loaded:
-            return loaded.model.tokenize(text, add_special=False, parse_special=True)
+            tokenize = partial(loaded.model.tokenize, text, add_special=False, parse_special=True)
+            return await self._using(loaded, tokenize)
+
+    async def _using(self, model: PooledModel, work: Callable[[], T]) -> T:
+        """`work()` in a worker thread, while the caller's lease holds `model`. A caller
+        cancelled meanwhile releases its lease, so the thread, which goes on with the
+        model (tokenizing, compiling), holds a lease of its own until it is done."""
+        running = asyncio.ensure_future(asyncio.to_thread(work))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            held = self.pool.try_lease(model.id)
+            if held is not None:
+                running.add_done_callback(lambda _: held.release())
+            raise
 
     # ---- embeddings and reranking -------------------------------------------
 
@@ -423,6 +447,19 @@ class Kronk:
             self.hook.kronk_chat_finished(record=record)
         except Exception:
             log.exception("a kronk_chat_finished hook failed")
+
+
+def _prepare_for_engine(
+    loaded: LoadedModel, prepare: Callable[[LoadedModel], PreparedChat]
+) -> PreparedChat:
+    """The prepared request with its sampler stages, any grammar among them compiled by the
+    backend now, so that the engine thread only copies it."""
+    prepared = prepare(loaded)
+    generation = prepared.generation
+    stages = loaded.engine.sampler_stages(generation.sampling)
+    if any(isinstance(stage, GRAMMAR_STAGES) for stage in stages):
+        stages = loaded.model.compile_stages(stages)
+    return replace(prepared, generation=replace(generation, stages=tuple(stages)))
 
 
 __all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]

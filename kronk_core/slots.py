@@ -68,9 +68,10 @@ class PromptScope:
 class CacheStrategy(Protocol):
     """Decides which slot a prompt runs in and how much of its KV is reused.
 
-    `prompt_messages` runs on the event loop, before the prompt is rendered;
-    everything else runs only on the engine thread, so slot state needs no
-    locking. Keep the two sides' state apart, or lock what they share.
+    `prompt_messages` runs in the request's worker thread (several at once), before
+    the prompt is rendered; everything else runs only on the engine thread, so slot
+    state needs no locking. Lock the state `prompt_messages` keeps, and keep it apart
+    from the engine side's or lock what they share.
     """
 
     name: str

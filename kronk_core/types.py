@@ -11,6 +11,7 @@ from kronk_core.errors import KronkError
 
 if TYPE_CHECKING:
     from kronk_core.events import RequestRecord
+    from kronk_core.sampling import SamplerStage
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -178,6 +179,9 @@ class GenerationRequest:
     system_tokens: int = 0
     # Render control tokens (Harmony's <|channel|>, [TOOL_CALLS]) as text for the output parser.
     special_tokens_as_text: bool = False
+    # The sampler stages, grammars compiled, when the SDK prepared them ahead of the engine
+    # (`TextModel.compile_stages`); None: the engine asks the sampler-stage hook.
+    stages: tuple[SamplerStage, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

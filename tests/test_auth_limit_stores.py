@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from litestar import get
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
+from kronk_auth_jwt.guard import STATE_KEY
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import ConfigError
@@ -319,15 +321,17 @@ def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> 
         base_path=tmp_path, sections={"auth-jwt": {"enabled": True, "limit_store": "memory://"}}
     )
     token = local_token(tmp_path, "probe:2/month")
-    with serve(create_app(settings, kronk=kronk)) as base_url:
+    app = create_app(settings, kronk=kronk)
+    with serve(app) as base_url:
+        # One month for all three calls, whenever the test runs.
+        app.state[STATE_KEY].clock = lambda: datetime(2031, 3, 31, 23, 59, tzinfo=UTC)
         statuses = [
             httpx.get(f"{base_url}/probe/counted", headers=bearer(token)).status_code
             for _ in range(3)
         ]
     assert statuses == [200, 200, 429]
     assert list(plugin.store.counts.values()) == [2]
-    month = time.strftime("%Y-%m-01", time.gmtime())
-    assert next(iter(plugin.store.counts)).endswith(f":probe:month:{month}")
+    assert next(iter(plugin.store.counts)).endswith(":probe:month:2031-03-01")
     assert plugin.store.closed
     assert plugin.opened == [("memory://", tmp_path)]
     assert not (tmp_path / "limits.db").exists()

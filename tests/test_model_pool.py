@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import gated
+from waiting import gated, wait_until
 
+from kronk_caching.none import NoCache
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
 from kronk_core.events import RequestRecord
 from kronk_core.pool import LoadState
 from kronk_core.sdk import LoadedModel
+from kronk_core.slots import PromptScope
+from kronk_core.types import ChatMessage
 
 
 @contextmanager
@@ -129,8 +132,11 @@ async def test_idle_model_expires_after_the_ttl(
     tmp_path: Path, models: dict[str, ModelConfig]
 ) -> None:
     with _kronk(tmp_path, models, cache_ttl="300ms") as kronk:
-        await kronk.embed("short lived", model="minilm")
-        assert kronk.pool.get("minilm") is not None
+        # Held, the model cannot expire however slow this machine is; its TTL counts from
+        # the release.
+        with await kronk.lease("minilm"):
+            await kronk.embed("short lived", model="minilm")
+            assert kronk.pool.get("minilm") is not None
         deadline = time.monotonic() + 60  # a safety net: the loop ends when it unloads
         while kronk.pool.get("minilm") is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -210,3 +216,49 @@ def test_failed_context_frees_the_weights(tmp_path: Path, minilm_path: Path) -> 
     with _kronk(tmp_path, {"huge": huge}) as kronk, pytest.raises(ModelLoadError):
         kronk.load("huge")
     assert threading.active_count() <= before + 1  # only the pool's TTL thread
+
+
+class HeldPrompts(NoCache):
+    """A cache strategy whose prompt step (run in the request's worker thread) waits for
+    `go`: the thread is in the middle of preparing a prompt for as long as a test needs."""
+
+    name = "held-prompts"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def prompt_messages(
+        self, messages: Sequence[ChatMessage], scope: PromptScope
+    ) -> Sequence[ChatMessage]:
+        self.entered.set()
+        self.go.wait(60)
+        return messages
+
+
+class HeldPromptsPlugin:
+    def __init__(self) -> None:
+        self.strategy = HeldPrompts()
+
+    @hookimpl
+    def kronk_register_cache_strategies(self, register: Any) -> None:
+        register("held-prompts", lambda **_: self.strategy)
+
+
+async def test_a_caller_that_gives_up_leaves_its_model_leased_until_its_thread_is_done(
+    tmp_path: Path, models: dict[str, ModelConfig]
+) -> None:
+    """A prompt is prepared in a worker thread; a cancelled caller releases its lease, so the
+    thread holds one of its own: neither the TTL nor the LRU rule unloads the model under it."""
+    plugin = HeldPromptsPlugin()
+    tiny = models["tiny"].model_copy(update={"cache": "held-prompts"})
+    with _kronk(tmp_path, {"tiny": tiny}, plugins={"held": plugin}, cache_ttl="50ms") as kronk:
+        chat = asyncio.create_task(kronk.chat([{"role": "user", "content": "hi"}], model="tiny"))
+        assert await asyncio.to_thread(plugin.strategy.entered.wait, 60)
+        chat.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await chat
+        (entry,) = kronk.pool.entries()
+        assert entry.leases == 1  # the thread's, not the caller's
+        plugin.strategy.go.set()
+        await wait_until(lambda: not kronk.pool.entries(), timeout=60)  # then the TTL applies

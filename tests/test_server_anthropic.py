@@ -307,6 +307,25 @@ def test_missing_max_tokens(client: anthropic.Anthropic) -> None:
     assert body["request_id"] == caught.value.response.headers["x-request-id"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", "4"), ("max_tokens", 4.0), ("temperature", "0.5"), ("stream", "false")],
+)
+def test_numbers_and_flags_are_not_converted_from_strings(
+    server: Any, field: str, value: Any
+) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    response = httpx.post(server.base_url + "/v1/messages", json={**body, field: value}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert field in error["message"]
+
+
 def test_unknown_model(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as caught:
         _ask(client, model="claude-nonexistent")

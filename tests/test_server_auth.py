@@ -28,7 +28,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 from jwt.algorithms import RSAAlgorithm
 from litestar import Litestar, Request, Response, Router, get
@@ -36,7 +36,7 @@ from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
-from kronk_api.endpoints import ACCESS_LEVELS, ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
@@ -243,6 +243,13 @@ def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
     def with_header(signer: rsa.RSAPrivateKey, **header: Any) -> str:
         return jwt.encode(_claims(), signer, algorithm="RS256", headers=header)
 
+    def raw(header: Any, claims: Any = None) -> str:
+        """Any JSON as header and claims, signed with the real key (PyJWT would refuse to)."""
+        claims = _claims() if claims is None else claims
+        signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+        signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing_input}.{_b64(signature)}"
+
     valid = signed()
     header, _, signature = valid.split(".")
     granted_more = _b64(json.dumps(_claims(admin=True)).encode())
@@ -292,6 +299,31 @@ def forged_tokens(base: Path, stranger: Stranger) -> dict[str, str]:
         "jku_header": with_header(stranger.key, kid=kid, jku=f"{stranger.url}/jwks.json"),
         "x5u_header": with_header(stranger.key, kid=kid, x5u=f"{stranger.url}/cert.pem"),
         "x5c_header": with_header(stranger.key, kid=kid, x5c=[stranger.certificate]),
+        **malformed_tokens(kid, raw),
+    }
+
+
+def malformed_tokens(kid: str, raw: Any) -> dict[str, str]:
+    """Tokens whose header or claims are not what a JWT's should be, signed with the real key."""
+    rs256 = {"alg": "RS256", "typ": "JWT"}
+    return {
+        "kid_a_number": raw({**rs256, "kid": 1}),
+        "kid_null": raw({**rs256, "kid": None}),
+        "kid_a_list": raw({**rs256, "kid": [kid]}),
+        "kid_an_object": raw({**rs256, "kid": {"id": kid}}),
+        "kid_with_a_lone_surrogate": raw({**rs256, "kid": kid + "\ud800"}),
+        "crit_header": raw({**rs256, "kid": kid, "crit": ["exp"]}),
+        "crit_not_a_list": raw({**rs256, "kid": kid, "crit": "exp"}),
+        "alg_a_list": raw({"alg": ["RS256"], "kid": kid}),
+        "header_a_string": raw("RS256"),
+        "header_a_list": raw([rs256]),
+        "claims_a_list": raw({**rs256, "kid": kid}, [_claims()]),
+        "claims_a_number": raw({**rs256, "kid": kid}, 7),
+        "aud_claim": raw({**rs256, "kid": kid}, _claims(aud="someone")),
+        "iss_a_list": raw({**rs256, "kid": kid}, _claims(iss=["kronk"])),
+        "sub_an_object": raw({**rs256, "kid": kid}, _claims(sub={"id": "x"})),
+        "endpoints_a_list": raw({**rs256, "kid": kid}, _claims(endpoints=["chat-completions"])),
+        "exp_nan": raw({**rs256, "kid": kid}, _claims(exp=float("nan"))),
     }
 
 
@@ -323,6 +355,23 @@ FORGERIES = [
     "jku_header",
     "x5u_header",
     "x5c_header",
+    "kid_a_number",
+    "kid_null",
+    "kid_a_list",
+    "kid_an_object",
+    "kid_with_a_lone_surrogate",
+    "crit_header",
+    "crit_not_a_list",
+    "alg_a_list",
+    "header_a_string",
+    "header_a_list",
+    "claims_a_list",
+    "claims_a_number",
+    "aud_claim",
+    "iss_a_list",
+    "sub_an_object",
+    "endpoints_a_list",
+    "exp_nan",
 ]
 
 
@@ -431,42 +480,132 @@ def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: Aut
 # ---- grants: every route the app has -------------------------------------------
 
 
-def routes_by_access(app: Litestar) -> list[tuple[str, str, str]]:
-    """(method, path with placeholders filled, endpoint name) for every HTTP route of the app."""
-    found = []
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute):
-            continue
-        path = route.path_format.replace("{", "").replace("}", "")
-        for handler in route.route_handlers:
-            endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
-            found.extend((method, path, endpoint) for method in handler.http_methods)
-    return [entry for entry in found if entry[0] != "OPTIONS"]
+# Who may call what, written out: every method and path the auth server's app serves (its
+# plugins' routes included), by the access it must have. Each path also answers OPTIONS,
+# open to all (CORS preflights carry no credentials).
+PUBLIC_ROUTES = [
+    ("GET", "/"),
+    ("GET", "/ui/{name}"),
+    ("GET", "/v1/liveness"),
+    ("GET", "/v1/readiness"),
+]
+ANY_TOKEN_ROUTES = [
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/example/greeting"),
+]
+GRANTED_ROUTES = {
+    "chat-completions": [("POST", "/v1/chat/completions")],
+    "completions": [("POST", "/v1/completions")],
+    "responses": [
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/{response_id}"),
+        ("DELETE", "/v1/responses/{response_id}"),
+    ],
+    "messages": [("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")],
+    "embeddings": [("POST", "/v1/embeddings")],
+    "rerank": [("POST", "/v1/rerank"), ("POST", "/v1/reranking")],
+    "tokenize": [("POST", "/v1/tokenize")],
+    "probe": [("GET", "/probe/ping")],
+}
+ADMIN_ROUTES = [
+    ("GET", "/v1/kronk/slots"),
+    ("GET", "/v1/kronk/devices"),
+    ("GET", "/v1/kronk/models"),
+    ("POST", "/v1/kronk/models/{model_id}/unload"),
+    ("GET", "/v1/kronk/catalog"),
+    ("GET", "/v1/kronk/catalog/{model_id}"),
+    ("POST", "/v1/kronk/catalog/update"),
+    ("GET", "/v1/kronk/pulls"),
+    ("POST", "/v1/kronk/pulls"),
+    ("GET", "/v1/kronk/pulls/{pull_id}"),
+    ("GET", "/v1/kronk/pulls/{pull_id}/events"),
+    ("GET", "/v1/kronk/security/keys"),
+    ("POST", "/v1/kronk/security/keys"),
+    ("DELETE", "/v1/kronk/security/keys/{key_id}"),
+    ("POST", "/v1/kronk/security/tokens"),
+]
+# Path parameters that name nothing: a route called with its grant answers 404 or 400,
+# never unloads the model or deletes a key.
+PATH_VALUES = {
+    "{name}": "index.html",
+    "{model_id}": "no-such-model",
+    "{response_id}": "resp_none",
+    "{pull_id}": "no-such-pull",
+    "{key_id}": "no-such-key",
+}
 
 
-def test_every_route_is_guarded_by_its_grant(auth_server: AuthServer) -> None:
-    """A token granting one other endpoint gets 403 everywhere but public and any-token routes.
+def served_routes(app: Litestar) -> set[tuple[str, str]]:
+    """(method, path template) for every HTTP route of the app."""
+    return {
+        (method, route.path_format)
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+        for handler in route.route_handlers
+        for method in handler.http_methods
+    }
 
-    Routes are read from the app, so endpoints that later plugins add are covered too.
-    """
-    outsider = mint(auth_server, "some-other-endpoint")
-    routes = routes_by_access(auth_server.app)
-    grants = {endpoint for _, _, endpoint in routes if endpoint not in ACCESS_LEVELS}
-    assert {"chat-completions", "tokenize", "probe"} <= grants
-    assert any(endpoint == ADMIN for _, _, endpoint in routes)
-    with httpx.Client(base_url=auth_server.base_url, timeout=30) as client:
-        for method, path, endpoint in routes:
-            anonymous = client.request(method, path, json={})
-            with_token = client.request(method, path, json={}, headers=bearer(outsider))
-            where = f"{method} {path} ({endpoint})"
-            if endpoint == PUBLIC:
-                assert anonymous.status_code not in (401, 403), where
-                continue
-            assert anonymous.status_code == 401, where
-            if endpoint == AUTHENTICATED:
-                assert with_token.status_code not in (401, 403), where
-            else:
-                assert with_token.status_code == 403, (where, with_token.text)
+
+def _url(path: str) -> str:
+    for placeholder, value in PATH_VALUES.items():
+        path = path.replace(placeholder, value)
+    return path
+
+
+def test_the_route_table_is_every_route_the_app_serves(auth_server: AuthServer) -> None:
+    written = [*PUBLIC_ROUTES, *ANY_TOKEN_ROUTES, *ADMIN_ROUTES]
+    written += [route for routes in GRANTED_ROUTES.values() for route in routes]
+    assert len(written) == len(set(written)), "a route is written twice"
+    served = served_routes(auth_server.app)
+    preflights = {(method, path) for method, path in served if method == "OPTIONS"}
+    assert served - preflights == set(written)
+    assert preflights == {("OPTIONS", path) for _, path in written}
+
+
+def _statuses(
+    client: httpx.Client, method: str, path: str, *tokens: str | None
+) -> list[tuple[int, str]]:
+    answers = []
+    for token in tokens:
+        headers = {} if token is None else bearer(token)
+        response = client.request(method, _url(path), json={}, headers=headers)
+        answers.append((response.status_code, response.text[:200]))
+    return answers
+
+
+def test_every_route_answers_as_the_table_says(auth_server: AuthServer) -> None:
+    """Each route without a token, with a token lacking its grant, and with one holding it."""
+    every_grant = ",".join(GRANTED_ROUTES)
+    unrelated = mint(auth_server, "some-other-endpoint")
+    with httpx.Client(base_url=auth_server.base_url, timeout=60) as client:
+        for method, path in PUBLIC_ROUTES:
+            (anonymous,) = _statuses(client, method, path, None)
+            assert anonymous[0] not in (401, 403), (method, path, anonymous)
+        for method, path in ANY_TOKEN_ROUTES:
+            anonymous, with_any = _statuses(client, method, path, None, unrelated)
+            assert anonymous[0] == 401, (method, path, anonymous)
+            assert with_any[0] not in (401, 403), (method, path, with_any)
+        for grant, routes in GRANTED_ROUTES.items():
+            others = mint(auth_server, ",".join(g for g in GRANTED_ROUTES if g != grant))
+            holder = mint(auth_server, grant)
+            for method, path in routes:
+                anonymous, without, granted = _statuses(client, method, path, None, others, holder)
+                where = (method, path, grant)
+                assert anonymous[0] == 401, (where, anonymous)
+                assert without[0] == 403, (where, without)
+                assert granted[0] not in (401, 403), (where, granted)
+        user = mint(auth_server, every_grant)
+        for method, path in ADMIN_ROUTES:
+            anonymous, with_user, with_admin = _statuses(
+                client, method, path, None, user, auth_server.admin
+            )
+            assert anonymous[0] == 401, (method, path, anonymous)
+            assert with_user[0] == 403, (method, path, with_user)
+            assert with_admin[0] not in (401, 403), (method, path, with_admin)
+        for path in {path for _, path in served_routes(auth_server.app)}:
+            (preflight,) = _statuses(client, "OPTIONS", path, None)
+            assert preflight[0] not in (401, 403), (path, preflight)
 
 
 def test_grants_are_honoured_per_endpoint(auth_server: AuthServer) -> None:
@@ -537,35 +676,6 @@ def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) 
 # ---- quotas ------------------------------------------------------------------------
 
 
-async def test_hundred_concurrent_requests_admit_exactly_the_quota(auth_server: AuthServer) -> None:
-    token = mint(auth_server, "tokenize:10/day")
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=auth_server.base_url, headers=bearer(token), limits=limits, timeout=60
-    ) as client:
-        responses = await asyncio.gather(
-            *(client.post(TOKENIZE, json={"model": MODEL, "input": f"hi {n}"}) for n in range(100))
-        )
-    statuses = [response.status_code for response in responses]
-    assert statuses.count(200) == 10, statuses
-    assert statuses.count(429) == 90, statuses
-    for response in responses:
-        if response.status_code == 429:
-            assert_openai_error(response, 429, "rate_limit_error")
-            assert response.json()["error"]["code"] == "rate_limit_exceeded"
-            assert 0 < int(response.headers["retry-after"]) <= 86400
-
-
-def test_validation_failures_count_against_the_quota(auth_server: AuthServer) -> None:
-    """The call is counted when it passes the grant check, before its body is validated."""
-    token = mint(auth_server, "chat-completions:2/day")
-    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
-        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
-            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
-        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
-        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
-
-
 @dataclass
 class SettableClock:
     """The guard's clock, moved by the test instead of waiting for midnight."""
@@ -585,6 +695,41 @@ def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
         yield settable
     finally:
         auth.clock = utc_now
+
+
+async def test_hundred_concurrent_requests_admit_exactly_the_quota(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    clock.now = datetime(2031, 3, 14, 12, tzinfo=UTC)  # one day for all of them
+    token = mint(auth_server, "tokenize:10/day")
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+    async with httpx.AsyncClient(
+        base_url=auth_server.base_url, headers=bearer(token), limits=limits, timeout=60
+    ) as client:
+        responses = await asyncio.gather(
+            *(client.post(TOKENIZE, json={"model": MODEL, "input": f"hi {n}"}) for n in range(100))
+        )
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(200) == 10, statuses
+    assert statuses.count(429) == 90, statuses
+    for response in responses:
+        if response.status_code == 429:
+            assert_openai_error(response, 429, "rate_limit_error")
+            assert response.json()["error"]["code"] == "rate_limit_exceeded"
+            assert 0 < int(response.headers["retry-after"]) <= 86400
+
+
+def test_validation_failures_count_against_the_quota(
+    auth_server: AuthServer, clock: SettableClock
+) -> None:
+    """The call is counted when it passes the grant check, before its body is validated."""
+    clock.now = datetime(2031, 3, 14, 12, tzinfo=UTC)  # one day for all of them
+    token = mint(auth_server, "chat-completions:2/day")
+    with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
+        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
+            assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
+        valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+        assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
 
 
 def test_quota_windows_roll_over_in_the_running_server(

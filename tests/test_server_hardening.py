@@ -221,7 +221,8 @@ def near_valid(
     return {**body, **draw(st.fixed_dictionaries(fixed or {}))}
 
 
-TEXT = st.text(max_size=40)
+# Strings as JSON can carry them: lone surrogates ("\\ud800") now and then.
+TEXT = st.text(max_size=40) | st.text(st.characters(categories=["Cs"]), min_size=1, max_size=2)
 WORDS = st.text(min_size=1, max_size=40)
 NAME = st.from_regex(r"[a-z][a-z_]{0,9}", fullmatch=True)
 MESSAGES = st.lists(
@@ -232,11 +233,75 @@ MESSAGES = st.lists(
     max_size=3,
 )
 OBJECT_SCHEMA = st.just({"type": "object", "properties": {"x": {"type": "string"}}})
+
+
+def _nested_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+# Schemas past the structured-output limits (each a 400 that names the limit), and a few
+# the converter or llama.cpp refuse.
+HOSTILE_SCHEMA = st.sampled_from(
+    [
+        {"type": "array", "items": {"type": "integer"}, "minItems": 10**9},
+        {"type": "array", "items": {}, "maxItems": 10**12},
+        {"type": "string", "maxLength": 10**9},
+        {"type": "string", "pattern": "^(ab){3,1000000000}$"},
+        {"enum": list(range(1001))},
+        {"anyOf": [{"const": index} for index in range(129)]},
+        {"type": ["string"] * 129},
+        {"type": "object", "properties": {f"p{index}": {} for index in range(1001)}},
+        _nested_schema(20),
+        {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {}]}}},
+        {"$ref": "https://example.com/schema.json"},
+    ]
+)
+SCHEMA = OBJECT_SCHEMA | HOSTILE_SCHEMA
+HOSTILE_GRAMMAR = st.sampled_from(
+    [
+        "",
+        " \n",
+        "root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000,
+        "\n".join(
+            [
+                'root ::= r23 "y"',
+                'r0 ::= "x"?',
+                *(f"r{i} ::= r{i - 1} r{i - 1}" for i in range(1, 24)),
+            ]
+        ),
+        "\n".join(["root ::= r0", *(f"r{i} ::= r{i + 1}" for i in range(5000)), 'r5000 ::= "a"']),
+        'root ::= "a"{1000000000}',
+        "root ::= " + " | ".join(f'"{index}"' for index in range(300)),
+    ]
+)
 TOOL = st.fixed_dictionaries(
     {
         "type": st.just("function"),
-        "function": st.fixed_dictionaries({"name": NAME, "parameters": OBJECT_SCHEMA}),
+        "function": st.fixed_dictionaries({"name": NAME, "parameters": SCHEMA}),
     }
+)
+# At most one of a chat's output constraints, often past a limit.
+CONSTRAINT = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries(
+        {"grammar": st.sampled_from(['root ::= "a"', 'root ::= [a-z]+ "."']) | HOSTILE_GRAMMAR}
+    ),
+    st.fixed_dictionaries({"json_schema": SCHEMA}),
+    st.fixed_dictionaries(
+        {
+            "response_format": st.just({"type": "text"})  # json_object: see "grammar"
+            | st.builds(
+                lambda schema: {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema},
+                },
+                SCHEMA,
+            )
+        }
+    ),
 )
 # Never null or absent: a valid body must not generate thousands of tokens.
 FEW_TOKENS = st.integers(1, 3) | st.sampled_from([0, -1, "2", "x", 1.5, [], {}])
@@ -280,27 +345,32 @@ ANTHROPIC_MESSAGES = st.lists(
     max_size=2,
 )
 ANTHROPIC_TOOL = st.fixed_dictionaries(
-    {"name": NAME, "input_schema": OBJECT_SCHEMA}, optional={"description": TEXT}
+    {"name": NAME, "input_schema": SCHEMA}, optional={"description": TEXT}
 )
 NO_BODY = st.just({})
 # Near-valid bodies for every POST route. A route a plugin adds must get its entry here.
 KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
-    CHAT: near_valid(
-        {"model": st.just(MODEL), "messages": MESSAGES},
-        {
-            "stream": st.booleans(),
-            "stop": st.lists(st.text(min_size=1, max_size=5), max_size=4) | st.text(max_size=3),
-            "temperature": st.floats(0, 2),
-            "top_k": st.integers(0, 50),
-            "logprobs": st.booleans(),
-            "top_logprobs": st.integers(0, 5),
-            "seed": st.integers(),
-            "tools": st.lists(TOOL, max_size=2),
-            "tool_choice": st.sampled_from(["auto", "none"]),
-            "response_format": st.just({"type": "text"}),  # json_object: see "grammar"
-            "grammar": st.sampled_from(['root ::= "a"', 'root ::= [a-z]+ "."']),
-        },
-        fixed={"max_tokens": FEW_TOKENS},
+    CHAT: st.builds(
+        lambda body, constraint: {**body, **constraint},
+        near_valid(
+            {"model": st.just(MODEL), "messages": MESSAGES},
+            {
+                "stream": st.booleans(),
+                "stop": st.lists(st.text(min_size=1, max_size=5), max_size=4) | st.text(max_size=3),
+                "temperature": st.floats(0, 2),
+                "top_k": st.integers(0, 50),
+                "logprobs": st.booleans(),
+                "top_logprobs": st.integers(0, 5),
+                "seed": st.integers(),
+                "tools": st.lists(TOOL, max_size=2),
+                "tool_choice": st.sampled_from(["auto", "none", "required"]),
+                "logit_bias": st.sampled_from(
+                    [{"1": 5}, {"-1": 1}, {str(token): -1 for token in range(50_000)}]
+                ),
+            },
+            fixed={"max_tokens": FEW_TOKENS},
+        ),
+        CONSTRAINT,
     ),
     "/v1/completions": near_valid(
         {"model": st.just(MODEL), "prompt": TEXT | st.lists(st.integers(-5, 300_000), max_size=8)},
@@ -337,6 +407,9 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
                     "format": st.fixed_dictionaries(
                         {"type": st.sampled_from(["text", "json_object"])}
                     )
+                    | st.fixed_dictionaries(
+                        {"type": st.just("json_schema"), "name": NAME, "schema": HOSTILE_SCHEMA}
+                    )
                 }
             ),
             "store": st.booleans(),
@@ -355,7 +428,9 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "top_k": st.integers(0, 50),
             "top_p": st.floats(0.01, 1),
             "tools": st.lists(ANTHROPIC_TOOL, max_size=2),
-            "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "none"])}),
+            "tool_choice": st.fixed_dictionaries(
+                {"type": st.sampled_from(["auto", "none", "any"])}
+            ),
             "thinking": st.fixed_dictionaries({"type": st.just("disabled")}),
         },
         fixed={"max_tokens": FEW_TOKENS},
@@ -591,4 +666,68 @@ def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
             json=chat_body(max_tokens=2, temperature=0),
             headers={"Authorization": f"Bearer {fuzz_server.user}"},
         )
+        assert after.status_code == 200, after.text
+
+
+def _tools(schema: Any) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+
+
+# (route, the fields that carry a hostile output constraint in a body that is otherwise valid)
+HOSTILE_OUTPUT = st.one_of(
+    HOSTILE_GRAMMAR.map(lambda gbnf: (CHAT, {"grammar": gbnf})),
+    HOSTILE_SCHEMA.map(lambda schema: (CHAT, {"json_schema": schema})),
+    HOSTILE_SCHEMA.map(
+        lambda schema: (
+            CHAT,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema},
+                }
+            },
+        )
+    ),
+    HOSTILE_SCHEMA.map(lambda schema: (CHAT, {"tools": _tools(schema), "tool_choice": "required"})),
+    HOSTILE_SCHEMA.map(
+        lambda schema: (
+            "/v1/messages",
+            {
+                "tools": [{"name": "f", "input_schema": schema}],
+                "tool_choice": {"type": "any"},
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    ),
+    HOSTILE_SCHEMA.map(
+        lambda schema: (
+            "/v1/responses",
+            {
+                "input": "hi",
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+            },
+        )
+    ),
+)
+
+
+def test_fuzzed_output_constraints_are_refused(fuzz_server: FuzzServer) -> None:
+    """Every shape past the structured-output limits, on every route that takes one: a 400
+    that says why, and the model serves the next request."""
+    headers = {"Authorization": f"Bearer {fuzz_server.user}"}
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60, headers=headers) as client:
+
+        @settings(max_examples=80, deadline=None, database=None, derandomize=True)
+        @given(case=HOSTILE_OUTPUT)
+        def post(case: tuple[str, dict[str, Any]]) -> None:
+            route, fields = case
+            body = {"model": MODEL, "max_tokens": 2, **fields}
+            if route == CHAT:
+                body["messages"] = [{"role": "user", "content": "hi"}]
+            response = client.post(route, json=body)
+            assert response.status_code == 400, (route, fields, response.text)
+            assert "Traceback" not in response.text
+
+        post()
+        after = client.post(CHAT, json=chat_body(max_tokens=2, temperature=0))
         assert after.status_code == 200, after.text

@@ -188,7 +188,7 @@ class ToolChoiceParam(BaseModel):
 
 
 class ThinkingParam(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     # "adaptive" lets the model decide; a local model given the option thinks when it will.
     type: Literal["enabled", "adaptive", "disabled"]
@@ -199,7 +199,7 @@ class ThinkingParam(BaseModel):
 class _Conversation(BaseModel):
     """What /v1/messages and /v1/messages/count_tokens share: the prompt."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[Message], Field(min_length=1)]

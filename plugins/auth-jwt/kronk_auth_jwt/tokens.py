@@ -151,7 +151,7 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
     """
     try:
         header = jwt.get_unverified_header(token)
-    except jwt.DecodeError:
+    except jwt.PyJWTError:  # not a JWT, or a header PyJWT refuses (`kid` not a string, `crit`)
         raise AuthenticationError("malformed bearer token") from None
     if header.get("alg") != ALGORITHM:
         raise AuthenticationError(f"token algorithm must be {ALGORITHM}")
@@ -176,7 +176,7 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
         raise AuthenticationError("token was issued by someone else") from None
     except jwt.MissingRequiredClaimError as exc:
         raise AuthenticationError(f"token has no {exc.claim!r} claim") from None
-    except jwt.InvalidTokenError:
+    except jwt.PyJWTError:
         raise AuthenticationError("invalid bearer token") from None
     try:
         claims = _TokenClaims.model_validate(payload)

@@ -6,7 +6,7 @@ usual; when it finishes, its slot is trimmed back to the system prompt
 requests restore it and prefill only the rest. Entries are keyed by the
 exact system-prompt tokens and bounded (LRU).
 
-Before rendering (on the event loop), the strategy remembers the system
+Before rendering (in the request's worker thread), the strategy remembers the system
 prompts it sees, and a request without one gets the only one remembered, by
 default only the one its own caller sent (`spc_system_prompt_reuse`): with
 authentication on, one tenant's instructions never run under another's request.
@@ -15,6 +15,7 @@ authentication on, one tenant's instructions never run under another's request.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -52,9 +53,10 @@ class SystemPromptCache(Counted, NoCache):
         # Engine thread: states by system-prompt tokens, and what each slot exports at release.
         self._states: OrderedDict[bytes, bytes] = OrderedDict()
         self._to_export: dict[int, int] = {}
-        # Event loop: per caller (None: all of them), the one system prompt it sent, or
-        # None once it sent several; most recent caller last.
+        # Requests' threads: per caller (None: all of them), the one system prompt it sent,
+        # or None once it sent several; most recent caller last.
         self._known: OrderedDict[str | None, str | None] = OrderedDict()
+        self._known_lock = threading.Lock()
 
     def prompt_messages(
         self, messages: Sequence[ChatMessage], scope: PromptScope
@@ -66,13 +68,15 @@ class SystemPromptCache(Counted, NoCache):
         first = messages[0]
         if first.role in ("system", "developer") and first.content:
             if scope.remember:
-                seen = self._known.get(caller, first.content)
-                self._known[caller] = first.content if seen == first.content else None
-                self._known.move_to_end(caller)
-                while len(self._known) > MAX_CALLERS:
-                    self._known.popitem(last=False)
+                with self._known_lock:
+                    seen = self._known.get(caller, first.content)
+                    self._known[caller] = first.content if seen == first.content else None
+                    self._known.move_to_end(caller)
+                    while len(self._known) > MAX_CALLERS:
+                        self._known.popitem(last=False)
             return messages
-        known = self._known.get(caller)
+        with self._known_lock:
+            known = self._known.get(caller)
         if known is None:
             return messages
         return [ChatMessage(role="system", content=known), *messages]

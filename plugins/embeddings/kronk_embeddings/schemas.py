@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class EmbeddingsRequest(BaseModel):
     """POST /v1/embeddings, as OpenAI defines it, plus Kronk's `truncate`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     input: str | list[str] | list[int] | list[list[int]]
@@ -27,7 +27,7 @@ class RerankDocument(BaseModel):
 class RerankRequest(BaseModel):
     """POST /v1/rerank: documents as strings or {"text": ...} objects."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     query: str

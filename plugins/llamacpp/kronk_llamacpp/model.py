@@ -12,8 +12,9 @@ import numpy as np
 from kronk_core.backend import Batch, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
-from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
+from kronk_llamacpp.grammars import GrammarCompiler
 from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
 from kronk_llamacpp.sampler import (
     DeviceGreedySamplers,
@@ -99,6 +100,11 @@ class LlamaTextModel:
         self._special_pieces: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._dry = DryPrototypes(self._vocab)
+        self._grammars = GrammarCompiler(
+            self._vocab,
+            llama.structured_output,
+            f"{config.section_key(SETTINGS.name)}.structured_output",
+        )
         template = llama_cpp.llama_model_chat_template(model, None)
         self._unified = llama.kv_unified
         self._recurrent = bool(
@@ -215,6 +221,12 @@ class LlamaTextModel:
             token=raw.decode("utf-8", errors="replace"), logprob=min(0.0, logprob), bytes=tuple(raw)
         )
 
+    def compile_stages(self, stages: Sequence[SamplerStage]) -> list[SamplerStage]:
+        return [
+            self._grammars.compile(stage) if isinstance(stage, GRAMMAR_STAGES) else stage
+            for stage in stages
+        ]
+
     def new_sampler(
         self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
     ) -> NativeSampler | GreedySampler:
@@ -225,7 +237,7 @@ class LlamaTextModel:
             if device is not None:
                 return device
         return build_sampler(
-            self._ctx, self._vocab, self.n_vocab, self.n_ctx_per_seq, stages, self._dry
+            self._ctx, self.n_vocab, self.n_ctx_per_seq, stages, self._dry, self._grammars
         )
 
     # ---- KV sequences ------------------------------------------------------

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import ctypes
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import cast
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import SchemaConverter
 
 from kronk_core.errors import InvalidRequestError
 from kronk_core.sampling import (
     SELECTING_STAGES,
     AdaptiveP,
+    CompiledGrammar,
     Distribution,
     Dry,
     Grammar,
@@ -31,7 +30,8 @@ from kronk_core.sampling import (
     TopP,
     Xtc,
 )
-from kronk_core.types import JsonSegment, StructuredOutput, TokenDistribution
+from kronk_core.types import TokenDistribution
+from kronk_llamacpp.grammars import GrammarCompiler
 
 # llama_token_data as numpy sees it: {int32 id; float logit; float p}.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -299,7 +299,7 @@ def _candidates(
 def _only_lowers(stage: SamplerStage) -> bool:
     """The stage never raises a logit (so a token below the shortlist stays below it)."""
     match stage:
-        case Grammar() | JsonSchemaGrammar() | StructuredGrammar() | Dry():
+        case Grammar() | JsonSchemaGrammar() | StructuredGrammar() | CompiledGrammar() | Dry():
             return True
         case Penalties(repeat=repeat, frequency=frequency, presence=presence):
             return repeat >= 1.0 and frequency >= 0.0 and presence >= 0.0
@@ -316,34 +316,6 @@ def _top_k_behind_lowering_stages(stages: Sequence[SamplerStage]) -> tuple[int, 
         if not _only_lowers(stage):
             return None
     return None
-
-
-def compile_json_schema(schema: str) -> str:
-    return compile_structured(StructuredOutput((JsonSegment(schema),)), "json_schema")
-
-
-def compile_structured(output: StructuredOutput, param: str = "tools") -> str:
-    """GBNF for `root ::= (c0 | c1 | ...)` (`+` with repeat), each `"prefix" json "suffix"`."""
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    choices = []
-    try:
-        for index, segment in enumerate(output.choices):
-            schema = converter.resolve_refs(json.loads(segment.schema), "stdin")
-            body = converter.visit(schema, f"choice{index}-json")
-            parts = [_literal(segment.prefix), body, _literal(segment.suffix)]
-            choices.append(" ".join(part for part in parts if part))
-    except Exception as exc:  # the converter raises bare Exceptions / ValueErrors
-        raise InvalidRequestError(
-            f"{param}: the JSON schema cannot be turned into a grammar: {exc}", param=param
-        ) from None
-    alternatives = " | ".join(f"({choice})" for choice in choices)
-    root = f"({alternatives})+" if output.repeat else alternatives
-    return f"root ::= {root}\n{converter.format_grammar()}"
-
-
-def _literal(text: str) -> str:
-    # GBNF string literals take JSON's escapes (\n, \", \uXXXX).
-    return json.dumps(text) if text else ""
 
 
 class DryPrototypes:
@@ -389,10 +361,10 @@ class DryPrototypes:
 
 def _native_stage(
     stage: SamplerStage,
-    vocab: llama_cpp.llama_vocab_p,
     n_vocab: int,
     n_ctx: int,
     dry: DryPrototypes,
+    grammars: GrammarCompiler,
 ) -> llama_cpp.llama_sampler_p:
     match stage:
         case LogitBias(biases=biases):
@@ -400,12 +372,11 @@ def _native_stage(
                 *(llama_cpp.llama_logit_bias(token, bias) for token, bias in biases)
             )
             return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
-        case Grammar(gbnf=gbnf, root=root):
-            return _grammar(vocab, gbnf, root, "grammar")
-        case JsonSchemaGrammar(schema=schema):
-            return _grammar(vocab, compile_json_schema(schema), "root", "json_schema")
-        case StructuredGrammar(output=output):
-            return _grammar(vocab, compile_structured(output), "root", "tools")
+        case CompiledGrammar():
+            return grammars.clone(stage)
+        case Grammar() | JsonSchemaGrammar() | StructuredGrammar():
+            # Not compiled ahead (the SDK does): compiled here, on the engine thread.
+            return grammars.clone(grammars.compile(stage))
         case Penalties(last_n=last_n, repeat=repeat, frequency=frequency, presence=presence):
             return llama_cpp.llama_sampler_init_penalties(
                 n_vocab, n_ctx if last_n < 0 else last_n, repeat, frequency, presence
@@ -432,22 +403,13 @@ def _native_stage(
     raise InvalidRequestError(f"the llamacpp backend has no sampler stage {stage!r}")
 
 
-def _grammar(
-    vocab: llama_cpp.llama_vocab_p, gbnf: str, root: str, param: str
-) -> llama_cpp.llama_sampler_p:
-    native = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), root.encode())
-    if not native:
-        raise InvalidRequestError(f"{param}: the GBNF grammar does not parse", param=param)
-    return native
-
-
 def build_sampler(
     ctx: llama_cpp.llama_context_p,
-    vocab: llama_cpp.llama_vocab_p,
     n_vocab: int,
     n_ctx: int,
     stages: Sequence[SamplerStage],
     dry: DryPrototypes,
+    grammars: GrammarCompiler,
 ) -> NativeSampler | GreedySampler:
     if not stages or not isinstance(stages[-1], SELECTING_STAGES):
         raise InvalidRequestError("a sampler chain must end with a token-selecting stage")
@@ -466,7 +428,7 @@ def build_sampler(
     try:
         for stage in stages:
             llama_cpp.llama_sampler_chain_add(
-                chain, _native_stage(stage, vocab, n_vocab, n_ctx, dry)
+                chain, _native_stage(stage, n_vocab, n_ctx, dry, grammars)
             )
     except BaseException:
         sampler.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator
 
 from kronk_core.sections import ModelSection
 
@@ -40,6 +40,31 @@ class RopeScaling(StrEnum):
     none = "none"
     linear = "linear"
     yarn = "yarn"
+
+
+class StructuredOutputLimits(BaseModel):
+    """How large a constraint on a request's output may be: a JSON schema (`response_format`,
+    `json_schema`, a Responses `text.format`), a GBNF `grammar`, or the tools of a forced
+    call. Each bounds the memory or time compiling takes, or what the grammar costs per
+    token: every sampled token is checked against each branch the grammar has open."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_schema_bytes: PositiveInt = 256 * 1024
+    max_schema_depth: PositiveInt = 32
+    max_enum_values: PositiveInt = 1000
+    # minItems, maxItems, minLength, maxLength, minProperties, maxProperties, a pattern's {m,n}.
+    max_repetition: PositiveInt = 1000
+    max_properties: PositiveInt = 1000
+    # anyOf/oneOf/allOf branches, types in a type list, tools a forced call chooses from.
+    max_alternatives: PositiveInt = 128
+    max_grammar_bytes: PositiveInt = 512 * 1024
+    # llama.cpp recurses per level of parentheses: past about 20,000 its thread's stack ends.
+    max_grammar_depth: Annotated[int, Field(gt=0, le=8192)] = 2048
+    max_grammar_branches: PositiveInt = 256
+    compile_seconds: Annotated[float, Field(gt=0.0)] = 5.0
+    # Compiled grammars kept per model, by their schema or grammar text.
+    cache_entries: Annotated[int, Field(ge=0)] = 32
 
 
 class LlamaCppSettings(BaseModel):
@@ -83,6 +108,7 @@ class LlamaCppSettings(BaseModel):
     yarn_beta_fast: float | None = None
     yarn_beta_slow: float | None = None
     yarn_orig_ctx: Annotated[int, Field(ge=0)] | None = None
+    structured_output: StructuredOutputLimits = Field(default_factory=StructuredOutputLimits)
 
     @field_validator("cache_type_k", "cache_type_v", mode="before")
     @classmethod

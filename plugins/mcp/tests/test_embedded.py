@@ -8,9 +8,12 @@ loopback port.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +24,8 @@ import httpx2
 import mcp_types as types
 import pytest
 from anyio.from_thread import start_blocking_portal
+from cryptography.hazmat.primitives.asymmetric.padding import PKCS1v15
+from cryptography.hazmat.primitives.hashes import SHA256
 from litestar.datastructures import State
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -89,6 +94,48 @@ def test_without_a_valid_token_the_endpoint_answers_401(
         assert "mcp-session-id" not in response.headers
     assert missing.json()["error"]["message"].startswith("missing bearer token")
     assert forged.json()["error"]["message"] == "malformed bearer token"
+    assert brave.requests == []
+
+
+def _signed_raw(base: Path, header: Any, claims: Any) -> str:
+    """Any JSON as a token's header and claims, signed with the server's real signing key."""
+    keys = open_key_store(base / "keys", "kronk")
+    kid = keys.signing_key_id()
+
+    def b64(value: Any) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    header = {"alg": "RS256", "kid": kid} if header is None else header
+    signing_input = f"{b64(header)}.{b64(claims)}"
+    signature = keys.private_key(kid).sign(signing_input.encode(), PKCS1v15(), SHA256())
+    return f"{signing_input}.{base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
+
+
+def test_every_malformed_token_is_401(tmp_path: Path, brave: BraveSearchDouble) -> None:
+    now = int(time.time())
+    # Valid claims that grant another endpoint: signed under a proper header, a 403.
+    claims = {"iss": "kronk", "sub": "someone", "exp": now + 3600, "endpoints": {"tokenize": {}}}
+    headers: list[Any] = [
+        {"alg": "RS256", "kid": 1},
+        {"alg": "RS256", "kid": None},
+        {"alg": "RS256", "kid": ["x"]},
+        {"alg": "RS256", "kid": "x", "crit": ["exp"]},
+        {"alg": "RS256", "crit": "exp"},
+        "RS256",
+        [],
+    ]
+    initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}
+    with auth_on(tmp_path, brave) as url, httpx.Client() as http:
+        malformed = [_signed_raw(tmp_path, header, claims) for header in headers]
+        malformed += [_signed_raw(tmp_path, None, body) for body in ([claims], 7)]
+        malformed.append(_signed_raw(tmp_path, None, {**claims, "sub": 1}))
+        for token in malformed:
+            response = http.post(url, json=initialize, headers=bearer(token))
+            assert response.status_code == 401, (token, response.text)
+            assert response.json()["error"]["message"], response.text
+        granted_elsewhere = _signed_raw(tmp_path, None, claims)
+        control = http.post(url, json=initialize, headers=bearer(granted_elsewhere))
+        assert control.status_code == 403, control.text
     assert brave.requests == []
 
 

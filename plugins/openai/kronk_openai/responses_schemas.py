@@ -134,7 +134,7 @@ class ResponsesRequest(SamplingConfig):
     chat completions; max_output_tokens is the length limit.
     """
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     model: str
     input: str | list[InputItem]

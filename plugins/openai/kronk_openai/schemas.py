@@ -167,7 +167,7 @@ class _Generation(SamplingConfig):
     send extras; the sampling fields (temperature, top_k, DRY, XTC, ...) come from
     SamplingConfig under the names the manual and OpenAI use."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     model: str
     stream: bool = False
@@ -345,7 +345,7 @@ class TextCompletionRequest(_Generation):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     input: str

@@ -1,0 +1,370 @@
+"""Hostile requests against a real server: each is refused with a clear 4xx or served, while the
+server's memory and another client's short chat stay within bounds.
+
+The server runs in this process (uvicorn in a thread), so its memory is this process's RSS,
+sampled while the hostile request is in flight. The bounds are far from what was seen before
+the limits existed: a `minItems` of 1e9 grew the server 0.7 GB a second until the kernel
+killed it, and a 20,000-value enum held a 4-token chat on the same model for 41.7 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from kronk_api import ServerSettings, create_app
+from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core.errors import InvalidRequestError
+from kronk_core.models import DEFAULT_MODEL_SETTINGS
+
+if TYPE_CHECKING:
+    from conftest import RunningServer, Serve
+
+MODEL = DEFAULT_MODEL_ID
+CHAT = "/v1/chat/completions"
+LIMITS = f"models.{MODEL}.llamacpp.structured_output"
+# Growth of the server's resident memory while a hostile request is in flight.
+MAX_GROWTH_BYTES = 512 << 20
+# A 4-token chat takes a fraction of a second here; this is what it may take meanwhile.
+MAX_BYSTANDER_SECONDS = 8.0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+@dataclass
+class MemoryWatch:
+    """The highest RSS seen, sampled every few milliseconds in a thread of its own."""
+
+    start: int = field(default_factory=_rss)
+    peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    @property
+    def growth(self) -> int:
+        return max(0, self.peak - self.start)
+
+
+@contextmanager
+def watched_memory() -> Iterator[MemoryWatch]:
+    watch = MemoryWatch()
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    try:
+        yield watch
+    finally:
+        watch._stop.set()
+        thread.join()
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        **fields,
+    }
+
+
+@dataclass
+class Outcome:
+    response: httpx.Response
+    growth: int
+    bystanders: list[float]
+
+
+async def _bystander(client: httpx.AsyncClient) -> float:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await client.post(CHAT, json=chat(messages=[{"role": "user", "content": "Hello"}]))
+    assert response.status_code == 200, response.text
+    return loop.time() - started
+
+
+async def hostile(base_url: str, path: str, body: bytes) -> Outcome:
+    """Send `body` while another client chats on the same model, back to back, until the
+    hostile request is answered; the memory the server grew meanwhile is measured."""
+    timeout = httpx.Timeout(300, connect=10)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        await _bystander(client)  # the model is loaded and warm before anything is measured
+        with watched_memory() as watch:
+            request = asyncio.create_task(
+                client.post(path, content=body, headers={"content-type": "application/json"})
+            )
+            bystanders = [await _bystander(client)]
+            while not request.done():
+                bystanders.append(await _bystander(client))
+            response = await request
+        bystanders.append(await _bystander(client))
+    return Outcome(response, watch.growth, bystanders)
+
+
+def assert_harmless(outcome: Outcome) -> None:
+    assert "Traceback" not in outcome.response.text
+    assert outcome.growth < MAX_GROWTH_BYTES, f"the server grew {outcome.growth >> 20} MiB"
+    slowest = max(outcome.bystanders)
+    assert slowest < MAX_BYSTANDER_SECONDS, f"a 4-token chat took {slowest:.1f}s meanwhile"
+
+
+def assert_refused(outcome: Outcome, status: int, *words: str) -> None:
+    assert_harmless(outcome)
+    assert outcome.response.status_code == status, outcome.response.text
+    message = outcome.response.json()["error"]["message"]
+    for word in words:
+        assert word in message, message
+
+
+def _schema(schema: Any) -> dict[str, Any]:
+    return chat(
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    )
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _grammar_chain(rules: int) -> str:
+    lines = [f"r{index} ::= r{index + 1}" for index in range(rules)]
+    return "\n".join(["root ::= r0", *lines, f'r{rules} ::= "a"'])
+
+
+def _grammar_doubling(levels: int) -> str:
+    lines = [f"r{index} ::= r{index - 1} r{index - 1}" for index in range(1, levels)]
+    return "\n".join([f'root ::= r{levels - 1} "y"', 'r0 ::= "x"?', *lines])
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{index}",
+            "description": "Looks something up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    for index in range(1000)
+]
+
+CONVERSATION = [{"role": "user", "content": "a question"}, {"role": "assistant", "content": "ok"}]
+# (body, status, words the message holds): each is refused, the limit's key named.
+REFUSED: dict[str, tuple[dict[str, Any], int, tuple[str, ...]]] = {
+    "min_items_1e9": (
+        _schema({"type": "array", "items": {"type": "integer"}, "minItems": 10**9}),
+        400,
+        ("minItems is 1000000000", f"{LIMITS}.max_repetition"),
+    ),
+    "max_items_1e9": (
+        _schema({"type": "array", "items": {"type": "integer"}, "maxItems": 10**9}),
+        400,
+        (f"{LIMITS}.max_repetition",),
+    ),
+    "min_length_1e9": (
+        chat(json_schema={"type": "string", "minLength": 10**9}),
+        400,
+        ("minLength", f"{LIMITS}.max_repetition"),
+    ),
+    "pattern_repeated_1e9": (
+        chat(json_schema={"type": "string", "pattern": "^a{1000000000}$"}),
+        400,
+        ("{1000000000}", f"{LIMITS}.max_repetition"),
+    ),
+    "enum_of_20000": (
+        _schema({"enum": [f"value number {index}" for index in range(20_000)]}),
+        400,
+        ("20000 values", f"{LIMITS}.max_enum_values"),
+    ),
+    "any_of_20000": (
+        _schema({"anyOf": [{"const": index} for index in range(20_000)]}),
+        400,
+        ("20000 alternatives", f"{LIMITS}.max_alternatives"),
+    ),
+    "properties_50000": (
+        chat(json_schema={"type": "object", "properties": {f"p{i}": {} for i in range(50_000)}}),
+        400,
+        ("50000 properties", f"{LIMITS}.max_properties"),
+    ),
+    "schema_nested_20_objects_deep": (
+        _schema(_nested(20)),
+        400,
+        (f"{LIMITS}.max_schema_depth",),
+    ),
+    "grammar_parentheses_30000_deep": (
+        chat(grammar="root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000),
+        400,
+        (f"{LIMITS}.max_grammar_depth",),
+    ),
+    "grammar_chain_of_20000_rules": (
+        chat(grammar=_grammar_chain(20_000)),
+        400,
+        (f"{LIMITS}.max_grammar_depth",),
+    ),
+    "grammar_doubling_24_times": (
+        chat(grammar=_grammar_doubling(24)),
+        400,
+        (f"{LIMITS}.max_grammar_branches",),
+    ),
+    "grammar_of_a_megabyte": (
+        chat(grammar='root ::= "' + "a" * (1 << 20) + '"'),
+        400,
+        (f"{LIMITS}.max_grammar_bytes",),
+    ),
+    "tools_1000_forced": (
+        chat(tools=TOOLS, tool_choice="required"),
+        400,
+        ("context window",),
+    ),
+    "tools_1000": (chat(tools=TOOLS), 400, ("context window",)),
+    "messages_10000": (
+        chat(messages=[*CONVERSATION * 5000, {"role": "user", "content": "last"}]),
+        400,
+        ("context window",),
+    ),
+    "content_parts_10000": (
+        chat(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": f"p{i} "} for i in range(10_000)],
+                }
+            ]
+        ),
+        400,
+        ("context window",),
+    ),
+    "logit_bias_over_the_vocabulary": (
+        chat(logit_bias={str(token): -1 for token in range(262_144)}),
+        400,
+        ("more than 100000 items",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED), ids=list(REFUSED))
+async def test_hostile_request_is_refused_and_harms_no_one(
+    server: RunningServer, case: str
+) -> None:
+    body, status, words = REFUSED[case]
+    outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
+    assert_refused(outcome, status, *words)
+
+
+async def test_a_logit_bias_over_most_of_the_vocabulary_is_served(server: RunningServer) -> None:
+    body = chat(logit_bias={str(token): -1 for token in range(90_000)}, max_tokens=8)
+    outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
+    assert_harmless(outcome)
+    assert outcome.response.status_code == 200, outcome.response.text
+
+
+async def test_a_schema_at_the_limits_is_served(server: RunningServer) -> None:
+    """Everything at its default limit at once: served, and nobody else waits for it."""
+    item = {"type": "string", "maxLength": 1000}
+    schema = {
+        "type": "object",
+        "properties": {
+            "choice": {"enum": [f"value number {index}" for index in range(1000)]},
+            "kind": {"anyOf": [{"const": f"kind {index}"} for index in range(128)]},
+            "items": {"type": "array", "items": item, "minItems": 1, "maxItems": 1000},
+        },
+        "required": ["choice", "kind", "items"],
+    }
+    outcome = await hostile(
+        server.base_url, CHAT, json.dumps(_schema(schema) | {"max_tokens": 48}).encode()
+    )
+    assert_harmless(outcome)
+    assert outcome.response.status_code == 200, outcome.response.text
+
+
+@pytest.fixture(scope="module")
+def wide_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[str]:
+    """The default model with its enum and schema-size limits raised."""
+    settings = {
+        **DEFAULT_MODEL_SETTINGS,
+        "cache": "none",
+        "draft_strategy": "none",
+        "context_window": 1024,
+        "llamacpp": {"structured_output": {"max_enum_values": 50_000, "max_schema_bytes": 1 << 20}},
+    }
+    base = tmp_path_factory.mktemp("wide-home")
+    kronk = Kronk(KronkConfig(base_path=base, models={MODEL: ModelConfig.model_validate(settings)}))
+    with serve(create_app(ServerSettings(base_path=base), kronk=kronk)) as base_url:
+        yield base_url
+
+
+async def test_an_enum_of_20000_values_is_served_once_allowed(wide_server: str) -> None:
+    """The enum that held the model for tens of seconds: a tree of shared prefixes now, each
+    token checked against a handful of branches, compiled off the engine thread."""
+    values = [f"value number {index}" for index in range(20_000)]
+    body = _schema({"enum": values}) | {"max_tokens": 32}
+    outcome = await hostile(wide_server, CHAT, json.dumps(body).encode())
+    assert_harmless(outcome)
+    assert outcome.response.status_code == 200, outcome.response.text
+    answer = outcome.response.json()["choices"][0]["message"]["content"]
+    assert json.loads(answer) in values
+
+
+# ---- strings that are not Unicode ----------------------------------------------------
+
+# Where the JSON text gets an escape of half a surrogate pair (json.dumps writes none).
+HALF = "HALF-A-PAIR"
+SURROGATE_BODIES: dict[str, dict[str, Any]] = {
+    CHAT: {"model": MODEL, "messages": [{"role": "user", "content": HALF}]},
+    "/v1/completions": {"model": MODEL, "prompt": HALF, "max_tokens": 2},
+    "/v1/tokenize": {"model": MODEL, "input": HALF},
+    "/v1/messages": {
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": HALF}],
+    },
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": HALF}]},
+    "/v1/responses": {"model": MODEL, "input": HALF, "max_output_tokens": 2},
+    "/v1/embeddings": {"model": "minilm", "input": HALF},
+    "/v1/rerank": {"model": "tiny-reranker", "query": HALF, "documents": ["x"]},
+}
+
+
+@pytest.mark.parametrize("path", list(SURROGATE_BODIES))
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_a_lone_surrogate_is_400_on_every_route(
+    server: RunningServer, path: str, where: str
+) -> None:
+    text = json.dumps(SURROGATE_BODIES[path])
+    if where == "key":  # the values are fine; an unknown field's name is not Unicode
+        text = text.replace(HALF, "fine")[:-1] + f', "{HALF}": 1}}'
+    text = text.replace(HALF, "a\\ud800b")
+    response = httpx.post(
+        server.base_url + path,
+        content=text.encode(),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "Traceback" not in response.text
+    assert "not valid Unicode" in response.text, response.text
+
+
+async def test_the_sdk_refuses_a_lone_surrogate(server: RunningServer) -> None:
+    with pytest.raises(InvalidRequestError, match="not valid Unicode"):
+        await server.kronk.chat([{"role": "user", "content": "a\ud800b"}], max_tokens=2)
+    with pytest.raises(InvalidRequestError, match="not valid Unicode"):
+        await server.kronk.chat(
+            [{"role": "user", "content": "hi"}], max_tokens=2, grammar='root ::= "\ud800"'
+        )
