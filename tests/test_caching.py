@@ -214,12 +214,6 @@ class BatchReplay:
             self.text[slot] += self.model.token_bytes(token)
             self._pending[slot] = token
 
-    def end(self, slot: int) -> None:
-        """The request in `slot` ended and the engine emptied its slot (no cache): so does
-        the replay, so that later requests' cells lie where the engine's lie."""
-        self.model.seq_remove(slot, 0, -1)
-        self.tokens[slot] = []
-
     def close(self) -> None:
         self._greedy.close()
         self.model.close()
