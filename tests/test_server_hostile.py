@@ -268,7 +268,7 @@ async def test_hostile_request_is_refused_and_harms_no_one(
 
 
 async def test_a_logit_bias_over_most_of_the_vocabulary_is_served(server: RunningServer) -> None:
-    body = chat(logit_bias={str(token): -1 for token in range(90_000)}, max_tokens=8)
+    body = chat(logit_bias={str(token): -1 for token in range(40_000)}, max_tokens=8)
     outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
     assert_harmless(outcome)
     assert outcome.response.status_code == 200, outcome.response.text

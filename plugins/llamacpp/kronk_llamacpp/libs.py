@@ -195,6 +195,12 @@ class BuildProgress:
             self._shown = percent - percent % 10
             self._say(f"building the {self._processor} libraries: {percent}%{detail}")
 
+    def finish(self) -> None:
+        """A build with nothing left to compile (an earlier tree, reused) prints no progress."""
+        if self._shown < 100:
+            self._shown = 100
+            self._say(f"building the {self._processor} libraries: 100%")
+
 
 class LibsBuilder:
     """One build: `root/<processor>` is the install, `root/build/<processor>` the CMake tree."""
@@ -330,6 +336,8 @@ class LibsBuilder:
         if returncode != 0:
             tail = self.log.read_text(errors="replace").splitlines()[-30:]
             raise LibsError(f"cmake {step} failed (full log: {self.log}):\n" + "\n".join(tail))
+        if step == "build":
+            progress.finish()
 
     def _install(self) -> None:
         files = _library_files(self.build_dir)

@@ -10,6 +10,7 @@ from importlib.resources import files
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kronk_core.errors import ConfigError, TemplateError
@@ -36,6 +37,33 @@ def _arguments(text: str) -> Any:
         return json.loads(text or "{}")
     except json.JSONDecodeError:
         raise TemplateError("tool call arguments must be JSON text") from None
+
+
+def _function(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": json.loads(tool.parameters_json),
+    }
+
+
+def tools_prompt(tools: Sequence[ToolSpec], call_example: str) -> str:
+    """The tool list for a template that never renders `tools`, and how to call one."""
+    signatures = "\n".join(json.dumps(_function(tool), ensure_ascii=False) for tool in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query. "
+        f"Their signatures, one per line:\n{signatures}\n\n"
+        f"To call a function, reply with:\n{call_example}"
+    )
+
+
+def _with_tools_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
+    """The tool list joins the system message, or opens the conversation as one."""
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first, content = messages[0], messages[0]["content"]
+        joined = f"{content}\n\n{prompt}" if content else prompt
+        return [{**first, "content": joined}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
 
 
 def new_call_id() -> str:
@@ -87,8 +115,11 @@ class JinjaTemplateProcessor:
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = environment.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(environment.parse(source))
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError("template", f"chat template {name!r} does not parse: {exc}") from None
+        # Older templates never mention `tools`; Kronk shows their models the tools itself.
+        self.renders_tools = "tools" in variables
         self._bos = bos_token
         self._eos = eos_token
 
@@ -104,17 +135,12 @@ class JinjaTemplateProcessor:
         }
         if options.reasoning_effort is not None:
             context["reasoning_effort"] = options.reasoning_effort
-        if options.tools:
+        if options.tools and not self.renders_tools:
+            prompt = tools_prompt(options.tools, self._format.call_example)
+            context["messages"] = _with_tools_prompt(context["messages"], prompt)
+        elif options.tools:
             context["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": json.loads(tool.parameters_json),
-                    },
-                }
-                for tool in options.tools
+                {"type": "function", "function": _function(tool)} for tool in options.tools
             ]
         try:
             return self._template.render(context)

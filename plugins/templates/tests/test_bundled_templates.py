@@ -105,3 +105,49 @@ def test_without_tools_nothing_about_tools_is_rendered() -> None:
     for name in ("gemma", "chatml", "llama3"):
         prompt = _processor(name).render(CONVERSATION[:2], RenderOptions())
         assert "get_weather" not in prompt and "function" not in prompt.lower()
+
+
+# SmolLM2-135M-Instruct's own template: ChatML that never mentions `tools`.
+PLAIN_CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_a_template_that_ignores_tools_still_shows_them(system: str | None) -> None:
+    """Kronk writes the tool list and the format's call markup into the system turn itself;
+    a call written as the example shows parses back."""
+    tool_format = FORMATS[detect_format(PLAIN_CHATML, "llama")]
+    processor = JinjaTemplateProcessor("plain", PLAIN_CHATML, "", "", tool_format, think=False)
+    assert not processor.renders_tools and _processor("chatml").renders_tools
+    question = ChatMessage(role="user", content="Weather in Oslo?")
+    messages = (
+        (question,) if system is None else (ChatMessage(role="system", content=system), question)
+    )
+    options = RenderOptions(tools=(TOOL,))
+    prompt = processor.render(messages, options)
+    opening = "<|im_start|>system\n" + ("" if system is None else f"{system}\n\n") + "# Tools\n"
+    assert prompt.startswith(opening), prompt
+    assert f"{TOOL_JSON}\n" in prompt
+    assert tool_format.call_example in prompt and "<tool_call>" in tool_format.call_example
+    assert "helpful AI assistant" not in prompt
+    assert processor.render(messages, RenderOptions()).count("# Tools") == 0
+
+    parser = processor.parser(options, prompt)
+    call = tool_format.call_example.replace("<function-name>", '"get_weather"').replace(
+        "<args-json-object>", '{"city": "Oslo"}'
+    )
+    deltas = [*parser.feed(call), *parser.finish(truncated=False)]
+    calls = [call for delta in deltas for call in delta.tool_calls]
+    assert [(call.name, json.loads(call.arguments)) for call in calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_shows_a_call_example(name: str) -> None:
+    example = FORMATS[name].call_example
+    assert "<function-name>" in example

@@ -19,6 +19,8 @@ class ToolFormat(Protocol):
     name: str
     # The parser needs control tokens (Harmony channels, [TOOL_CALLS], <|python_tag|>) as text.
     special_tokens_as_text: bool
+    # One call in this markup with placeholders, shown to models whose template ignores tools.
+    call_example: str
 
     def parser(
         self,

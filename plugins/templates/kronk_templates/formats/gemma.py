@@ -23,6 +23,7 @@ def read_calls(text: str) -> list[ParsedCall] | None:
 
 class GemmaFormat(JsonMarkupFormat):
     name = "gemma"
+    call_example = '{"name": <function-name>, "arguments": <args-json-object>}'
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         return (

@@ -146,6 +146,10 @@ def _call(name: str, body: str) -> list[ParsedCall] | None:
 
 class HarmonyFormat:
     name = "harmony"
+    call_example = (
+        "<|channel|>commentary to=functions.<function-name> <|constrain|>json<|message|>"
+        "<args-json-object><|call|>"
+    )
     special_tokens_as_text = True
 
     def parser(

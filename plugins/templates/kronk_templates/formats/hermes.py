@@ -26,6 +26,9 @@ def _read(body: str) -> list[ParsedCall] | None:
 
 class HermesFormat(JsonMarkupFormat):
     name = "hermes"
+    call_example = (
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         return (Opener("<tool_call>", lambda: JsonBlock(_read, closes=("</tool_call>",))),)

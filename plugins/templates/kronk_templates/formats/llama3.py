@@ -45,6 +45,7 @@ def _read_builtin(text: str) -> list[ParsedCall] | None:
 
 class Llama3Format(JsonMarkupFormat):
     name = "llama3"
+    call_example = '{"name": <function-name>, "parameters": <args-json-object>}'
     special_tokens_as_text = True
     gap = _GAP
     # Llama 3.1 calls one function per answer.

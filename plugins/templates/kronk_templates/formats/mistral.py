@@ -93,6 +93,11 @@ class MistralFormat(JsonMarkupFormat):
     def __init__(self, name: str, *, array_calls: bool) -> None:
         self.name = name
         self._array_calls = array_calls
+        self.call_example = (
+            '[TOOL_CALLS][{"name": <function-name>, "arguments": <args-json-object>}]'
+            if array_calls
+            else "[TOOL_CALLS]<function-name>[ARGS]<args-json-object>"
+        )
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         return (Opener("[TOOL_CALLS]", MistralBlock),)

@@ -138,6 +138,10 @@ def grammar(tools: Sequence[ToolSpec], parallel: bool) -> str:
 
 class Qwen3CoderFormat(MarkupFormat):
     name = "qwen3_coder"
+    call_example = (
+        "<tool_call>\n<function=<function-name>>\n<parameter=<parameter-name>>\n<value>\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
         properties = {tool.name: _properties(tool) for tool in tools}
