@@ -26,6 +26,7 @@ from pydantic import (
 
 from kronk_core import legacy
 from kronk_core.errors import ConfigError
+from kronk_core.media import MediaConfig
 from kronk_core.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class ModelConfig(BaseModel):
 
     id: str = ""
     model_path: Path | None = None
+    # A vision or audio projector (llama.cpp's mmproj file) the model reads media through.
+    projector_path: Path | None = None
     backend: str | None = None
     context_window: Annotated[int, Field(gt=0)] | None = None
     n_batch: Annotated[int, Field(gt=0)] = 2048
@@ -162,6 +165,8 @@ class KronkConfig(BaseModel):
     # seconds (0: only when the pool needs its place).
     models_in_cache: Annotated[int, Field(ge=1)] = 3
     cache_ttl: Duration = 20 * 60.0
+    # Limits on images and sounds in requests.
+    media: MediaConfig = Field(default_factory=MediaConfig)
 
     @model_validator(mode="after")
     def _fill_ids(self) -> Self:

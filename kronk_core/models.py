@@ -136,12 +136,18 @@ def resolve_model_config(
             configured = ModelConfig(id=model_id)
         else:
             raise ModelNotFoundError(f"model {model_id!r} not found", param="model")
+    projector = configured.projector_path
+    if projector is not None:
+        projector = projector.expanduser()
+        if not projector.is_file():
+            raise ConfigError(f"models.{model_id}.projector_path", f"file not found: {projector}")
     if configured.model_path is not None:
         path = configured.model_path.expanduser()
         if not path.is_file():
             raise ConfigError(f"models.{model_id}.model_path", f"file not found: {path}")
     elif base_id in files:
         path = files[base_id]
+        projector = projector or projector_beside(path)
     elif base_id == DEFAULT_MODEL_ID:
         path = default_model_path()
     else:
@@ -149,4 +155,25 @@ def resolve_model_config(
             f"models.{model_id}.model_path",
             f"not set and no {base_id}.gguf under {models_dir(config)}",
         )
-    return configured.model_copy(update={"model_path": path})
+    return configured.model_copy(update={"model_path": path, "projector_path": projector})
+
+
+def projector_beside(model: Path) -> Path | None:
+    """The projector pulled with an installed model: the one `mmproj*.gguf` in its folder.
+
+    Several projectors there (one model's F16 and Q8_0, or other models') are ambiguous:
+    none is taken, and `projector_path` says which.
+    """
+    found = sorted(
+        path
+        for path in model.parent.glob("*.gguf")
+        if path.name.lower().startswith(PROJECTOR_PREFIX)
+    )
+    if len(found) > 1:
+        log.warning(
+            "%s: %d projectors beside it (%s); set projector_path to use one",
+            model.name,
+            len(found),
+            ", ".join(path.name for path in found),
+        )
+    return found[0] if len(found) == 1 else None

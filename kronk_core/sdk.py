@@ -8,6 +8,7 @@ into chat deltas.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ from kronk_core.loading import (
     release_if_leased,
     text_model,
 )
+from kronk_core.media import check_media
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import known_model_ids
 from kronk_core.plugins import create_plugin_manager, registered_plugins
@@ -39,6 +41,7 @@ from kronk_core.pool import Lease, ModelPool
 from kronk_core.prompts import (
     PreparedChat,
     count_prompt,
+    media_of,
     prepare_chat,
     prepare_completion,
     render_options,
@@ -212,12 +215,15 @@ class Kronk:
         what the cache learns from one subject never reaches another's prompt.
         """
         inputs.check_chat(request)
+        media = media_of(request.messages)
+        check_media(media, self.config.media)
         return await self._start(
             request.model,
             lambda loaded: prepare_chat(loaded, request, PromptScope(subject=subject)),
             wait,
             tools=len(request.tools),
             parallel_tool_calls=request.parallel_tool_calls,
+            decodes_media=bool(media),
         )
 
     async def start_completion(
@@ -241,6 +247,7 @@ class Kronk:
         *,
         tools: int = 0,
         parallel_tool_calls: bool = True,
+        decodes_media: bool = False,
     ) -> ChatStream:
         started = time.monotonic()
         request_id = current_request_id.get() or new_request_id()
@@ -248,7 +255,11 @@ class Kronk:
         # on the engine's work keeps the pool from unloading it.
         with text_model(await self.lease(model)) as loaded:
             leased = time.monotonic()
-            prepared = prepare(loaded)
+            # Decoding and resizing images is work for a thread, not for the event loop.
+            if decodes_media:
+                prepared = await asyncio.to_thread(prepare, loaded)
+            else:
+                prepared = prepare(loaded)
             stream = await loaded.engine.submit(
                 prepared.generation,
                 wait=self.config.queue_wait_seconds if wait is None else wait,
@@ -303,9 +314,14 @@ class Kronk:
     ) -> int:
         """The prompt's length as `start_chat` with the same `subject` would run it."""
         inputs.check_chat(request)
+        media = media_of(request.messages)
+        check_media(media, self.config.media)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            return count_prompt(loaded, request, scope, add_generation_prompt=add_generation_prompt)
+            count = functools.partial(
+                count_prompt, loaded, request, scope, add_generation_prompt=add_generation_prompt
+            )
+            return await asyncio.to_thread(count) if media else count()
 
     async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
         """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
@@ -362,4 +378,11 @@ class Kronk:
             log.exception("a kronk_chat_finished hook failed")
 
 
-__all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "ChatStream",
+    "Kronk",
+    "LoadedModel",
+    "PooledModel",
+    "collect",
+]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import KronkError
+from kronk_core.media import Media, MediaSpan
 
 if TYPE_CHECKING:
     from kronk_core.events import RequestRecord
@@ -30,6 +31,8 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # Images and sounds, in the order of the MEDIA_MARKERs in `content`.
+    media: tuple[Media, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,8 @@ class GenerationRequest:
     system_tokens: int = 0
     # Render control tokens (Harmony's <|channel|>, [TOOL_CALLS]) as text for the output parser.
     special_tokens_as_text: bool = False
+    # Media chunks in the prompt, in order; their positions hold pseudo-tokens.
+    media: tuple[MediaSpan, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
