@@ -20,11 +20,11 @@ import hashlib
 import re
 import secrets
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -105,9 +105,15 @@ class Media:
     def from_bytes(cls, data: bytes, media_type: str | None = None, *, where: str = "") -> Media:
         """An image or sound from its bytes; the bytes tell what they are, else `media_type`."""
         found = sniff(data)
+        declared = _kind_of(media_type)
+        if found is not None and declared not in (None, found[0]):
+            raise MediaError(
+                f"{where or 'media'}: sent as {media_type} but holds {found[1]}",
+                param=where or None,
+            )
         if found is not None:
             return cls(found[0], data, found[1])
-        kind = _kind_of(media_type)
+        kind = declared
         if kind is None:
             raise MediaError(
                 f"{where or 'media'}: not an image or sound Kronk can read "
@@ -289,3 +295,75 @@ def cut_point(spans: Sequence[MediaSpan], length: int) -> int:
         if span.start < length < span.end:
             return span.start
     return length
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSources:
+    """What a dialect needs to turn what a request sends into Media: the limits, and the
+    http(s) URLs already fetched (`fetch_urls`), by URL."""
+
+    limits: MediaConfig = field(default_factory=MediaConfig)
+    fetched: Mapping[str, Media] = field(default_factory=dict)
+
+    def base64(self, text: str, media_type: str | None, *, where: str) -> Media:
+        return from_base64(text, media_type, where=where, limit=self.limits.max_bytes)
+
+    def url(self, url: str, *, where: str) -> Media:
+        """A data URL's media, or a fetched http(s) URL's."""
+        inline = from_data_url(url, where=where, limit=self.limits.max_bytes)
+        if inline is not None:
+            return inline
+        if url in self.fetched:
+            return self.fetched[url]
+        if is_remote(url):
+            raise MediaError(
+                f"{where}: this server does not fetch image URLs (media fetch_urls is off); "
+                "send the image as a data URL",
+                param=where,
+            )
+        raise MediaError(f"{where}: expected a data: or http(s) URL", param=where)
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+async def fetch_urls(urls: Sequence[str], limits: MediaConfig) -> dict[str, Media]:
+    """Fetch the http(s) URLs among `urls`, each within max_bytes and fetch_timeout;
+    nothing is fetched unless fetch_urls is on (MediaSources then says so)."""
+    remote = list(dict.fromkeys(url for url in urls if is_remote(url)))
+    if not remote or not limits.fetch_urls:
+        return {}
+    import httpx  # a dependency of the server (litestar); the SDK alone never fetches
+
+    async with httpx.AsyncClient(timeout=limits.fetch_timeout, follow_redirects=True) as client:
+        fetched = {}
+        for url in remote:
+            fetched[url] = await _fetch(client, url, limits)
+        return fetched
+
+
+async def _fetch(client: Any, url: str, limits: MediaConfig) -> Media:
+    import httpx
+
+    try:
+        async with client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise MediaError(f"fetching {url}: HTTP {response.status_code}", param="messages")
+            data = bytearray()
+            async for piece in response.aiter_bytes():
+                data += piece
+                if len(data) > limits.max_bytes:
+                    raise MediaLimitError(
+                        f"{url} is larger than media max_bytes ({limits.max_bytes} bytes)",
+                        param="messages",
+                    )
+            media_type = response.headers.get("content-type", "").split(";")[0] or None
+    except httpx.TimeoutException:
+        raise MediaError(
+            f"fetching {url} took longer than media fetch_timeout ({limits.fetch_timeout:g} s)",
+            param="messages",
+        ) from None
+    except httpx.HTTPError as exc:
+        raise MediaError(f"fetching {url} failed: {exc}", param="messages") from None
+    return Media.from_bytes(bytes(data), media_type, where=url)

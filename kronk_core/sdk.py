@@ -20,7 +20,7 @@ from kronk_core import inputs
 from kronk_core.chat_stream import ChatStream, ChatTimes, collect
 from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
-from kronk_core.errors import InvalidRequestError
+from kronk_core.errors import InvalidRequestError, KronkError
 from kronk_core.events import ChatRecord, RequestRecord, current_request_id, new_request_id
 from kronk_core.loading import (
     LoadedModel,
@@ -33,7 +33,7 @@ from kronk_core.loading import (
     release_if_leased,
     text_model,
 )
-from kronk_core.media import check_media
+from kronk_core.media import MediaKind, check_media
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import known_model_ids
 from kronk_core.plugins import create_plugin_manager, registered_plugins
@@ -124,6 +124,22 @@ class Kronk:
         config = model_config_for(self, model_id or self.config.default_model)
         estimate: MemoryEstimate | None = self.hook.kronk_memory_estimate(model_config=config)
         return estimate
+
+    def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
+        """What the model's projector reads (images, sounds): the loaded model's, else its
+        projector file's as the backend's memory estimate reads it; empty without one."""
+        model_id = model_id or self.config.default_model
+        loaded = self.get_loaded(model_id)
+        if loaded is not None:
+            return loaded.info.media
+        try:
+            config = model_config_for(self, model_id)
+            if config.projector_path is None:
+                return frozenset()
+            estimate = self.memory_estimate(model_id)
+        except KronkError:
+            return frozenset()
+        return frozenset(MediaKind(kind) for kind in estimate.media) if estimate else frozenset()
 
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""

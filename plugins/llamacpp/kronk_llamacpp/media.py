@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import llama_cpp
 import numpy as np
@@ -58,13 +57,6 @@ class _Chunk:
 class _Embeddings:
     rows: np.ndarray  # (tokens, n_embd) float32
     whole: bool
-
-
-def projector_kinds(path: Path) -> frozenset[MediaKind]:
-    """What a projector file reads, from its metadata (nothing is loaded)."""
-    caps = mtmd.mtmd_get_cap_from_file(str(path).encode())
-    kinds = {MediaKind.image} if caps.inp_vision else set()
-    return frozenset(kinds | ({MediaKind.audio} if caps.inp_audio else set()))
 
 
 class LlamaMediaModel(LlamaTextModel):

@@ -14,8 +14,9 @@ from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import KronkError, ModelNotFoundError
+from kronk_core.media import MediaKind
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
 from kronk_openai.completions import completions
@@ -35,7 +36,8 @@ from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
-    stream = await kronk.start_chat(body.to_core(), subject=subject_of(request))
+    sources = await media_sources(kronk, body.media_urls())
+    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         return await OPENAI.open_stream(
@@ -111,12 +113,15 @@ async def _sse(
 
 def _model_card(kronk: Kronk, model_id: str) -> dict[str, Any]:
     loaded = kronk.pool.get(model_id)
+    media = kronk.model_media(model_id)
     return {
         "id": model_id,
         "object": "model",
         "created": int(time.time()),
         "owned_by": "kronk",
         "loaded": loaded is not None,
+        # What a prompt may hold: text, and the images and sounds its projector reads.
+        "input_modalities": ["text", *(kind.value for kind in MediaKind if kind in media)],
     }
 
 
