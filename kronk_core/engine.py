@@ -528,6 +528,7 @@ class Engine:
         budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         generated = len(parts)
         media: list[_MediaPart] = []
+        failed: list[_Job] = []
         for job in self._active:
             if budget <= 0:
                 break
@@ -537,6 +538,9 @@ class Engine:
             start = job.next_prompt_index
             span = job.next_span()
             if span is not None and start >= span.start:
+                if job.encodings[0].error is not None:
+                    failed.append(job)
+                    continue
                 part = self._media_part(job, budget, first=not media and len(parts) == generated)
                 if part is not None:
                     media.append(part)
@@ -546,8 +550,12 @@ class Engine:
             chunk = prompt[start : min(start + budget, end)]
             parts.append(_Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
+        for job in failed:
+            error = job.encodings[0].error
+            assert error is not None
+            self._fail(job, error)
         if not parts and not media:
-            return False
+            return bool(failed)
         if parts:
             self._step_tokens(parts, drafts, began, timed=not media)
         self._decode_media(media)
@@ -562,9 +570,6 @@ class Engine:
         """
         encoding = job.encodings[0]
         if not encoding.done:
-            return None
-        if encoding.error is not None:
-            self._fail(job, encoding.error)
             return None
         span = encoding.span
         offset = job.next_prompt_index - span.start

@@ -15,7 +15,7 @@ from media_samples import image, mp3_silence, striped, wav
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
 from kronk_core.chat_stream import collect
 from kronk_core.engine import StepRecord
-from kronk_core.errors import CapabilityError, MediaError, MediaLimitError
+from kronk_core.errors import CapabilityError, ContextOverflowError, MediaError, MediaLimitError
 from kronk_core.media import MEDIA_MARKER, MediaKind
 from kronk_core.prompts import prepare_chat
 from kronk_core.slots import PromptScope
@@ -220,3 +220,18 @@ async def test_cancelling_midway_through_a_sound_frees_the_slot(kronk: Kronk) ->
     assert kept in [span.start for span in spans] or kept > spans[-1].end
     result = await ask(kronk, content, model="mm-imc", max_tokens=2)
     assert result.usage.cached_tokens == kept
+
+
+async def test_the_context_check_counts_media_positions(kronk: Kronk) -> None:
+    content = ["Listen", Media.from_bytes(wav(400, seconds=35.0, rate=8000))]
+    request = kronk.chat_request([{"role": "user", "content": content}], model="mm")
+    prompt = await kronk.count_prompt_tokens(request, add_generation_prompt=True)
+    assert prompt > 2 * SOUND_TOKENS
+    with pytest.raises(ContextOverflowError, match=f"{prompt} in the prompt"):
+        await ask(kronk, content, max_tokens=2048 - prompt + 1)
+    fits = kronk.chat_request(
+        [{"role": "user", "content": content}], model="mm", max_tokens=2048 - prompt
+    )
+    stream = await kronk.start_chat(fits)  # the check passes; the stream is not needed
+    assert stream.prompt_tokens == prompt
+    stream.cancel()

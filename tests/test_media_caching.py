@@ -56,6 +56,7 @@ def kronk(
             # One slot and a host tier in RAM: a second conversation evicts the first.
             "host": mm_config(paths, n_seq_max=1, caching={"host_cache_bytes": 64 << 20}),
             "spc": mm_config(paths, n_seq_max=2, cache="spc"),
+            "copy": mm_config(paths, n_seq_max=2, caching={"host_cache_bytes": 0}),
         },
     )
     with Kronk(config) as instance:
@@ -188,6 +189,28 @@ async def test_a_changed_image_of_the_same_size_never_reuses_the_old_cells(kronk
         replay.close()
 
 
+async def test_a_shared_prefix_with_an_image_is_copied_to_another_slot(kronk: Kronk) -> None:
+    shared: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": ["Look at this first.", picture(6)]},
+        {"role": "assistant", "content": "Stripes."},
+    ]
+    first = [*shared, {"role": "user", "content": "Agent one asks about the left side."}]
+    second = [*shared, {"role": "user", "content": "Agent two asks about the colours."}]
+    replay = MediaReplay(kronk.load("copy").config)
+    try:
+        answer = await ask(kronk, "copy", first)
+        check(answer, replay, prompt_of(kronk, "copy", first))
+        other = await ask(kronk, "copy", second)
+        prompt = prompt_of(kronk, "copy", second)
+        counters = kronk.load("copy").engine.cache_counters()  # type: ignore[union-attr]
+        assert counters.shared_prefixes == 1
+        assert other.usage.cached_tokens > prompt.spans[0].end
+        check(other, replay, prompt)
+    finally:
+        replay.close()
+
+
 async def test_the_host_tier_stores_and_restores_a_conversation_with_media(kronk: Kronk) -> None:
     first: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
@@ -236,3 +259,6 @@ async def test_spc_keeps_an_image_in_the_system_prompt(kronk: Kronk, tmp_path: P
             check(result, replay, prompt)
     finally:
         replay.close()
+    # A system prompt with an image is not handed to a request that sent none.
+    alone = await ask(kronk, "spc", [{"role": "user", "content": "No system prompt here."}])
+    assert alone.usage.prompt_tokens < 64
