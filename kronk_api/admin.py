@@ -61,7 +61,8 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
             {
                 "id": entry.model_id,
                 "model_path": entry.model.info.path,
-                "capabilities": sorted(entry.model.info.capabilities),
+                "capabilities": sorted(entry.model.info.capabilities)
+                + sorted(kind.capability for kind in entry.model.info.media),
                 "memory_bytes": entry.model.info.memory_bytes,
                 "memory_estimate": estimates[entry.model_id],
                 "slots": entry.model.info.n_seq_max,

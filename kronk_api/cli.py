@@ -439,6 +439,13 @@ def model_show(
         click.echo(f"parameters:      {_count(facts.parameters)} ({facts.parameters:,})")
         click.echo(f"quantization:    {facts.quantization}")
         click.echo(f"context length:  {facts.context_length} (trained)")
+    if config.projector_path is not None:
+        reads = (
+            " and ".join("images" if kind == "image" else "sounds" for kind in estimate.media)
+            if estimate is not None
+            else "see its backend"
+        )
+        click.echo(f"projector:       {config.projector_path} (reads {reads or 'nothing'})")
     settings = _settings_set(config)
     width = max([16, *(len(key) + 1 for key in settings)])
     for key, value in settings.items():
@@ -446,9 +453,12 @@ def model_show(
     if estimate is None:
         click.echo("memory estimate: not available from its backend")
         return
+    projector = (
+        f" + projector {_size(estimate.projector_bytes)}" if estimate.projector_bytes else ""
+    )
     click.echo(
         f"memory estimate: {_size(estimate.total_bytes)} = weights {_size(estimate.weights_bytes)}"
-        f" + KV cache {_size(estimate.kv_bytes)}"
+        f"{projector} + KV cache {_size(estimate.kv_bytes)}"
     )
     click.echo(
         f"  KV cache:      context_window {estimate.context_window} x n_seq_max "
@@ -520,7 +530,9 @@ model.add_command(model_rm, "remove")
 def _settings_set(config: ModelConfig) -> dict[str, Any]:
     """The keys a model's entry sets away from their defaults, plugin sections' as `name.key`."""
     found = config.model_dump(
-        mode="json", exclude_defaults=True, exclude={"id", "model_path", "sections"}
+        mode="json",
+        exclude_defaults=True,
+        exclude={"id", "model_path", "projector_path", "sections"},
     )
     for name, section in config.sections.items():
         dumped = section.model_dump(mode="json", exclude_defaults=True)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from kronk_api.body_limits import PARSED_BODY
 from kronk_core.errors import InvalidRequestError
+from kronk_core.media import MediaSources, fetch_urls
 from kronk_core.sdk import Kronk
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -19,6 +20,12 @@ _UNPARSED = object()
 def kronk_of(request: Request[Any, Any, Any]) -> Kronk:
     kronk: Kronk = request.app.state.kronk
     return kronk
+
+
+async def media_sources(kronk: Kronk, urls: list[str]) -> MediaSources:
+    """The media limits, and the request's http(s) image URLs fetched if the server may."""
+    limits = kronk.config.media
+    return MediaSources(limits, await fetch_urls(urls, limits))
 
 
 def parse_json(body: bytes) -> Any:

@@ -37,6 +37,7 @@ from kronk_core.config import (
     parse_duration,
 )
 from kronk_core.errors import ConfigError
+from kronk_core.media import MediaConfig
 from kronk_core.plugins import PluginManager
 from kronk_core.sections import ServerSection, bind, config_error_from, declared_sections, gather
 
@@ -104,6 +105,21 @@ class ServerSettings(BaseModel):
     json_max_items: Annotated[int, Field(ge=1)] = Field(
         default=100_000, description="Most items in one JSON array or object of a request body"
     )
+    media_max_bytes: Annotated[int, Field(ge=1)] = Field(
+        default=20 << 20, description="Largest image or sound in a request, in bytes"
+    )
+    media_max_items: Annotated[int, Field(ge=1)] = Field(
+        default=16, description="Most images and sounds in one request"
+    )
+    media_max_pixels: Annotated[int, Field(ge=1)] = Field(
+        default=50_000_000, description="Most pixels (width x height) of one image"
+    )
+    media_fetch_urls: bool = Field(
+        default=False, description="Fetch http(s) image URLs in requests (off: data URLs only)"
+    )
+    media_fetch_timeout: Annotated[float, Field(gt=0.0)] = Field(
+        default=10.0, description="Seconds fetching one image URL may take"
+    )
     # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
     sections: dict[str, Any] = Field(default_factory=dict)
 
@@ -144,6 +160,13 @@ class ServerSettings(BaseModel):
             cache_ttl=self.cache_ttl,
             context_window=self.context_window,
             auto_pull=self.auto_pull,
+            media=MediaConfig(
+                max_bytes=self.media_max_bytes,
+                max_items=self.media_max_items,
+                max_pixels=self.media_max_pixels,
+                fetch_urls=self.media_fetch_urls,
+                fetch_timeout=self.media_fetch_timeout,
+            ),
         )
 
 

@@ -1,6 +1,7 @@
 """Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
 
 from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.media import Media, MediaConfig
 from kronk_core.plugins import hookimpl
 from kronk_core.sdk import ChatStream, Kronk, LoadedModel
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, FinishReason, Usage
@@ -18,6 +19,8 @@ __all__ = [
     "Kronk",
     "KronkConfig",
     "LoadedModel",
+    "Media",
+    "MediaConfig",
     "ModelConfig",
     "SamplingConfig",
     "Usage",

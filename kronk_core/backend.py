@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from kronk_core.config import ModelConfig
+from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import TokenDistribution, TokenLogprob
 
@@ -64,6 +65,9 @@ class ModelInfo:
     # `decode` returns before the device has finished (a GPU): the engine hands out the
     # last step's text while the next decode runs, then calls `synchronize`.
     overlap_decode: bool = False
+    # What the model's projector reads (a MediaModel), and the projector file.
+    media: frozenset[MediaKind] = frozenset()
+    projector: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,36 @@ class TextModel(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MediaModel(Protocol):
+    """A TextModel with a projector: images or sounds (`info.media` says which) in prompts.
+
+    `tokenize_media` runs off the engine thread (any thread); `encode_media` on the
+    engine's media thread, one chunk at a time; `decode_media` on the engine thread.
+    """
+
+    info: ModelInfo
+
+    def tokenize_media(self, parts: Sequence[str | Media]) -> MediaPrompt:
+        """Prompt text and media in order into tokens and media spans.
+
+        The text is tokenized as `tokenize(add_special=False, parse_special=True)` would;
+        the backend adds what its projector puts around media. Media it cannot decode, or of
+        a kind it does not take, raise MediaError / CapabilityError.
+        """
+
+    def encode_media(self, span: MediaSpan) -> object:
+        """Run the projector over one media chunk: its embeddings (opaque to the engine)."""
+
+    def decode_media(
+        self, embeddings: object, offset: int, count: int, position: int, seq_id: int
+    ) -> None:
+        """Decode embeddings rows [offset, offset + count) at `position` of seq_id.
+
+        Raises KronkError when the backend fails; no logits are kept (a prompt ends in text).
+        """
 
 
 @runtime_checkable

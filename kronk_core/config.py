@@ -27,6 +27,7 @@ from pydantic import (
 
 from kronk_core import legacy
 from kronk_core.errors import ConfigError
+from kronk_core.media import MediaConfig
 from kronk_core.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class ModelConfig(BaseModel):
     source: str | None = None
     # More names clients may send for this model: agents insist on their own (`claude-*`).
     aliases: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    # A vision or audio projector (llama.cpp's mmproj file) the model reads media through.
+    projector_path: Path | None = None
     backend: str | None = None
     # Unset: the backend chooses (llamacpp: the training length, lowered to what fits).
     context_window: Annotated[int, Field(gt=0)] | None = None
@@ -189,6 +192,8 @@ class KronkConfig(BaseModel):
     # A request may name a model that is not on disk by a reference a plugin can pull
     # (`org/repo:Q4_K_M`): it is pulled first. Off, only configured references are pulled.
     auto_pull: bool = False
+    # Limits on images and sounds in requests.
+    media: MediaConfig = Field(default_factory=MediaConfig)
 
     @model_validator(mode="after")
     def _fill_ids(self) -> Self:

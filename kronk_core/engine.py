@@ -28,11 +28,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from kronk_core.backend import Batch, Sampler, TextModel
+from kronk_core.backend import Batch, MediaModel, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.drafts import Draft, DraftStrategy
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord, new_request_id, request_scope
+from kronk_core.media import MediaSpan, cut_point
+from kronk_core.media_encoder import Encoding, MediaEncoder
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.speculation import Speculating, Speculation
@@ -116,10 +118,16 @@ class _Job:
     # and whether handing them over found a stop string (the request then ends).
     undelivered: list[tuple[int, tuple[TokenLogprob, ...]]] = field(default_factory=list)
     stopped: bool = False
+    # The media chunks its prompt still needs in the KV, oldest first, as they encode.
+    encodings: deque[Encoding] = field(default_factory=deque)
 
     @property
     def prefilling(self) -> bool:
         return self.next_prompt_index < len(self.request.prompt_tokens)
+
+    def next_span(self) -> MediaSpan | None:
+        """The media chunk that the rest of the prompt meets first, if any."""
+        return self.encodings[0].span if self.encodings else None
 
     def deliver(self, event: EngineEvent) -> None:
         """Hand an event to the consumer's loop; a closed loop means the consumer is gone."""
@@ -177,6 +185,20 @@ class _Part:
     @property
     def sample(self) -> bool:
         return self.generated or self.completes
+
+
+@dataclass(frozen=True, slots=True)
+class _MediaPart:
+    """`count` rows of a media chunk's embeddings from `offset`, decoded in a step."""
+
+    job: _Job
+    encoding: Encoding
+    offset: int
+    count: int
+
+    @property
+    def start(self) -> int:
+        return self.encoding.span.start + self.offset
 
 
 class GenerationStream:
@@ -239,6 +261,9 @@ class Engine:
         self._on_finished = on_finished
         # The engine owns the draft strategy from here on and closes it when it stops.
         self._speculation = None if drafter is None else Speculation(model, drafter, n_batch)
+        self._media: MediaEncoder | None = None
+        if isinstance(model, MediaModel) and model.info.media:
+            self._media = MediaEncoder(model, self._wake_up)
         # Requests waiting for a slot, oldest first; the asyncio side appends and
         # removes cancelled ones, the engine thread takes them.
         self._waiting: deque[_Job] = deque()
@@ -372,6 +397,11 @@ class Engine:
         self._thread.join()
         if self._speculation is not None:
             self._speculation.close()
+        if self._media is not None:
+            self._media.close()
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     # ---- engine thread ------------------------------------------------------
 
@@ -385,7 +415,10 @@ class Engine:
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                     continue
-                self._step()
+                if not self._step():
+                    # Every active request waits for its media to encode: sleep till one is.
+                    self._wake.wait(_IDLE_WAIT_SECONDS)
+                    self._wake.clear()
                 self._outbox.flush()
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
@@ -442,7 +475,12 @@ class Engine:
         self._active.append(job)
         try:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
-            job.cached_tokens = job.next_prompt_index = plan.reused
+            reused = self._keep_whole_media(slot, job.request.media, plan.reused)
+            job.cached_tokens = job.next_prompt_index = reused
+            if self._media is not None:
+                job.encodings.extend(
+                    self._media.submit(span) for span in job.request.media if span.end > reused
+                )
             job.cache_ready_at = time.monotonic()
             stages = job.request.stages
             job.sampler = self.model.new_sampler(
@@ -466,8 +504,24 @@ class Engine:
             job.cached_tokens,
         )
 
-    def _step(self) -> None:
-        """One decode: a token for every generating slot, then prompt chunks up to n_batch."""
+    def _keep_whole_media(self, slot: Slot, spans: Sequence[MediaSpan], reused: int) -> int:
+        """The reused prefix, cut back to the start of a media chunk it ends inside."""
+        keep = cut_point(spans, reused)
+        if keep < reused:
+            if self.model.seq_remove(slot.seq_id, keep, -1):
+                del slot.tokens[keep:]
+            else:
+                self._reset(slot)
+                keep = 0
+        return keep
+
+    def _step(self) -> bool:
+        """One decode: a token for every generating slot, then prompt chunks up to n_batch.
+
+        A media chunk's embeddings go in a decode call of their own after the tokens',
+        within the same prompt budget. False when there was nothing to decode (every
+        active request waits for its media to encode).
+        """
         began = time.perf_counter()
         drafts = self._drafts() if self._speculation is not None else {}
         parts: list[_Part] = []
@@ -477,6 +531,9 @@ class Engine:
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
                 parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
         budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
+        generated = len(parts)
+        media: list[_MediaPart] = []
+        failed: list[_Job] = []
         for job in self._active:
             if budget <= 0:
                 break
@@ -484,9 +541,76 @@ class Engine:
                 continue
             prompt = job.request.prompt_tokens
             start = job.next_prompt_index
-            chunk = prompt[start : start + budget]
+            span = job.next_span()
+            if span is not None and start >= span.start:
+                if job.encodings[0].error is not None:
+                    failed.append(job)
+                    continue
+                part = self._media_part(job, budget, first=not media and len(parts) == generated)
+                if part is not None:
+                    media.append(part)
+                    budget -= part.count
+                continue
+            end = len(prompt) if span is None else span.start
+            chunk = prompt[start : min(start + budget, end)]
             parts.append(_Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
+        for job in failed:
+            error = job.encodings[0].error
+            assert error is not None
+            self._fail(job, error)
+        if not parts and not media:
+            return bool(failed)
+        if parts:
+            self._step_tokens(parts, drafts, began, timed=not media)
+        self._decode_media(media)
+        self._record_step(parts, media)
+        return True
+
+    def _media_part(self, job: _Job, budget: int, *, first: bool) -> _MediaPart | None:
+        """The job's next rows of media embeddings that fit the budget, once encoded.
+
+        A chunk decoded whole (non-causal attention) waits for a step whose budget holds
+        it, unless it is the step's first prompt work: it is then never held back.
+        """
+        encoding = job.encodings[0]
+        if not encoding.done:
+            return None
+        span = encoding.span
+        offset = job.next_prompt_index - span.start
+        count = span.length - offset
+        if not span.whole:
+            count = min(count, budget)
+        elif count > budget and not first:
+            return None
+        return _MediaPart(job, encoding, offset, count)
+
+    def _decode_media(self, media: Sequence[_MediaPart]) -> None:
+        """Decode media rows into their slots' sequences and record them there."""
+        model = self.model
+        for part in media:
+            assert isinstance(model, MediaModel)
+            job, slot = part.job, part.job.slot
+            if job not in self._active or slot is None:
+                continue
+            try:
+                model.decode_media(
+                    part.encoding.embeddings, part.offset, part.count, part.start, slot.seq_id
+                )
+            except Exception as exc:
+                self.model.seq_remove(slot.seq_id, len(slot.tokens), -1)
+                self._fail(job, self._unexpected(exc, "decoding media"))
+                continue
+            slot.tokens.extend(job.request.prompt_tokens[part.start : part.start + part.count])
+            job.next_prompt_index += part.count
+            if job.next_prompt_index == part.encoding.span.end:
+                job.encodings.popleft()
+
+    def _step_tokens(
+        self, parts: list[_Part], drafts: dict[int, Draft], began: float, *, timed: bool
+    ) -> None:
+        """Decode the step's tokens, then commit and sample. `timed`: the step is these
+        tokens alone, so speculation may learn from its time."""
         try:
             started = time.perf_counter()
             self._decode(parts)
@@ -518,12 +642,10 @@ class Engine:
                         self._fail(part.job, self._unexpected(alone, "a decode"))
                     else:
                         self._commit([part])
-            self._record_step(parts)
             return
         counted = [(part.job, part.job.completion_tokens) for part in parts if part.generated]
         self._commit(parts)
-        self._record_step(parts)
-        if self._speculation is not None and len(counted) == len(parts):
+        if self._speculation is not None and timed and len(counted) == len(parts):
             # A step of generating slots alone: what it output, drafts or not, and in what time.
             output = sum(job.completion_tokens - before for job, before in counted)
             seconds = time.perf_counter() - began
@@ -538,8 +660,9 @@ class Engine:
             slot = job.slot
             if slot is None:
                 continue
-            if job.pending_token is not None:
-                # Draft tokens past max_tokens or the context could never be output.
+            if job.pending_token is not None and not job.request.media:
+                # Draft tokens past max_tokens or the context could never be output. (A draft
+                # strategy cannot read media positions' pseudo-tokens: no drafts with media.)
                 room = min(
                     job.request.max_tokens - job.completion_tokens - 1,
                     self.n_ctx_per_seq - len(slot.tokens) - 2,
@@ -633,7 +756,7 @@ class Engine:
         self.model.seq_remove(slot.seq_id, 0, -1)
         slot.tokens.clear()
 
-    def _record_step(self, parts: Sequence[_Part]) -> None:
+    def _record_step(self, parts: Sequence[_Part], media: Sequence[_MediaPart] = ()) -> None:
         self._steps += 1
         generating = {
             p.job.slot.id: len(p.tokens) for p in parts if p.generated and p.job.slot is not None
@@ -643,6 +766,7 @@ class Engine:
             for p in parts
             if not p.generated and p.job.slot is not None
         }
+        prefilling.update((p.job.slot.id, p.count) for p in media if p.job.slot is not None)
         self._prefilled += sum(prefilling.values())
         if self._step_listeners:
             record = StepRecord(self._steps, generating, prefilling)
@@ -817,10 +941,15 @@ class Engine:
             job.sampler.close()
             job.sampler = None
         self._active.remove(job)
+        for encoding in job.encodings:
+            encoding.cancelled = True
+        job.encodings.clear()
         slot = job.slot
         if slot is None:
             return
         job.pending_token = None
+        # Ended midway through a media chunk: no cache keeps part of an image.
+        self._keep_whole_media(slot, job.request.media, len(slot.tokens))
         try:
             self._cache.release(slot, self.model)
         except Exception as exc:

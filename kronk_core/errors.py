@@ -80,6 +80,18 @@ class TemplateError(InvalidRequestError):
     code = "template_error"
 
 
+class MediaError(InvalidRequestError):
+    """An image or sound that cannot be read: not base64, an unknown format, undecodable."""
+
+    code = "invalid_media"
+
+
+class MediaLimitError(InvalidRequestError):
+    """Media past a configured limit (media max_bytes, max_items, max_pixels)."""
+
+    code = "media_limit_exceeded"
+
+
 class RequestTooLargeError(KronkError):
     """The request body is larger than the server accepts."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from kronk_core.config import SamplingConfig
 from kronk_core.embeddings import EmbeddingInput
 from kronk_core.errors import InvalidRequestError
+from kronk_core.media import MEDIA_MARKER, Media, MediaKind
 from kronk_core.types import (
     ChatMessage,
     ChatRequest,
@@ -21,7 +23,12 @@ from kronk_core.types import (
 
 
 def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
-    """A ChatMessage, or a dict with its keys."""
+    """A ChatMessage, or a dict with its keys.
+
+    `content` may be a list of parts: text (a string or `{"type": "text", "text": ...}`),
+    and images and sounds (a `Media`, or `{"type": "image" | "audio", "data": bytes}` or
+    `{"type": ..., "path": FILE}`, with an optional "media_type").
+    """
     if isinstance(value, ChatMessage):
         return value
     role = value.get("role")
@@ -29,6 +36,9 @@ def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
         raise InvalidRequestError(f"unknown message role {role!r}", param="messages")
     keys = ("content", "name", "tool_call_id", "reasoning_content")
     texts = {key: value.get(key) for key in keys}
+    media: tuple[Media, ...] = ()
+    if isinstance(texts["content"], list | tuple):
+        texts["content"], media = content_parts(texts["content"])
     for key, text in texts.items():
         if text is not None and not isinstance(text, str):
             raise InvalidRequestError(f"message {key} must be a string", param="messages")
@@ -42,7 +52,51 @@ def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:
         tool_calls=tuple(calls),
         tool_call_id=texts["tool_call_id"],
         reasoning_content=texts["reasoning_content"],
+        media=media,
     )
+
+
+def content_parts(parts: Sequence[Any]) -> tuple[str, tuple[Media, ...]]:
+    """SDK content parts → the message's text with a MEDIA_MARKER per item, and the items."""
+    text: list[str] = []
+    media: list[Media] = []
+    for part in parts:
+        if isinstance(part, str):
+            text.append(part)
+            continue
+        if isinstance(part, Media):
+            item = part
+        elif isinstance(part, Mapping) and part.get("type") == "text":
+            text.append(str(part.get("text", "")))
+            continue
+        elif isinstance(part, Mapping) and part.get("type") in ("image", "audio"):
+            item = _sdk_media(part)
+        else:
+            raise InvalidRequestError(
+                "a content part is a string, a Media, or a mapping of type text, image or audio",
+                param="messages",
+            )
+        text.append(MEDIA_MARKER)
+        media.append(item)
+    return "".join(text), tuple(media)
+
+
+def _sdk_media(part: Mapping[str, Any]) -> Media:
+    media_type = part.get("media_type")
+    if isinstance(part.get("data"), bytes | bytearray):
+        item = Media.from_bytes(bytes(part["data"]), media_type)
+    elif isinstance(part.get("path"), str | Path):
+        item = Media.from_path(part["path"], media_type)
+    else:
+        raise InvalidRequestError(
+            f"an {part['type']} part needs data (bytes) or a path", param="messages"
+        )
+    if item.kind is not MediaKind(part["type"]):
+        raise InvalidRequestError(
+            f"an {part['type']} part holds {item.media_type or item.kind.value}",
+            param="messages",
+        )
+    return item
 
 
 def as_tool_choice(value: ToolChoice | str) -> ToolChoice:
@@ -172,6 +226,12 @@ def check_chat(request: ChatRequest) -> None:
     """What a request must satisfy whatever the model: messages, stop strings, forced calls."""
     if not request.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
+    for message in request.messages:
+        if (message.content or "").count(MEDIA_MARKER) != len(message.media):
+            raise InvalidRequestError(
+                "a message's media must each have a MEDIA_MARKER in its content",
+                param="messages",
+            )
     if "" in request.stop:
         raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")
     for param, constraint in (("grammar", request.grammar), ("json_schema", request.json_schema)):

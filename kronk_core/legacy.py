@@ -89,6 +89,9 @@ _LLAMACPP_MANUAL_KEYS = {
 }
 MANUAL_MODEL_KEYS: Mapping[str, str] = {
     "context-window": "context_window",
+    # Kronk's ProjFile.
+    "proj-file": "projector_path",
+    "proj_file": "projector_path",
     "nbatch": "n_batch",
     "nseq-max": "n_seq_max",
     "sampling-parameters": "sampling",
@@ -163,9 +166,10 @@ def move_manual_keys(data: dict[str, Any], where: str = "") -> dict[str, Any]:
         if key in moved:
             del moved[key]
             log.warning("%s%s is ignored: %s", where, key, why)
-    # The manual writes `device: ""` for "no device pinned".
-    if moved.get("device") == "":
-        del moved["device"]
+    # The manual writes `device: ""` for "no device pinned", `proj-file: ""` for no projector.
+    for key in ("device", "proj-file"):
+        if moved.get(key) == "":
+            del moved[key]
     draft = moved.get("draft-model")
     if isinstance(draft, Mapping):
         moved["draft-model"] = move_keys(

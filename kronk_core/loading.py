@@ -9,13 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kronk_core.backend import ModelInfo, TextModel
+from kronk_core.backend import MediaModel, ModelInfo, TextModel
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategy
 from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
 from kronk_core.engine import Engine
-from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError
+from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError, TemplateError
 from kronk_core.events import RequestRecord
+from kronk_core.media import MEDIA_MARKER, Media, MediaPrompt
 from kronk_core.models import resolve_model_config
 from kronk_core.plugins import PluginManager
 from kronk_core.pool import Lease
@@ -67,6 +68,36 @@ class LoadedModel:
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=False, parse_special=True)
+
+    def prompt(self, text: str, media: Sequence[Media] = ()) -> MediaPrompt:
+        """A rendered prompt's tokens; its MEDIA_MARKERs are `media`, in order, read through
+        the model's projector (CapabilityError if it has none, or none for their kind)."""
+        if not media:
+            return MediaPrompt(tuple(self.tokenize_prompt(text)))
+        model = self.model
+        if not isinstance(model, MediaModel) or not model.info.media:
+            raise CapabilityError(
+                f"{self.id} has no projector: it does not read images or sounds "
+                "(see docs/vision.md)",
+                param="messages",
+            )
+        for kind in {item.kind for item in media} - model.info.media:
+            raise CapabilityError(
+                f"the projector of {self.id} reads "
+                + " and ".join(sorted(k.capability for k in model.info.media))
+                + f" input, not {kind.capability}",
+                param="messages",
+            )
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) != len(media) + 1:
+            raise TemplateError(
+                f"the chat template of {self.id} rendered {len(pieces) - 1} of the "
+                f"request's {len(media)} images and sounds"
+            )
+        parts: list[str | Media] = [pieces[0]]
+        for item, piece in zip(media, pieces[1:], strict=True):
+            parts += [item, piece]
+        return model.tokenize_media(parts)
 
     def close(self) -> None:
         self.engine.close()

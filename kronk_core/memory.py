@@ -64,6 +64,9 @@ class MemoryEstimate:
     n_layer: int
     kv_bytes_per_token: int  # all layers, K and V
     placement: tuple[DeviceShare, ...] = ()
+    # A vision or audio projector's weights, and what it reads ("image", "audio").
+    projector_bytes: int = 0
+    media: tuple[str, ...] = ()
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -75,7 +78,7 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes
+        return self.weights_bytes + self.projector_bytes + self.kv_bytes
 
     @property
     def fits(self) -> bool:
@@ -86,6 +89,8 @@ def estimate_summary(estimate: MemoryEstimate) -> dict[str, object]:
     """The estimate with its derived totals, as the admin endpoint and the CLI show it."""
     return {
         "weights_bytes": estimate.weights_bytes,
+        "projector_bytes": estimate.projector_bytes,
+        "media": list(estimate.media),
         "kv_bytes": estimate.kv_bytes,
         "total_bytes": estimate.total_bytes,
         "kv_bytes_per_token": estimate.kv_bytes_per_token,

@@ -267,12 +267,18 @@ def resolve_model_config(
             configured = ModelConfig(id=model_id)
         else:
             raise unknown_model(model_id, known_model_ids(config, provided))
+    projector = configured.projector_path
+    if projector is not None:
+        projector = projector.expanduser()
+        if not projector.is_file():
+            raise ConfigError(f"models.{model_id}.projector_path", f"file not found: {projector}")
     if configured.model_path is not None:
         path = configured.model_path.expanduser()
         if not path.is_file():
             raise ConfigError(f"models.{model_id}.model_path", f"file not found: {path}")
     elif base_id in files:
         path = files[base_id]
+        projector = projector or projector_beside(path)
     elif base_id in PACKAGED_MODELS:
         path = PACKAGED_MODELS[base_id].path()
     else:
@@ -280,7 +286,7 @@ def resolve_model_config(
             f"models.{model_id}.model_path",
             f"not set and no {base_id}.gguf under {models_dir(config)}",
         )
-    return configured.model_copy(update={"model_path": path})
+    return configured.model_copy(update={"model_path": path, "projector_path": projector})
 
 
 def removable_files(
@@ -321,3 +327,24 @@ def delete_model_files(config: KronkConfig, files: Sequence[Path]) -> None:
         while folder != root and folder.is_relative_to(root) and not any(folder.iterdir()):
             folder.rmdir()
             folder = folder.parent
+
+
+def projector_beside(model: Path) -> Path | None:
+    """The projector pulled with an installed model: the one `*mmproj*.gguf` in its folder.
+
+    Several projectors there (one model's F16 and Q8_0, or other models') are ambiguous:
+    none is taken, and `projector_path` says which.
+    """
+    found = sorted(
+        path
+        for path in model.parent.glob("*.gguf")
+        if PROJECTOR_MARK in path.name.lower()
+    )
+    if len(found) > 1:
+        log.warning(
+            "%s: %d projectors beside it (%s); set projector_path to use one",
+            model.name,
+            len(found),
+            ", ".join(path.name for path in found),
+        )
+    return found[0] if len(found) == 1 else None

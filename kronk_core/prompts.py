@@ -9,6 +9,7 @@ from kronk_core.config import ContextOverflow
 from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.inputs import forces_call
 from kronk_core.loading import LoadedModel
+from kronk_core.media import Media, MediaPrompt
 from kronk_core.sampling import resolve_sampling
 from kronk_core.slots import PromptScope
 from kronk_core.templates import OutputParser, PlainText, RenderOptions
@@ -51,12 +52,15 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
     options = render_options(request)
     messages = loaded.cache.prompt_messages(request.messages, scope)
     prompt_text = render_prompt(loaded, messages, options, request)
-    prompt = loaded.tokenize_prompt(prompt_text)
+    rendered = loaded.prompt(prompt_text, media_of(messages))
     dropped = 0
     if loaded.config.context_overflow is ContextOverflow.trim:
-        messages, trimmed = _trim_to_fit(loaded, messages, options, request, len(prompt))
+        messages, trimmed = _trim_to_fit(loaded, messages, options, request, len(rendered.tokens))
         if trimmed is not None:
-            dropped, prompt = len(prompt) - len(trimmed), trimmed
+            dropped, rendered = len(rendered.tokens) - len(trimmed.tokens), trimmed
+    prompt = rendered.tokens
+    if rendered.spans and rendered.spans[-1].end == len(prompt):
+        raise InvalidRequestError("a prompt must not end with an image or sound", param="messages")
     system_tokens = 0
     if loaded.cache.needs_system_tokens:
         system_tokens = _system_tokens(loaded, messages, options, prompt)
@@ -74,7 +78,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         else:
             sampling = replace(sampling, structured=constraint)
     generation = GenerationRequest(
-        prompt_tokens=tuple(prompt),
+        prompt_tokens=prompt,
         sampling=sampling,
         max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "messages"),
         stop=request.stop,
@@ -82,6 +86,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         top_logprobs=request.top_logprobs,
         system_tokens=system_tokens,
         special_tokens_as_text=loaded.template.special_tokens_as_text,
+        media=rendered.spans,
     )
     return PreparedChat(generation, loaded.template.parser(options, prompt_text), dropped)
 
@@ -113,7 +118,13 @@ def count_prompt(
     """The prompt's length as a chat would run it (the cache strategy's additions included)."""
     options = render_options(request, add_generation_prompt=add_generation_prompt)
     messages = loaded.cache.prompt_messages(request.messages, scope)
-    return len(loaded.tokenize_prompt(render_prompt(loaded, messages, options, request)))
+    text = render_prompt(loaded, messages, options, request)
+    return len(loaded.prompt(text, media_of(messages)).tokens)
+
+
+def media_of(messages: Sequence[ChatMessage]) -> tuple[Media, ...]:
+    """The messages' images and sounds in the order the prompt holds them."""
+    return tuple(item for message in messages for item in message.media)
 
 
 def render_prompt(
@@ -142,7 +153,7 @@ def _trim_to_fit(
     options: RenderOptions,
     request: ChatRequest,
     prompt_len: int,
-) -> tuple[Sequence[ChatMessage], list[int] | None]:
+) -> tuple[Sequence[ChatMessage], MediaPrompt | None]:
     """context_overflow: trim — drop the oldest non-system messages until the request fits.
 
     Returns the kept messages and their prompt, or (messages, None) when
@@ -159,13 +170,13 @@ def _trim_to_fit(
     droppable = len(messages) - head - last
     if droppable < 1:
         return list(messages), None
-    tried: dict[int, tuple[list[ChatMessage], list[int]]] = {}
+    tried: dict[int, tuple[list[ChatMessage], MediaPrompt]] = {}
 
-    def without(count: int) -> tuple[list[ChatMessage], list[int]]:
+    def without(count: int) -> tuple[list[ChatMessage], MediaPrompt]:
         if count not in tried:
             kept = [*messages[:head], *messages[head + count :]]
             text = render_prompt(loaded, kept, options, request)
-            tried[count] = kept, loaded.tokenize_prompt(text)
+            tried[count] = kept, loaded.prompt(text, media_of(kept))
         return tried[count]
 
     # The fewest oldest messages to drop, by bisection: each try renders and tokenizes the
@@ -173,7 +184,7 @@ def _trim_to_fit(
     low, high = 1, droppable
     while low < high:
         middle = (low + high) // 2
-        if len(without(middle)[1]) + wanted <= limit:
+        if len(without(middle)[1].tokens) + wanted <= limit:
             high = middle
         else:
             low = middle + 1
@@ -196,7 +207,10 @@ def _system_tokens(
         return 0
     probe = RenderOptions(add_generation_prompt=False, template_kwargs=options.template_kwargs)
     first, second = (
-        loaded.render([messages[0], ChatMessage(role="user", content=text)], probe)
+        loaded.prompt(
+            loaded.template.render([messages[0], ChatMessage(role="user", content=text)], probe),
+            messages[0].media,
+        ).tokens
         for text in ("A", "Z")
     )
     return min(_shared_prefix(first, second), _shared_prefix(first, prompt))

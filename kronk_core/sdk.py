@@ -35,6 +35,7 @@ from kronk_core.loading import (
     release_if_leased,
     text_model,
 )
+from kronk_core.media import MediaKind, check_media
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import known_model_ids
 from kronk_core.plugins import create_plugin_manager, registered_plugins
@@ -42,6 +43,7 @@ from kronk_core.pool import Lease, ModelPool
 from kronk_core.prompts import (
     PreparedChat,
     count_prompt,
+    media_of,
     prepare_chat,
     prepare_completion,
     render_options,
@@ -187,6 +189,21 @@ class Kronk:
         config = model_config_for(self, model_id or self.config.default_model)
         facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
         return facts
+    def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
+        """What the model's projector reads (images, sounds): the loaded model's, else its
+        projector file's as the backend's memory estimate reads it; empty without one."""
+        model_id = self.canonical(model_id or self.config.default_model)
+        loaded = self.get_loaded(model_id)
+        if loaded is not None:
+            return loaded.info.media
+        try:
+            config = model_config_for(self, model_id)
+            if config.projector_path is None:
+                return frozenset()
+            estimate = self.memory_estimate(model_id)
+        except KronkError:
+            return frozenset()
+        return frozenset(MediaKind(kind) for kind in estimate.media) if estimate else frozenset()
 
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""
@@ -280,6 +297,7 @@ class Kronk:
         what the cache learns from one subject never reaches another's prompt.
         """
         inputs.check_chat(request)
+        check_media(media_of(request.messages), self.config.media)
         return await self._start(
             request.model,
             lambda loaded: prepare_chat(loaded, request, PromptScope(subject=subject)),
@@ -373,6 +391,7 @@ class Kronk:
     ) -> int:
         """The prompt's length as `start_chat` with the same `subject` would run it."""
         inputs.check_chat(request)
+        check_media(media_of(request.messages), self.config.media)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
             count = partial(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import KronkError
+from kronk_core.media import Media, MediaSpan
 
 if TYPE_CHECKING:
     from kronk_core.events import RequestRecord
@@ -31,6 +32,8 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # Images and sounds, in the order of the MEDIA_MARKERs in `content`.
+    media: tuple[Media, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,8 @@ class GenerationRequest:
     # The sampler stages, grammars compiled, when the SDK prepared them ahead of the engine
     # (`TextModel.compile_stages`); None: the engine asks the sampler-stage hook.
     stages: tuple[SamplerStage, ...] | None = None
+    # Media chunks in the prompt, in order; their positions hold pseudo-tokens.
+    media: tuple[MediaSpan, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,13 @@ from convert_minilm import minilm_gguf
 from gguf_output import cached
 from make_draft_model import GEMMA_DRAFT, make_gemma_draft
 from make_tiny_models import make_tiny_llama, make_tiny_llama_split
+from make_tiny_multimodal import (
+    AUDIO_PROJECTOR,
+    BOTH_PROJECTOR,
+    TINY_MM_LLAMA,
+    VISION_PROJECTOR,
+    make_tiny_multimodal,
+)
 from make_tiny_reranker import tiny_reranker_gguf
 
 # Generated test models are cached across sessions, like the default model.
@@ -64,6 +71,25 @@ def tiny_llama_path() -> Path:
     """A tiny random-weight chat model (fast to load and to generate with)."""
     path = TEST_MODELS / "tiny-llama.gguf"
     return path if path.is_file() else make_tiny_llama(path)
+
+
+@dataclass(frozen=True)
+class MultimodalPaths:
+    model: Path
+    vision: Path
+    audio: Path
+    both: Path
+
+
+@pytest.fixture(scope="session")
+def multimodal_paths() -> MultimodalPaths:
+    """The tiny chat model and its vision, audio and vision+audio projectors
+    (scripts/make_tiny_multimodal.py, first use)."""
+    names = (TINY_MM_LLAMA, VISION_PROJECTOR, AUDIO_PROJECTOR, BOTH_PROJECTOR)
+    files = [TEST_MODELS / name for name in names]
+    if not all(path.is_file() for path in files):
+        make_tiny_multimodal(files[0])
+    return MultimodalPaths(*files)
 
 
 @pytest.fixture(scope="session")

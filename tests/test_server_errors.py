@@ -230,8 +230,8 @@ CASES: dict[str, tuple[str, str, dict[str, Any], int, str | None, tuple[str, ...
             )
         },
         400,
-        "invalid_argument",
-        ("text",),
+        "invalid_media",
+        ("not a readable image",),
     ),
     "logit_bias": (
         "POST",

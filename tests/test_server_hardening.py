@@ -117,8 +117,8 @@ def test_default_limits_take_a_base64_image(server: RunningServer) -> None:
         json=chat_body(messages=[{"role": "user", "content": content}]),
         timeout=60,
     )
-    # Past every body limit; this text-only model then refuses the image part itself.
-    assert_openai_error(response, 400, "text")
+    # Past every body limit; the image part itself is then refused (not an image).
+    assert_openai_error(response, 400, "not a readable image")
 
 
 # ---- CORS, bind, logs, error bodies -----------------------------------------------------

@@ -218,7 +218,7 @@ def test_store_false_and_unknown_ids(client: openai.OpenAI, server: Any) -> None
                 "model": GEMMA_MODEL_ID,
                 "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
             },
-            "input_image",
+            "image_url: expected a data: or http(s) URL",
         ),
     ],
 )

@@ -13,7 +13,7 @@ from kronk_anthropic.responses import ContentBlocks, message_dict, usage_dict
 from kronk_anthropic.schemas import CountTokensRequest, MessagesRequest
 from kronk_anthropic.stream import sse
 from kronk_api.endpoints import subject_of
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta
 
@@ -24,7 +24,9 @@ _OPT = {"kronk_endpoint": "messages"}
 @post("/v1/messages", status_code=200, opt=_OPT)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body = await parse_body(request, MessagesRequest)
-    stream = await kronk_of(request).start_chat(body.to_core(), subject=subject_of(request))
+    kronk = kronk_of(request)
+    sources = await media_sources(kronk, body.media_urls())
+    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         return await ANTHROPIC.open_stream(
@@ -51,8 +53,10 @@ async def _answer(stream: ChatStream, message_id: str) -> dict[str, Any]:
 @post("/v1/messages/count_tokens", status_code=200, opt=_OPT)
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, CountTokensRequest)
-    count = await kronk_of(request).count_prompt_tokens(
-        body.to_core(), add_generation_prompt=True, subject=subject_of(request)
+    kronk = kronk_of(request)
+    sources = await media_sources(kronk, body.media_urls())
+    count = await kronk.count_prompt_tokens(
+        body.to_core(sources), add_generation_prompt=True, subject=subject_of(request)
     )
     return {"input_tokens": count}
 

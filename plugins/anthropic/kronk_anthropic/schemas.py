@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kronk_core.config import SamplingConfig
-from kronk_core.errors import InvalidRequestError
+from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
 
 # Separates the text blocks of one message: they are distinct paragraphs to the client.
@@ -26,8 +27,26 @@ class TextBlock(_Block):
     text: str
 
 
+class Base64Source(BaseModel):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(BaseModel):
+    type: Literal["url"]
+    url: str
+
+
 class ImageBlock(_Block):
     type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+
+    def media(self, sources: MediaSources, where: str) -> Media:
+        source = self.source
+        if isinstance(source, UrlSource):
+            return sources.url(source.url, where=f"{where}.source.url")
+        return sources.base64(source.data, source.media_type, where=f"{where}.source.data")
 
 
 class ThinkingBlock(_Block):
@@ -55,13 +74,19 @@ class ToolResultBlock(_Block):
     content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
     is_error: bool = False
 
-    def text(self) -> str:
+    def to_core(self, sources: MediaSources, where: str) -> ChatMessage:
+        media: tuple[Media, ...] = ()
         if isinstance(self.content, str):
             text = self.content
         else:
-            text = BLOCK_SEPARATOR.join(_texts(self.content, "tool_result content"))
+            text, media = _joined(self.content, sources, f"{where}.content")
         # Templates have no error flag; the model learns of the failure from the text.
-        return f"Error: {text}" if self.is_error else text
+        return ChatMessage(
+            role="tool",
+            content=f"Error: {text}" if self.is_error else text,
+            tool_call_id=self.tool_use_id,
+            media=media,
+        )
 
 
 ContentBlock = Annotated[
@@ -75,13 +100,30 @@ _ALLOWED = {
 }
 
 
-def _texts(blocks: list[Any], where: str) -> list[str]:
-    if any(isinstance(block, ImageBlock) for block in blocks):
-        raise InvalidRequestError(
-            f"{where}: image blocks are not supported: the model has no vision input",
-            param="messages",
-        )
-    return [block.text for block in blocks]
+def _joined(
+    blocks: Sequence[TextBlock | ImageBlock], sources: MediaSources, where: str
+) -> tuple[str, tuple[Media, ...]]:
+    """Text and image blocks → their text with a MEDIA_MARKER per image, and the images."""
+    pieces: list[str] = []
+    media: list[Media] = []
+    for index, block in enumerate(blocks):
+        if isinstance(block, ImageBlock):
+            media.append(block.media(sources, f"{where}[{index}]"))
+            pieces.append(MEDIA_MARKER)
+        else:
+            pieces.append(block.text)
+    return BLOCK_SEPARATOR.join(pieces), tuple(media)
+
+
+def image_urls(blocks: Sequence[Any]) -> list[str]:
+    """The URLs of the image blocks among `blocks` and in their tool results."""
+    urls = []
+    for block in blocks:
+        if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+            urls += image_urls(block.content)
+        elif isinstance(block, ImageBlock) and isinstance(block.source, UrlSource):
+            urls.append(block.source.url)
+    return urls
 
 
 class Message(BaseModel):
@@ -102,23 +144,21 @@ class Message(BaseModel):
                 raise ValueError(f"{block.type} blocks are not allowed in a {self.role} message")
         return self
 
-    def to_core(self) -> list[ChatMessage]:
+    def to_core(self, sources: MediaSources, where: str) -> list[ChatMessage]:
         if self.role == "assistant":
             return [self._assistant()]
         # Tool results become tool messages and text a user message, in the order given.
         out: list[ChatMessage] = []
         texts: list[TextBlock | ImageBlock] = []
-        for block in self.content:
+        for index, block in enumerate(self.content):
             if isinstance(block, ToolResultBlock):
-                out.extend(_user(texts))
+                out.extend(_user(texts, sources, where))
                 texts = []
-                out.append(
-                    ChatMessage(role="tool", content=block.text(), tool_call_id=block.tool_use_id)
-                )
+                out.append(block.to_core(sources, f"{where}.content[{index}]"))
             else:
                 assert isinstance(block, TextBlock | ImageBlock)
                 texts.append(block)
-        return out + _user(texts)
+        return out + _user(texts, sources, where)
 
     def _assistant(self) -> ChatMessage:
         text = [block.text for block in self.content if isinstance(block, TextBlock)]
@@ -136,10 +176,13 @@ class Message(BaseModel):
         )
 
 
-def _user(blocks: list[TextBlock | ImageBlock]) -> list[ChatMessage]:
+def _user(
+    blocks: list[TextBlock | ImageBlock], sources: MediaSources, where: str
+) -> list[ChatMessage]:
     if not blocks:
         return []
-    return [ChatMessage(role="user", content=BLOCK_SEPARATOR.join(_texts(blocks, "content")))]
+    text, media = _joined(blocks, sources, f"{where}.content")
+    return [ChatMessage(role="user", content=text, media=media)]
 
 
 class Tool(BaseModel):
@@ -208,21 +251,25 @@ class _Conversation(BaseModel):
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
 
-    def core_messages(self) -> tuple[ChatMessage, ...]:
+    def media_urls(self) -> list[str]:
+        """The image URLs the messages name (those to fetch before `to_core`)."""
+        return [url for message in self.messages for url in image_urls(message.content)]
+
+    def core_messages(self, sources: MediaSources) -> tuple[ChatMessage, ...]:
         out: list[ChatMessage] = []
         system = self.system
         if isinstance(system, list):
             system = BLOCK_SEPARATOR.join(block.text for block in system)
         if system:
             out.append(ChatMessage(role="system", content=system))
-        for message in self.messages:
-            out.extend(message.to_core())
+        for index, message in enumerate(self.messages):
+            out.extend(message.to_core(sources, f"messages[{index}]"))
         return tuple(out)
 
-    def to_core(self) -> ChatRequest:
+    def to_core(self, sources: MediaSources | None = None) -> ChatRequest:
         choice = self.tool_choice
         return ChatRequest(
-            messages=self.core_messages(),
+            messages=self.core_messages(sources or MediaSources()),
             model=self.model,
             tools=tuple(
                 ToolSpec(
@@ -254,9 +301,9 @@ class MessagesRequest(_Conversation):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
 
-    def to_core(self) -> ChatRequest:
+    def to_core(self, sources: MediaSources | None = None) -> ChatRequest:
         return replace(
-            super().to_core(),
+            super().to_core(sources),
             sampling=SamplingConfig(
                 temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
             ),

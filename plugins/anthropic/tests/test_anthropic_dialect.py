@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, signature
-from kronk_anthropic.schemas import MessagesRequest
+from kronk_anthropic.schemas import BLOCK_SEPARATOR, MessagesRequest
 from kronk_anthropic.stream import sse
 from kronk_api import ServerSettings, create_app
 from kronk_api.dialect import keepalive
@@ -28,6 +29,7 @@ from kronk_core.errors import (
     KronkError,
     QueueFullError,
 )
+from kronk_core.media import MEDIA_MARKER
 from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolChoice, Usage
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
@@ -156,11 +158,26 @@ def test_max_tokens_required() -> None:
         MessagesRequest.model_validate(body)
 
 
-def test_images_are_refused() -> None:
+def test_image_blocks_become_media_of_their_message() -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(24)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
+    image = {"type": "image", "source": source}
+    text = {"type": "text", "text": "Look:"}
+    for content, role in (
+        ([text, image], "user"),
+        ([{"type": "tool_result", "tool_use_id": "t", "content": [text, image]}], "tool"),
+    ):
+        (message,) = _request(messages=[{"role": "user", "content": content}]).to_core().messages
+        assert message.role == role
+        assert message.content == "Look:" + BLOCK_SEPARATOR + MEDIA_MARKER
+        assert [item.data for item in message.media] == [png]
+
+
+def test_image_urls_need_a_server_that_fetches() -> None:
     image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
     for content in ([image], [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]):
         request = _request(messages=[{"role": "user", "content": content}])
-        with pytest.raises(InvalidRequestError, match="no vision input"):
+        with pytest.raises(InvalidRequestError, match="does not fetch image URLs"):
             request.to_core()
 
 

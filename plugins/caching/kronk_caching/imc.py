@@ -26,6 +26,7 @@ from kronk_caching.counting import Counted
 from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
 from kronk_core.backend import TextModel
+from kronk_core.media import cut_point
 from kronk_core.slots import CacheCounters, CachePlan, Slot
 from kronk_core.tokens import common_prefix
 from kronk_core.types import GenerationRequest
@@ -39,6 +40,13 @@ class Reuse:
 
     keep: int = 0
     checkpoint: Checkpoint | None = None
+
+
+def _shared(tokens: Sequence[int], request: GenerationRequest) -> int:
+    """How much of a sequence the prompt can keep: their common prefix, short of the last
+    prompt token and of any media chunk it would end inside."""
+    prompt = request.prompt_tokens
+    return cut_point(request.media, min(common_prefix(tokens, prompt), len(prompt) - 1))
 
 
 class IncrementalCache(Counted, PromptsAsGiven):
@@ -61,8 +69,8 @@ class IncrementalCache(Counted, PromptsAsGiven):
 
     # ---- how much of a sequence a prompt can keep ----------------------------
 
-    def _reuse(self, slot: Slot, prompt: Sequence[int], model: TextModel) -> Reuse:
-        shared = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+    def _reuse(self, slot: Slot, request: GenerationRequest, model: TextModel) -> Reuse:
+        shared = _shared(slot.tokens, request)
         if shared < self._min_tokens:
             return Reuse()
         if shared == len(slot.tokens) or shared >= model.trim_floor(slot.seq_id):
@@ -73,14 +81,14 @@ class IncrementalCache(Counted, PromptsAsGiven):
         return Reuse()
 
     def _donor(
-        self, slots: Sequence[Slot], target: Slot, prompt: Sequence[int], model: TextModel
+        self, slots: Sequence[Slot], target: Slot, request: GenerationRequest, model: TextModel
     ) -> tuple[Slot | None, int]:
         """Another slot whose sequence starts with a longer prefix of the prompt."""
         best: tuple[Slot | None, int] = (None, 0)
         for other in slots:
             if other is target:
                 continue
-            shared = min(common_prefix(other.tokens, prompt), len(prompt) - 1)
+            shared = _shared(other.tokens, request)
             # The copied cells must include the whole window the next token attends to.
             if shared < len(other.tokens) and shared < model.trim_floor(other.seq_id):
                 continue
@@ -109,7 +117,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         copied (prepare), so sub-agents of one tool never evict each other.
         """
         prompt = request.prompt_tokens
-        reuses = [(self._reuse(slot, prompt, model), slot) for slot in free]
+        reuses = [(self._reuse(slot, request, model), slot) for slot in free]
         reuse, best = max(reuses, key=lambda pair: (pair[0].keep, -pair[1].id))
         if self._continues(best, prompt, reuse):
             return best
@@ -137,9 +145,9 @@ class IncrementalCache(Counted, PromptsAsGiven):
         The cheapest wins unless a costlier one keeps at least cache_min_tokens more.
         """
         prompt = request.prompt_tokens
-        reuse = self._reuse(slot, prompt, model)
-        donor, shared = self._donor(slots, slot, prompt, model)
-        stored, entry = self._stored(prompt, at_least=max(reuse.keep, shared) + self._min_tokens)
+        reuse = self._reuse(slot, request, model)
+        donor, shared = self._donor(slots, slot, request, model)
+        stored, entry = self._stored(request, at_least=max(reuse.keep, shared) + self._min_tokens)
         if entry is not None:
             if slot.tokens:
                 self._evict(slot, model)
@@ -240,14 +248,15 @@ class IncrementalCache(Counted, PromptsAsGiven):
             self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor, checkpoints)
 
     def _stored(
-        self, prompt: Sequence[int], at_least: int
+        self, request: GenerationRequest, at_least: int
     ) -> tuple[int, StoredConversation | None]:
         """The host tier's conversation that keeps the most of this prompt, and how much."""
         if self.store is None:
             return 0, None
+        prompt = request.prompt_tokens
 
         def usable(entry: StoredConversation, shared: int) -> int:
-            keep = min(shared, len(prompt) - 1)
+            keep = cut_point(request.media, min(shared, len(prompt) - 1))
             if entry.keeps(keep):
                 return keep
             # Below the trim floor: back to the last checkpoint before the branch.

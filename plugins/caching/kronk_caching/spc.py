@@ -66,6 +66,8 @@ class SystemPromptCache(Counted, NoCache):
             return messages
         caller = scope.subject if self._reuse is SystemPromptReuse.subject else None
         first = messages[0]
+        if first.role in ("system", "developer") and first.media:
+            return messages  # a system prompt with images is not text to hand to others
         if first.role in ("system", "developer") and first.content:
             if scope.remember:
                 with self._known_lock:

@@ -214,14 +214,18 @@ class CatalogEntry:
         return None if name.endswith(".jinja") else name
 
     def settings(self, models_dir: Path, hf_endpoint: str, templates: Path) -> dict[str, Any]:
-        """Its model-config entry: the catalog's settings, the template, and the file."""
+        """Its model-config entry: the catalog's settings, the template, the file and its
+        projector."""
         settings = dict(self.model.config)
         template = self.template(templates)
         if template is not None:
             section = dict(settings.get("templates") or {})
             section.setdefault("template", template)
             settings["templates"] = section
-        settings["model_path"] = str(self.paths(models_dir, hf_endpoint)[0])
+        model_path, projector = self.paths(models_dir, hf_endpoint)
+        settings["model_path"] = str(model_path)
+        if projector is not None:
+            settings.setdefault("projector_path", str(projector))
         return settings
 
 

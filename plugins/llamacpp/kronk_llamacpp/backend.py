@@ -40,4 +40,9 @@ class LlamaCppBackend:
         # Each class owns the weights from here on and frees them if it fails.
         if pooling is not None:
             return LlamaEmbeddingModel(config, weights, pooling)
+        if config.projector_path is not None:
+            # Imported on first use: it loads llama.cpp's multimodal library.
+            from kronk_llamacpp.media import LlamaMediaModel
+
+            return LlamaMediaModel(config, weights)
         return LlamaTextModel(config, weights)

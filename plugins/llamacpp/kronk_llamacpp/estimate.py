@@ -194,6 +194,7 @@ def estimate(config: ModelConfig, devices: Sequence[Device]) -> MemoryEstimate:
     weights = config.model_path.stat().st_size
     context = config.context_window or choose_context(config, devices, meta, weights).tokens
     kv = context * config.n_seq_max * per_token
+    projector, media = _projector(config)
     return MemoryEstimate(
         weights_bytes=weights,
         context_window=context,
@@ -202,8 +203,26 @@ def estimate(config: ModelConfig, devices: Sequence[Device]) -> MemoryEstimate:
         cache_type_v=llama.cache_type_v.value,
         n_layer=n_layer,
         kv_bytes_per_token=per_token,
-        placement=place(config, devices, weights, kv, n_layer),
+        # The projector sits with the model's first layers (llama.cpp puts it on the
+        # main device): its weights count as the model's there.
+        placement=place(config, devices, weights + projector, kv, n_layer),
+        projector_bytes=projector,
+        media=media,
     )
+
+
+def _projector(config: ModelConfig) -> tuple[int, tuple[str, ...]]:
+    """The projector's size and what it reads, from its GGUF header."""
+    path = config.projector_path
+    if path is None:
+        return 0, ()
+    meta = read_metadata(path)
+    kinds = [kind for kind, key in PROJECTOR_KEYS if meta.get(key)]
+    return path.stat().st_size, tuple(kinds)
+
+
+# What an mmproj file's header says it reads.
+PROJECTOR_KEYS = (("image", "clip.has_vision_encoder"), ("audio", "clip.has_audio_encoder"))
 
 
 def _gib(count: int) -> str:

@@ -20,7 +20,7 @@ _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ER
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+def route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     python_level = _LEVELS.get(level, logging.DEBUG)
     if log.isEnabledFor(python_level):
         log.log(python_level, "%s", text.decode("utf-8", errors="replace").rstrip())
@@ -32,7 +32,7 @@ def ensure_initialised() -> None:
         if _initialised:
             return
         native.load()
-        llama_cpp.llama_log_set(_route_log, ctypes.c_void_p(0))
+        llama_cpp.llama_log_set(route_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         drop_amx_buffer_type()
         _initialised = True

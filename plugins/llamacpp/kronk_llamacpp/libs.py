@@ -28,13 +28,15 @@ from kronk_llamacpp.native import MANIFEST, PROCESSORS, remember_processor
 DISTRIBUTION = "llama-cpp-python"
 SDIST_PREFIX = "llama_cpp_python"
 
-# Only the library: no tools, tests, examples, server, network or web UI.
+# Only the libraries (llama, and mtmd for vision and audio projectors): no tools, tests,
+# examples, server, network or web UI.
 COMMON_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=ON",
     "-DLLAMA_BUILD_COMMON=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_MTMD=ON",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
@@ -262,7 +264,7 @@ class LibsBuilder:
         )  # fmt: skip
         self._cmake(
             "build", "--build", str(self.build_dir), "--config", "Release",
-            "-j", str(self.jobs), "--target", "llama",
+            "-j", str(self.jobs), "--target", "llama", "mtmd",
         )  # fmt: skip
         self._install()
         self.say(f"built in {time.monotonic() - started:.0f} s; installed in {self.target}")

@@ -209,6 +209,8 @@ def prepare() -> None:
             )
         if processor is not None or "LLAMA_CPP_LIB_PATH" in os.environ:
             os.environ["LLAMA_CPP_LIB_PATH"] = str(directory)
+            # The multimodal library (projectors) must come from the same build.
+            os.environ.setdefault("MTMD_CPP_LIB", str(directory))
         _loaded = NativeLibraries(processor, directory, runtime, before)
 
 

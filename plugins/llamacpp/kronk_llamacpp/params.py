@@ -54,6 +54,10 @@ ROPE_SCALING = {
 }
 
 
+# n_ubatch of a model with a projector, unless set (Kronk's default for vision models).
+MEDIA_N_UBATCH = 2048
+
+
 def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
     llama = SETTINGS.of(config)
     params = llama_cpp.llama_model_default_params()
@@ -80,6 +84,10 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
     params.n_ctx = n_ctx_per_seq * config.n_seq_max
     params.n_batch = config.n_batch
     params.n_ubatch = llama.n_ubatch
+    if config.projector_path is not None and "n_ubatch" not in llama.model_fields_set:
+        # Attention over an image is not causal in some models (Gemma 3): its tokens
+        # must fit one micro-batch.
+        params.n_ubatch = min(config.n_batch, MEDIA_N_UBATCH)
     params.n_seq_max = config.n_seq_max
     params.kv_unified = llama.kv_unified
     threads = llama.n_threads or os.cpu_count() or 1

@@ -12,7 +12,7 @@ from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import subject_of
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
@@ -64,7 +64,8 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
     history: tuple[ChatMessage, ...] = ()
     if body.previous_response_id is not None:
         history = store.get(body.previous_response_id, owner).conversation
-    conversation = (*history, *body.input_messages())
+    sources = await media_sources(kronk, body.media_urls())
+    conversation = (*history, *body.input_messages(sources))
     instructions = (
         (ChatMessage(role="system", content=body.instructions),) if body.instructions else ()
     )

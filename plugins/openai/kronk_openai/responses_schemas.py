@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
+from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
 from kronk_openai.schemas import arguments_text, sampling_of
 
@@ -20,19 +21,37 @@ class ContentPart(BaseModel):
 
     type: str
     text: str | None = None
+    # input_image: a data: or http(s) URL (file_id names an upload, which this server has not).
+    image_url: str | None = None
+    file_id: str | None = None
 
 
 def _text(content: str | list[ContentPart] | None) -> str:
+    """Text parts only: reasoning, summaries and outputs hold no media."""
+    return _content(content, MediaSources(), "input")[0]
+
+
+def _content(
+    content: str | list[ContentPart] | None, sources: MediaSources, where: str
+) -> tuple[str, tuple[Media, ...]]:
+    """Parts → text with a MEDIA_MARKER where each input_image goes, and the images."""
     if content is None or isinstance(content, str):
-        return content or ""
-    for part in content:
-        if part.type not in _TEXT_PARTS:
+        return content or "", ()
+    text: list[str] = []
+    media: list[Media] = []
+    for index, part in enumerate(content):
+        if part.type in _TEXT_PARTS:
+            text.append(part.text or "")
+        elif part.type == "input_image" and part.image_url:
+            media.append(sources.url(part.image_url, where=f"{where}[{index}].image_url"))
+            text.append(MEDIA_MARKER)
+        else:
             raise InvalidRequestError(
-                f"content part type {part.type!r} is not supported: this server has no "
-                "multimodal model, only text parts are accepted",
+                f"{where}[{index}]: content part type {part.type!r} is not supported "
+                "(text parts, and input_image with an image_url, are)",
                 param="input",
             )
-    return "".join(part.text or "" for part in content)
+    return "".join(text), tuple(media)
 
 
 class MessageItem(BaseModel):
@@ -184,21 +203,36 @@ class ResponsesRequest(SamplingConfig):
             return json.dumps(text_format.schema_ or {"type": "object"})
         return None
 
-    def input_messages(self) -> list[ChatMessage]:
+    def media_urls(self) -> list[str]:
+        """The image URLs its input names (those to fetch before `input_messages`)."""
+        if isinstance(self.input, str):
+            return []
+        return [
+            part.image_url
+            for item in self.input
+            if isinstance(item, MessageItem) and isinstance(item.content, list)
+            for part in item.content
+            if part.type == "input_image" and part.image_url
+        ]
+
+    def input_messages(self, sources: MediaSources | None = None) -> list[ChatMessage]:
         """The input items as chat messages (instructions are not among them)."""
         if isinstance(self.input, str):
             return [ChatMessage(role="user", content=self.input)]
+        sources = sources or MediaSources()
         messages: list[ChatMessage] = []
         reasoning: str | None = None
-        for item in self.input:
+        for index, item in enumerate(self.input):
             if isinstance(item, ReasoningItem):
                 reasoning = _text(item.content or item.summary)
             elif isinstance(item, MessageItem):
+                text, media = _content(item.content, sources, f"input[{index}].content")
                 messages.append(
                     ChatMessage(
                         role=item.role,
-                        content=_text(item.content),
+                        content=text,
                         reasoning_content=reasoning if item.role == "assistant" else None,
+                        media=media,
                     )
                 )
                 reasoning = None

@@ -15,8 +15,9 @@ from litestar.response import Stream
 
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import KronkError
+from kronk_core.media import MediaKind
 from kronk_core.models import unknown_model
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
@@ -37,7 +38,8 @@ from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
-    stream = await kronk.start_chat(body.to_core(), subject=subject_of(request))
+    sources = await media_sources(kronk, body.media_urls())
+    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         return await OPENAI.open_stream(
@@ -112,9 +114,11 @@ async def _sse(
 
 
 def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
-    """A model (or an alias) as /v1/models lists it: whether it is loaded, and the context a
-    request gets (loaded, or what a load would choose now; null when not known)."""
+    """A model (or an alias) as /v1/models lists it: whether it is loaded, the context a
+    request gets (loaded, or what a load would choose now; null when not known), and what a
+    prompt may hold: text, and the images and sounds its projector reads."""
     model_id = kronk.canonical(name)
+    media = kronk.model_media(model_id)
     card: dict[str, Any] = {
         "id": name,
         "object": "model",
@@ -122,6 +126,7 @@ def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
         "owned_by": "kronk",
         "loaded": kronk.pool.get(model_id) is not None,
         "context_length": kronk.context_length(model_id),
+        "input_modalities": ["text", *(kind.value for kind in MediaKind if kind in media)],
     }
     if model_id != name:
         card["alias_of"] = model_id

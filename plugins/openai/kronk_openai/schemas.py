@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
+from kronk_core.media import MEDIA_MARKER, Media, MediaSources, bare_base64
 from kronk_core.types import (
     ChatMessage,
     ChatRequest,
@@ -26,8 +27,35 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    url: str
+    detail: str | None = None  # accepted; the projector decides the resolution
+
+
 class ImagePart(BaseModel):
-    type: Literal["image_url", "input_audio", "file"]
+    type: Literal["image_url"]
+    image_url: ImageUrl | str
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+class InputAudio(BaseModel):
+    data: str
+    format: Literal["wav", "mp3"]
+
+
+class AudioPart(BaseModel):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class FilePart(BaseModel):
+    type: Literal["file"]
+
+
+Part = Annotated[TextPart | ImagePart | AudioPart | FilePart, Field(discriminator="type")]
 
 
 class FunctionCall(BaseModel):
@@ -62,21 +90,26 @@ class ToolCallIn(BaseModel):
 
 class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImagePart] | None = None
+    content: str | list[Part] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
-    def to_core(self) -> ChatMessage:
+    def media_urls(self) -> list[str]:
+        parts = self.content if isinstance(self.content, list) else []
+        return [part.url for part in parts if isinstance(part, ImagePart)]
+
+    def to_core(self, sources: MediaSources, where: str = "messages") -> ChatMessage:
         content = self.content
+        media: tuple[Media, ...] = ()
         if isinstance(content, list):
-            if any(isinstance(part, ImagePart) for part in content):
-                raise InvalidRequestError(
-                    "this server has no multimodal model: only text content parts are accepted",
-                    param="messages",
-                )
-            content = "".join(part.text for part in content if isinstance(part, TextPart))
+            content, media = _content(content, sources, f"{where}.content")
+        elif content is not None and self.role == "user":
+            # The manual's plain base64 form: the whole text is an image or a sound.
+            found = bare_base64(content, where=f"{where}.content", limit=sources.limits.max_bytes)
+            if found is not None:
+                content, media = MEDIA_MARKER, (found,)
         calls = tuple(
             ToolCall(id=call.id, name=call.function.name, arguments=str(call.function.arguments))
             for call in self.tool_calls or ()
@@ -88,7 +121,34 @@ class Message(BaseModel):
             tool_calls=calls,
             tool_call_id=self.tool_call_id,
             reasoning_content=self.reasoning_content,
+            media=media,
         )
+
+
+def _content(
+    parts: list[TextPart | ImagePart | AudioPart | FilePart], sources: MediaSources, where: str
+) -> tuple[str, tuple[Media, ...]]:
+    """Content parts → text with a MEDIA_MARKER where each image or sound goes, and those."""
+    text: list[str] = []
+    media: list[Media] = []
+    for index, part in enumerate(parts):
+        at = f"{where}[{index}]"
+        if isinstance(part, TextPart):
+            text.append(part.text)
+            continue
+        if isinstance(part, ImagePart):
+            item = sources.url(part.url, where=f"{at}.image_url")
+        elif isinstance(part, AudioPart):
+            audio = part.input_audio
+            item = sources.base64(audio.data, f"audio/{audio.format}", where=f"{at}.input_audio")
+        else:
+            raise InvalidRequestError(
+                f"{at}: file parts are not supported; send images as image_url parts",
+                param="messages",
+            )
+        text.append(MEDIA_MARKER)
+        media.append(item)
+    return "".join(text), tuple(media)
 
 
 class StreamOptions(BaseModel):
@@ -263,10 +323,18 @@ class ChatCompletionRequest(_Generation):
         assert self.response_format.json_schema is not None
         return json.dumps(self.response_format.json_schema.schema_ or {"type": "object"})
 
-    def to_core(self) -> ChatRequest:
+    def media_urls(self) -> list[str]:
+        """The image URLs its messages name (those to fetch before `to_core`)."""
+        return [url for message in self.messages for url in message.media_urls()]
+
+    def to_core(self, sources: MediaSources | None = None) -> ChatRequest:
         stop = tuple(self.stop or ())
+        sources = sources or MediaSources()
         return ChatRequest(
-            messages=tuple(message.to_core() for message in self.messages),
+            messages=tuple(
+                message.to_core(sources, f"messages[{index}]")
+                for index, message in enumerate(self.messages)
+            ),
             model=self.model,
             sampling=self.sampling(),
             max_tokens=self.max_completion_tokens or self.max_tokens,

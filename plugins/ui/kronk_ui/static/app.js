@@ -321,11 +321,12 @@ pages.models = async function loadModels() {
         {},
         el("td", { text: model.id }),
         el("td", { text: model.owned_by || "" }),
+        el("td", { text: (model.input_modalities || ["text"]).join(", ") }),
         el("td", {}, el("span", { class: loaded.has(model.id) ? "pill ok" : "pill", text: loaded.has(model.id) ? "loaded" : "on disk" })),
       ),
     ),
     "No models.",
-    3,
+    4,
   );
 };
 

@@ -1,0 +1,244 @@
+"""A text model with a vision or audio projector: llama.cpp's multimodal library (mtmd).
+
+mtmd reads images (stb_image: JPEG, PNG, GIF, BMP) and sounds (miniaudio: WAV, MP3, FLAC),
+cuts a prompt into text and media chunks, and runs the projector over a media chunk into
+embeddings of the text model's width; those are decoded into a sequence like tokens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import llama_cpp
+import numpy as np
+
+from kronk_core.config import ModelConfig
+from kronk_core.errors import KronkError, MediaError, ModelLoadError
+from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan, media_tokens
+from kronk_llamacpp import native
+from kronk_llamacpp.library import route_log
+from kronk_llamacpp.model import LlamaTextModel, decode_error
+from kronk_llamacpp.params import FLASH_ATTENTION
+from kronk_llamacpp.settings import SETTINGS
+
+try:
+    from llama_cpp import mtmd_cpp as mtmd
+except OSError as exc:  # a build of llama.cpp without its tools
+    raise ModelLoadError(
+        f"llama.cpp's multimodal library (libmtmd) is not in {native.load().directory}: "
+        "a model with a projector needs a build that has it (the llama-cpp-python wheel does)"
+    ) from exc
+
+log = logging.getLogger(__name__)
+
+_TEXT_CHUNK, _IMAGE_CHUNK, _AUDIO_CHUNK = 0, 1, 2
+
+mtmd.mtmd_log_set(route_log, ctypes.c_void_p(0))
+mtmd.mtmd_helper_log_set(route_log, ctypes.c_void_p(0))
+
+
+class _Chunk:
+    """A media chunk of a tokenized prompt, owned until its request is gone."""
+
+    def __init__(self, pointer: int) -> None:
+        self.pointer = pointer
+
+    def __del__(self) -> None:
+        if self.pointer:
+            mtmd.mtmd_input_chunk_free(self.pointer)
+            self.pointer = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Embeddings:
+    rows: np.ndarray  # (tokens, n_embd) float32
+    whole: bool
+
+
+class LlamaMediaModel(LlamaTextModel):
+    """Implements kronk_core.backend.MediaModel: a LlamaTextModel plus its projector."""
+
+    def __init__(self, config: ModelConfig, weights: llama_cpp.llama_model_p | None = None) -> None:
+        self._mtmd: int | None = None
+        self._media_batch: llama_cpp.llama_batch | None = None
+        super().__init__(config, weights)
+        try:
+            self._open_projector(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_projector(self, config: ModelConfig) -> None:
+        assert config.projector_path is not None and self._ctx is not None
+        llama = SETTINGS.of(config)
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = llama.n_gpu_layers != -1
+        params.print_timings = False
+        params.n_threads = llama.n_threads or os.cpu_count() or 1
+        params.flash_attn_type = FLASH_ATTENTION[llama.flash_attention]
+        path = config.projector_path
+        self._mtmd = mtmd.mtmd_init_from_file(str(path).encode(), self._model, params)
+        if not self._mtmd:
+            raise ModelLoadError(
+                f"models.{config.id}.projector_path: llama.cpp could not load the projector "
+                f"{path} for {config.id} (not an mmproj file, or one made for another model: "
+                "its embedding width must be the model's; see the server log)"
+            )
+        if mtmd.mtmd_decode_use_mrope(self._mtmd):
+            raise ModelLoadError(
+                f"models.{config.id}.projector_path: {path.name} places media with M-RoPE "
+                "(the Qwen2-VL family), whose media positions differ from their token "
+                "counts; Kronk does not run such projectors yet"
+            )
+        kinds = set()
+        if mtmd.mtmd_support_vision(self._mtmd):
+            kinds.add(MediaKind.image)
+        if mtmd.mtmd_support_audio(self._mtmd):
+            kinds.add(MediaKind.audio)
+        self._n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self._model))
+        self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
+        self._media_batch = llama_cpp.llama_batch_init(self._n_batch, self._n_embd_inp, 1)
+        self.info = replace(
+            self.info,
+            media=frozenset(kinds),
+            projector=str(path),
+            memory_bytes=self.info.memory_bytes + path.stat().st_size,
+        )
+
+    # ---- MediaModel ---------------------------------------------------------
+
+    def tokenize_media(self, parts: Sequence[str | Media]) -> MediaPrompt:
+        items = [part for part in parts if isinstance(part, Media)]
+        bitmaps: list[int] = []
+        keep: list[object] = []
+        pieces = []
+        chunks = mtmd.mtmd_input_chunks_init()
+        try:
+            for part in parts:
+                if isinstance(part, str):
+                    data = part.encode()
+                    text = mtmd.mtmd_input_text(data, len(data), False, True)
+                    keep += [data, text]
+                    pieces.append(mtmd.mtmd_input_part(ctypes.pointer(text), None))
+                    continue
+                number = len(bitmaps) + 1
+                bitmap = self._bitmap(part, number)
+                bitmaps.append(bitmap)
+                # The chunk id names the item the chunk belongs to (a long sound has several).
+                mtmd.mtmd_bitmap_set_id(bitmap, str(number - 1).encode())
+                pieces.append(mtmd.mtmd_input_part(None, bitmap))
+            array = (ctypes.POINTER(mtmd.mtmd_input_part) * len(pieces))(
+                *(ctypes.pointer(piece) for piece in pieces)
+            )
+            status = mtmd.mtmd_tokenize_from_parts(self._mtmd, chunks, array, len(pieces), False)
+            if status != 0:
+                raise MediaError(
+                    f"the projector of {self.info.id} could not read the request's images or "
+                    f"sounds (mtmd_tokenize status {status})",
+                    param="messages",
+                )
+            return self._prompt(chunks, items)
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                mtmd.mtmd_bitmap_free(bitmap)
+
+    def _bitmap(self, item: Media, number: int) -> int:
+        buffer = (ctypes.c_uint8 * len(item.data)).from_buffer_copy(item.data)
+        bitmap: int = mtmd.mtmd_helper_bitmap_init_from_buf(
+            self._mtmd, buffer, len(item.data), False
+        )
+        if not bitmap:
+            raise MediaError(
+                f"media item {number} ({item.media_type or item.kind.value}) could not be "
+                "decoded",
+                param="messages",
+            )
+        if mtmd.mtmd_bitmap_is_audio(bitmap) != (item.kind is MediaKind.audio):
+            mtmd.mtmd_bitmap_free(bitmap)
+            raise MediaError(
+                f"media item {number} is declared {item.kind.value} but holds another kind",
+                param="messages",
+            )
+        return bitmap
+
+    def _prompt(self, chunks: int, items: list[Media]) -> MediaPrompt:
+        tokens: list[int] = []
+        spans: list[MediaSpan] = []
+        seen: dict[int, int] = {}
+        for index in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, index)
+            kind = mtmd.mtmd_input_chunk_get_type(chunk)
+            if kind == _TEXT_CHUNK:
+                count = ctypes.c_size_t()
+                pointer = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                tokens.extend(pointer[: count.value])
+                continue
+            item = int(mtmd.mtmd_input_chunk_get_id(chunk) or b"0")
+            ordinal = seen[item] = seen.get(item, -1) + 1
+            length = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+            span = MediaSpan(
+                start=len(tokens),
+                length=length,
+                kind=MediaKind.image if kind == _IMAGE_CHUNK else MediaKind.audio,
+                chunk=_Chunk(mtmd.mtmd_input_chunk_copy(chunk)),
+                whole=bool(mtmd.mtmd_decode_use_non_causal(self._mtmd, chunk)),
+            )
+            spans.append(span)
+            tokens.extend(media_tokens(items[item], ordinal, length))
+        return MediaPrompt(tuple(tokens), tuple(spans))
+
+    def encode_media(self, span: MediaSpan) -> object:
+        chunk = span.chunk
+        assert isinstance(chunk, _Chunk)
+        if mtmd.mtmd_encode_chunk(self._mtmd, chunk.pointer) != 0:
+            raise KronkError(f"the projector of {self.info.id} failed to encode a media chunk")
+        pointer = mtmd.mtmd_get_output_embd(self._mtmd)
+        rows = np.ctypeslib.as_array(pointer, shape=(span.length * self._n_embd_inp,))
+        return _Embeddings(rows.reshape(span.length, self._n_embd_inp).copy(), span.whole)
+
+    def decode_media(
+        self, embeddings: object, offset: int, count: int, position: int, seq_id: int
+    ) -> None:
+        assert isinstance(embeddings, _Embeddings) and self._media_batch is not None
+        limit = min(self._n_batch, self._n_ubatch) if embeddings.whole else self._n_batch
+        if count > limit:
+            raise KronkError(
+                f"a media chunk of {count} tokens is decoded in one batch (attention over it "
+                f"is not causal): {self.info.id} needs n_batch and llamacpp.n_ubatch of at "
+                f"least {count}"
+            )
+        batch = self._media_batch
+        width = self._n_embd_inp
+        rows = np.ctypeslib.as_array(batch.embd, shape=(self._n_batch * width,))
+        rows[: count * width] = embeddings.rows[offset : offset + count].reshape(-1)
+        np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = np.arange(
+            position, position + count
+        )
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = 1
+        np.ctypeslib.as_array(batch.logits, shape=(count,))[:] = 0
+        for index in range(count):
+            batch.seq_id[index][0] = seq_id
+        batch.n_tokens = count
+        if embeddings.whole:
+            llama_cpp.llama_set_causal_attn(self._ctx, False)
+        try:
+            status = llama_cpp.llama_decode(self._ctx, batch)
+        finally:
+            if embeddings.whole:
+                llama_cpp.llama_set_causal_attn(self._ctx, True)
+        if status != 0:
+            raise decode_error(status)
+
+    def close(self) -> None:
+        if self._media_batch is not None:
+            llama_cpp.llama_batch_free(self._media_batch)
+            self._media_batch = None
+        if self._mtmd:
+            mtmd.mtmd_free(self._mtmd)
+            self._mtmd = None
+        super().close()
