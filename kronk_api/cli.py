@@ -40,6 +40,7 @@ from kronk_api.settings import (
     bind_sections,
     environment_for,
     load_settings,
+    server_sections,
 )
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
@@ -146,8 +147,9 @@ def server_start(
     command = ctx.command
     assert isinstance(command, ServerStartCommand)
     try:
+        sections = server_sections(cli_plugins())
         settings = bind_sections(
-            load_settings(config_file, command.overrides(ctx.params)), cli_plugins()
+            load_settings(config_file, command.overrides(ctx.params), sections), cli_plugins()
         )
     except KronkError as exc:
         _fail(exc)

@@ -1,32 +1,35 @@
 """Command-line options derived from the settings: one flag and one KRONK_* variable each.
 
 The names come from `flag_name` and `env_name` (kronk_api.settings); the
-variables are read here, not by click, so that a deprecated name still works,
-with a warning, and never beats the current one.
+variables are read here, not by click, so that another spelling (the manual's,
+or a deprecated one, with a warning) still works and never beats the rule's.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from kronk_api.settings import (
+    OtherSpelling,
     Setting,
     all_settings,
     env_name,
     environment_values,
     flag_name,
     nest,
+    other_spellings,
     server_sections,
     split_list,
 )
-from kronk_core import legacy
+from kronk_core import spellings
 from kronk_core.plugins import PluginManager, create_plugin_manager
+from kronk_core.sections import warn_deprecated
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,8 +44,8 @@ def _param_name(key: str) -> str:
     return "setting__" + key.replace("-", "_").replace(".", "__")
 
 
-def _deprecated(old: str) -> str:
-    return "deprecated__" + old
+def _other(old: str) -> str:
+    return "other__" + old
 
 
 def _help(setting: Setting) -> str:
@@ -73,14 +76,19 @@ class ServerStartCommand(click.Command):
         return all_settings(server_sections(cli_plugins()))
 
     @functools.cached_property
+    def others(self) -> list[OtherSpelling]:
+        return other_spellings(server_sections(cli_plugins()))
+
+    @functools.cached_property
     def _settings_params(self) -> list[click.Option]:
         options = [
             _option(setting.flag, _param_name(setting.key), setting) for setting in self.schema
         ]
         known = {setting.key: setting for setting in self.schema}
-        for old, new in legacy.SERVER_KEYS.items():
-            if new in known:
-                options.append(_option(flag_name(old), _deprecated(old), known[new], hidden=True))
+        for other in self.others:
+            if other.key in known:
+                flag = flag_name(other.name)
+                options.append(_option(flag, _other(other.name), known[other.key], hidden=True))
         return options
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
@@ -91,17 +99,20 @@ class ServerStartCommand(click.Command):
         self, params: Mapping[str, Any], environ: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
         """Settings from the environment (`environ`, else the process's), then the flags given."""
-        values = environment_values(self.schema, os.environ if environ is None else environ)
+        values = environment_values(
+            self.schema, os.environ if environ is None else environ, self.others
+        )
         flags = {
             setting.key: params[_param_name(setting.key)]
             for setting in self.schema
             if params.get(_param_name(setting.key)) is not None
         }
-        for old, new in legacy.SERVER_KEYS.items():
-            value = params.get(_deprecated(old))
-            if value is not None and new not in flags:
-                legacy.warn(flag_name(old), flag_name(new))
-                flags[new] = value
+        for other in self.others:
+            value = params.get(_other(other.name))
+            if value is not None and other.key not in flags:
+                if other.deprecated:
+                    warn_deprecated(flag_name(other.name), flag_name(other.key))
+                flags[other.key] = value
         known = {setting.key: setting for setting in self.schema}
         values.update(
             {
@@ -122,32 +133,40 @@ config_file_option = click.option(
 )
 
 
-def setting_option(key: str, **kwargs: Any) -> Callable[[F], F]:
+def setting_option(
+    key: str, *, others: Iterable[OtherSpelling] = (), **kwargs: Any
+) -> Callable[[F], F]:
     """An option for the setting `key` on any command, named by the rule.
 
-    Its value comes from the flag, else the variable; the setting's deprecated
-    flag (hidden) and variables still work, with a warning, when the current
-    ones are not given. The parameter's name is the key with `_` for `-` and `.`.
+    Its value comes from the flag, else the variable; the setting's other spellings
+    (`others`, a section's flat keys; the manual's variables of core keys) still work when
+    the rule's are not given, a deprecated one with a warning. The parameter's name is the
+    key with `_` for `-` and `.`.
     """
     name = key.replace("-", "_").replace(".", "_")
-    old_keys = [old for old, new in legacy.SERVER_KEYS.items() if new == key]
-    old_variables = [variable for variable, new in legacy.SERVER_ENVIRONMENT.items() if new == key]
-    old_variables += [env_name(old) for old in old_keys]
+    mine = [other for other in others if other.key == key]
+    old_variables = [
+        (variable, False) for variable, new in spellings.SERVER_ENVIRONMENT.items() if new == key
+    ]
+    old_variables += [(env_name(other.name), other.deprecated) for other in mine]
+    deprecated_flags = {flag_name(other.name) for other in mine if other.deprecated}
 
-    def remember_deprecated(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    def remember_other(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is not None:
-            legacy.warn(param.opts[0], flag_name(key))
-            ctx.meta[f"kronk.deprecated.{key}"] = value
+            if param.opts[0] in deprecated_flags:
+                warn_deprecated(param.opts[0], flag_name(key))
+            ctx.meta[f"kronk.other.{key}"] = value
 
     def resolve(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None:
-            value = ctx.meta.get(f"kronk.deprecated.{key}")
+            value = ctx.meta.get(f"kronk.other.{key}")
         if value is not None:
             return value
         text = os.environ.get(env_name(key))
-        for variable in old_variables:
+        for variable, deprecated in old_variables:
             if text is None and variable in os.environ:
-                legacy.warn(variable, env_name(key))
+                if deprecated:
+                    warn_deprecated(variable, env_name(key))
                 text = os.environ[variable]
         return None if text is None else param.type_cast_value(ctx, text)
 
@@ -156,15 +175,15 @@ def setting_option(key: str, **kwargs: Any) -> Callable[[F], F]:
     decorators += [
         # Eager: processed before the current option, which falls back on it.
         click.option(
-            flag_name(old),
-            f"deprecated__{old}",
-            callback=remember_deprecated,
+            flag_name(other.name),
+            _other(other.name),
+            callback=remember_other,
             expose_value=False,
             is_eager=True,
             hidden=True,
             type=kwargs.get("type"),
         )
-        for old in old_keys
+        for other in mine
     ]
 
     def decorate(command: F) -> F:

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from kronk_api.logs import LogFormat
-from kronk_core import legacy
+from kronk_core import spellings
 from kronk_core.config import (
     DEFAULT_MODEL_ID,
     Duration,
@@ -39,7 +39,15 @@ from kronk_core.config import (
 from kronk_core.errors import ConfigError
 from kronk_core.media import MediaConfig
 from kronk_core.plugins import PluginManager
-from kronk_core.sections import ServerSection, bind, config_error_from, declared_sections, gather
+from kronk_core.sections import (
+    ServerSection,
+    bind,
+    config_error_from,
+    declared_sections,
+    gather,
+    respell,
+    warn_deprecated,
+)
 
 
 class ServerSettings(BaseModel):
@@ -135,7 +143,7 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _sections_and_deprecated_keys(cls, data: Any) -> Any:
+    def _sections(cls, data: Any) -> Any:
         return _as_written(data) if isinstance(data, dict) else data
 
     def section_key(self, name: str) -> str:
@@ -170,9 +178,13 @@ class ServerSettings(BaseModel):
         )
 
 
-def _as_written(values: dict[str, Any]) -> dict[str, Any]:
-    """Deprecated keys moved to their sections, plugin sections gathered."""
-    return gather(legacy.move_keys(values, legacy.SERVER_KEYS), ServerSettings.model_fields)
+def _as_written(
+    values: dict[str, Any], sections: Iterable[ServerSection[Any]] = ()
+) -> dict[str, Any]:
+    """Plugin sections gathered, with the flat keys the given sections spell moved in."""
+    gathered = gather(values, ServerSettings.model_fields)
+    gathered["sections"] = respell(gathered["sections"], sections).sections
+    return gathered
 
 
 def check_host_port(value: str) -> str:
@@ -281,20 +293,42 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return nested
 
 
+@dataclass(frozen=True)
+class OtherSpelling:
+    """Another name of a server setting: a flat key (flag `--auth-enabled`, variable
+    `KRONK_AUTH_ENABLED`) that a plugin section spells; the manual's, or deprecated."""
+
+    name: str
+    key: str
+    deprecated: bool
+
+
+def other_spellings(sections: Iterable[ServerSection[Any]]) -> list[OtherSpelling]:
+    return [
+        OtherSpelling(old, f"{section.name}.{new}", deprecated)
+        for section in sections
+        for old, new, deprecated in section.flat_keys()
+    ]
+
+
 def environment_values(
-    settings: Iterable[Setting], environ: Mapping[str, str]
+    settings: Iterable[Setting],
+    environ: Mapping[str, str],
+    others: Iterable[OtherSpelling] = (),
 ) -> dict[str, Any]:
     """Settings from KRONK_* variables, by dotted key.
 
-    A deprecated variable counts, with a warning, only when the rule's is unset.
+    A variable of another spelling (the manual's `KRONK_WEB_API_HOST`, a section's flat
+    key) counts only when the rule's is unset; a deprecated one with a warning.
     """
     known = {setting.key: setting for setting in settings}
     values = {key: environ[s.env] for key, s in known.items() if s.env in environ}
-    deprecated = {**legacy.SERVER_ENVIRONMENT}
-    deprecated.update({env_name(old): new for old, new in legacy.SERVER_KEYS.items()})
-    for variable, key in deprecated.items():
+    variables = {name: (key, False) for name, key in spellings.SERVER_ENVIRONMENT.items()}
+    variables.update({env_name(other.name): (other.key, other.deprecated) for other in others})
+    for variable, (key, deprecated) in variables.items():
         if variable in environ and key in known and key not in values:
-            legacy.warn(variable, known[key].env)
+            if deprecated:
+                warn_deprecated(variable, known[key].env)
             values[key] = environ[variable]
     return {
         key: split_list(value) if known[key].is_list else value for key, value in values.items()
@@ -334,8 +368,16 @@ def _environment_value(value: Any) -> str:
 # ---- loading --------------------------------------------------------------------------
 
 
-def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSettings:
-    """File values under explicit overrides (flags and environment, as nested keys)."""
+def load_settings(
+    file: Path | None,
+    overrides: Mapping[str, Any],
+    sections: Iterable[ServerSection[Any]] = (),
+) -> ServerSettings:
+    """File values under explicit overrides (flags and environment, as nested keys).
+
+    The flat keys `sections` spell are moved into them first, so an override beats a file's
+    `auth_enabled`; others wait for binding.
+    """
     values: dict[str, Any] = {}
     if file is not None:
         try:
@@ -344,8 +386,8 @@ def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSett
             raise ConfigError("config", f"cannot read {file}: {exc}") from None
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{file} must hold a mapping of settings")
-        values = _as_written(loaded)
-    values = merge_settings(values, _as_written(dict(overrides)))
+        values = _as_written(loaded, sections)
+    values = merge_settings(values, _as_written(dict(overrides), sections))
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
@@ -354,5 +396,5 @@ def load_settings(file: Path | None, overrides: Mapping[str, Any]) -> ServerSett
 
 def bind_sections(settings: ServerSettings, manager: PluginManager) -> ServerSettings:
     """`settings` with every plugin section validated (ConfigError naming the key)."""
-    sections = bind(settings, server_sections(manager), manager.disabled)
-    return settings.model_copy(update={"sections": sections})
+    bound = bind(settings, server_sections(manager), manager.disabled)
+    return settings.model_copy(update={"sections": bound.sections})

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core import legacy
+from kronk_core import spellings
 from kronk_core.errors import ConfigError
 from kronk_core.media import MediaConfig
 from kronk_core.sections import config_error_from, gather
@@ -114,13 +114,11 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _sections_and_deprecated_keys(cls, data: Any) -> Any:
+    def _sections_and_spellings(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         where = f"models.{data['id']}." if data.get("id") else ""
-        data = legacy.move_manual_keys(data, where)
-        data = legacy.move_cache_flags(legacy.move_keys(data, legacy.MODEL_KEYS, where), where)
-        return gather(data, cls.model_fields)
+        return gather(spellings.respell_model(data, where), cls.model_fields)
 
     def section_key(self, name: str) -> str:
         return f"models.{self.id}.{name}" if self.id else name

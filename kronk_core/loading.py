@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kronk_core.backend import MediaModel, ModelInfo, TextModel
@@ -115,8 +116,9 @@ def model_sections(manager: PluginManager) -> list[ModelSection[Any]]:
 
 def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
     """`config` with every plugin section validated (ConfigError naming the key)."""
-    sections = bind(config, kronk.model_sections, kronk.plugins.disabled)
-    return config.model_copy(update={"sections": sections})
+    explicit = {key: getattr(config, key) for key in config.model_fields_set}
+    bound = bind(config, kronk.model_sections, kronk.plugins.disabled, explicit)
+    return config.model_copy(update={"sections": bound.sections, **bound.chosen})
 
 
 def model_config_for(kronk: Kronk, model_id: str, *, pull: bool = False) -> ModelConfig:
@@ -132,7 +134,13 @@ def model_config_for(kronk: Kronk, model_id: str, *, pull: bool = False) -> Mode
         if source_id is None:
             why = "no plugin can fetch it" if pull else "it is not pulled yet"
             raise ConfigError(entry.section_key("source"), f"{entry.source!r}: {why}")
-    resolved = resolve_model_config(kronk.config, model_id, kronk.provided_models(), source_id)
+    resolved = resolve_model_config(
+        kronk.config,
+        model_id,
+        kronk.provided_models(),
+        source_id,
+        bind=partial(bind_model_settings, kronk),
+    )
     return bind_model_settings(kronk, resolved).with_context_default(kronk.config.context_window)
 
 

@@ -238,6 +238,7 @@ def resolve_model_config(
     model_id: str,
     provided: Provided | None = None,
     source_id: str | None = None,
+    bind: Callable[[ModelConfig], ModelConfig] | None = None,
 ) -> ModelConfig:
     """The model's config with `model_path` pointing at an existing file.
 
@@ -246,7 +247,9 @@ def resolve_model_config(
     (`Qwen3-8B-Q8_0/IMC`, as in the Kronk manual) is another configuration of
     the model BASE: it uses BASE's file and the settings a plugin provides for BASE.
     An entry with a `source` is another configuration of the model its source names
-    (`source_id`, which a plugin resolved).
+    (`source_id`, which a plugin resolved). `bind` reads a plugin's settings with the
+    plugins' spellings before the entry's go over them, so that `cache-type-k` in one and
+    `llamacpp.cache_type_k` in the other are one key, the entry's.
     """
     provided = provided or {}
     configured = config.model(model_id)
@@ -258,6 +261,8 @@ def resolve_model_config(
     from_plugin = provided.get(model_id, provided.get(base_id))
     if from_plugin is not None:
         base = parse_model_config(model_id, dict(from_plugin))
+        if bind is not None:
+            base = bind(base)
         configured = base if configured is None else _over(base, configured)
     elif configured is None:
         if model_id in PACKAGED_MODELS:

@@ -10,7 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
-from kronk_core.config import ModelConfig, load_model_config_file, parse_model_config
+from kronk_core.config import (
+    ModelConfig,
+    PluginSelection,
+    load_model_config_file,
+    parse_model_config,
+)
 from kronk_core.errors import ConfigError
 from kronk_core.models import (
     GEMMA_MODEL_ID,
@@ -50,48 +55,16 @@ def test_negative_context_window_names_context_window() -> None:
     assert error.key == "models.m1.context_window"
 
 
-def test_deprecated_keys_move_to_their_sections_with_a_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
-        config = parse_model_config(
-            "m1",
-            {
-                "incremental_cache": True,
-                "cache_type_k": "Q8_0",
-                "template": "gemma",
-                "host_cache_bytes": 0,
-                "llamacpp": {"n_threads": 2},
-            },
-        )
-    assert config.cache == "imc"
-    assert config.sections == {
-        "llamacpp": {"n_threads": 2, "cache_type_k": "Q8_0"},
-        "templates": {"template": "gemma"},
-        "caching": {"host_cache_bytes": 0},
-    }
-    warned = {record.getMessage() for record in caplog.records}
-    assert (
-        "models.m1.cache_type_k is deprecated and will be removed in the next release; "
-        "write models.m1.llamacpp.cache_type_k" in warned
-    )
-    assert any("models.m1.incremental_cache is deprecated" in line for line in warned)
-    assert parse_model_config("m1", {"system_prompt_cache": True}).cache == "spc"
-    assert parse_model_config("m1", {"incremental_cache": False}).cache == "none"
-
-
-def test_a_deprecated_key_beside_its_new_place_is_an_error() -> None:
-    error = config_error({"swa_full": False, "llamacpp": {"swa_full": True}})
-    assert error.key == "models.m1.swa_full"
-    assert "models.m1.llamacpp.swa_full" in str(error)
-    error = config_error({"incremental_cache": True, "cache": "spc"})
-    assert error.key == "models.m1.cache"
-
-
-def test_both_caches_on_is_an_error() -> None:
-    error = config_error({"system_prompt_cache": True, "incremental_cache": True})
-    assert "system_prompt_cache" in str(error)
-    assert "incremental_cache" in str(error)
+def test_flat_keys_wait_for_the_plugin_that_spells_them(tmp_path: Path) -> None:
+    """A flat key no core field has may be a plugin's (`n_ubatch: 512`): it waits among the
+    sections, and the core alone refuses it when it binds, naming it."""
+    config = parse_model_config("m1", {"n_ubatch": 256, "incremental_cache": True})
+    assert config.sections == {"n_ubatch": 256, "incremental_cache": True}
+    alone = PluginSelection(enabled=["none-at-all"])  # the core alone, plugins installed or not
+    with pytest.raises(ConfigError) as info:
+        Kronk(KronkConfig(base_path=tmp_path, models={"m1": config}, plugins=alone))
+    assert info.value.key in ("models.m1.n_ubatch", "models.m1.incremental_cache")
+    assert "not a setting (no core key, nor one a plugin spells)" in str(info.value)
 
 
 def test_a_section_no_plugin_reads_is_refused(tmp_path: Path) -> None:
@@ -137,7 +110,7 @@ def test_unknown_key_in_yaml_is_named(tmp_path: Path) -> None:
     path = tmp_path / "models.yaml"
     path.write_text("models:\n  m1:\n    n_batch: 512\n    bogus: 1\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
-        load_model_config_file(path)
+        Kronk(KronkConfig(base_path=tmp_path, models=load_model_config_file(path)))
     assert info.value.key == "models.m1.bogus"
     assert "models.m1.bogus" in str(info.value)
 
@@ -229,72 +202,29 @@ models:
 CODER = "Qwen3-Coder-30B-A3B-Instruct-UD-Q8_K_XL"
 
 
-def test_the_manual_s_hyphenated_keys_are_read_without_warnings(
+def test_the_manual_s_hyphenated_core_keys_are_read_without_warnings(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "model_config.yaml"
     path.write_text(MANUAL_MODEL_CONFIG, encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
+    with caplog.at_level(logging.WARNING, logger="kronk_core"):
         models = load_model_config_file(path)
     base, imc = models[CODER], models[f"{CODER}/IMC"]
     assert (base.context_window, base.n_batch, base.n_seq_max) == (131072, 2048, 2)
-    assert base.sections["llamacpp"] == {
-        "n_ubatch": 512,
-        "cache_type_k": "q8_0",
-        "cache_type_v": "q8_0",
-        "flash_attention": "enabled",
-    }
     assert (base.sampling.temperature, base.sampling.top_p, base.sampling.top_k) == (0.7, 0.8, 20)
-    assert (imc.n_seq_max, imc.cache, imc.context_window) == (1, "imc", 131072)
+    assert (imc.n_seq_max, imc.context_window) == (1, 131072)
+    # The plugins' keys wait for them (tests/test_spellings.py reads them with the plugins).
+    assert base.sections == {
+        "nubatch": 512,
+        "cache-type-k": "q8_0",
+        "cache-type-v": "q8_0",
+        "flash-attention": "enabled",
+    }
     # Not deprecated: only the key that means nothing here is reported, with the reason.
     assert [record.getMessage() for record in caplog.records] == [
         f"models.{model_id}.insecure-logging is ignored: "
         "insecure logging is a server setting (insecure_logging)"
         for model_id in (CODER, f"{CODER}/IMC")
-    ]
-
-
-@pytest.mark.parametrize(
-    ("entry", "expected"),
-    [
-        ({"incremental-cache": True}, "imc"),
-        ({"system-prompt-cache": True}, "spc"),
-        ({"incremental-cache": False}, "none"),
-    ],
-)
-def test_the_manual_s_cache_switches(entry: dict[str, Any], expected: str) -> None:
-    assert parse_model_config("m1", entry).cache == expected
-
-
-def test_the_manual_s_draft_model_block_is_the_speculative_section() -> None:
-    config = parse_model_config(
-        "m1", {"draft-model": {"model-id": "Qwen3-0.6B-Q8_0", "ndraft": 5, "ngpu-layers": 0}}
-    )
-    assert config.sections == {
-        "speculative": {"model_id": "Qwen3-0.6B-Q8_0", "ndraft": 5, "n_gpu_layers": 0}
-    }
-    # The block is what turns speculation on, with that draft model.
-    assert config.draft_strategy == "draft"
-
-
-def test_the_manual_s_device_pins_the_model_and_its_empty_device_pins_nothing() -> None:
-    assert parse_model_config("m1", {"device": "CUDA0"}).sections == {
-        "llamacpp": {"device": "CUDA0"}
-    }
-    assert parse_model_config("m1", {"device": ""}).sections == {}
-
-
-def test_the_manual_s_gpu_keys_and_keys_that_mean_nothing_here(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    entry = {"main-gpu": 1, "tensor-split": [3, 1], "swa-full": True, "use-mmap": False}
-    with caplog.at_level(logging.WARNING, logger="kronk_core.legacy"):
-        config = parse_model_config("m1", entry)
-    assert config.sections == {
-        "llamacpp": {"main_gpu": 1, "tensor_split": [3, 1], "swa_full": True}
-    }
-    assert [record.getMessage() for record in caplog.records] == [
-        "models.m1.use-mmap is ignored: llama.cpp maps model files as it does by default"
     ]
 
 
@@ -359,7 +289,8 @@ def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: 
     assert (alone.model_path, alone.context_window, alone.n_seq_max) == (model_file, 8192, 2)
     merged = resolve_model_config(config, "pulled", provided)
     assert (merged.model_path, merged.context_window, merged.n_seq_max) == (model_file, 8192, 1)
-    assert merged.sections["llamacpp"] == {"cache_type_k": "q8_0", "n_threads": 2}
+    # The plugin's flat key waits for its plugin (tests/test_spellings.py binds it).
+    assert merged.sections == {"cache-type-k": "q8_0", "llamacpp": {"n_threads": 2}}
     assert (merged.sampling.temperature, merged.sampling.top_k) == (0.6, 5)
     variant = resolve_model_config(config, "pulled/SPC", provided)
     assert (variant.model_path, variant.n_seq_max, variant.cache) == (model_file, 2, "spc")

@@ -11,8 +11,9 @@ import click
 
 from kronk_api.client import call_server
 from kronk_api.options import setting_option
+from kronk_api.settings import other_spellings
 from kronk_auth_jwt.keys import KeyStore
-from kronk_auth_jwt.settings import AuthSettings
+from kronk_auth_jwt.settings import SETTINGS, AuthSettings
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_endpoints
 from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
@@ -44,7 +45,9 @@ def _on_target(command: Callable[..., None]) -> Callable[..., None]:
                 help="With --local: the server's base directory [~/.kronk]",
             ),
             setting_option(
-                "auth-jwt.issuer", help="With --local: the issuer (iss) the server checks [kronk]"
+                "auth-jwt.issuer",
+                others=other_spellings([SETTINGS]),
+                help="With --local: the issuer (iss) the server checks [kronk]",
             ),
             setting_option("api_host", help="The running server, HOST:PORT [127.0.0.1:8080]"),
             click.option("--token", envvar="KRONK_TOKEN", help="Admin token for the server"),

@@ -20,4 +20,10 @@ class AuthSettings(BaseModel):
     )
 
 
-SETTINGS = ServerSection("auth-jwt", AuthSettings)
+SETTINGS = ServerSection(
+    "auth-jwt",
+    AuthSettings,
+    # The manual's `--auth-enabled`, `KRONK_AUTH_ENABLED`, `auth_enabled:`.
+    spellings={"auth_enabled": "enabled", "auth_issuer": "issuer"},
+    deprecated={"auth_limit_store": "limit_store"},
+)

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from kronk_core.memory import available_ram
-from kronk_core.sections import ModelSection
+from kronk_core.sections import ModelSection, Switch
 
 
 class SystemPromptReuse(StrEnum):
@@ -39,7 +39,23 @@ class CachingSettings(BaseModel):
     spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 
 
-SETTINGS = ModelSection("caching", CachingSettings)
+# The manual's yes/no keys for the strategy (`cache:`); `incremental_cache: false` alone is
+# no caching at all.
+_SPC = Switch("cache", "spc")
+_IMC = Switch("cache", "imc", off="none")
+
+SETTINGS = ModelSection(
+    "caching",
+    CachingSettings,
+    spellings={"cache_min_tokens": "cache_min_tokens", "cache-min-tokens": "cache_min_tokens"},
+    deprecated={"host_cache_bytes": "host_cache_bytes", "host_cache_dir": "host_cache_dir"},
+    switches={
+        "system_prompt_cache": _SPC,
+        "system-prompt-cache": _SPC,
+        "incremental_cache": _IMC,
+        "incremental-cache": _IMC,
+    },
+)
 
 
 HOST_CACHE_CAP = 8 << 30

@@ -115,6 +115,11 @@ class LlamaCppSettings(BaseModel):
     def _lower_cache_type(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("device", mode="before")
+    @classmethod
+    def _no_device(cls, value: Any) -> Any:
+        return None if value == "" else value  # the manual writes "" for "none pinned"
+
     @field_validator("n_ubatch")
     @classmethod
     def _ubatch_within_batch(cls, value: int, info: ValidationInfo) -> int:
@@ -137,4 +142,68 @@ class LlamaCppSettings(BaseModel):
         return value
 
 
-SETTINGS = ModelSection("llamacpp", LlamaCppSettings)
+# The Kronk manual writes these at the top of a model's entry: `n_ubatch: 512`, `nubatch: 512`.
+_FLAT = (
+    "n_ubatch",
+    "n_threads",
+    "cache_type_k",
+    "cache_type_v",
+    "flash_attention",
+    "n_gpu_layers",
+    "offload_kqv",
+    "op_offload",
+    "split_mode",
+    "main_gpu",
+    "device",
+    "tensor_split",
+    "swa_full",
+    "rope_scaling",
+    "rope_freq_base",
+    "rope_freq_scale",
+    "yarn_ext_factor",
+    "yarn_attn_factor",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "yarn_orig_ctx",
+)
+_MANUAL = {
+    "nubatch": "n_ubatch",
+    "nthreads": "n_threads",
+    "cache-type-k": "cache_type_k",
+    "cache-type-v": "cache_type_v",
+    "flash-attention": "flash_attention",
+    "ngpu-layers": "n_gpu_layers",
+    "split-mode": "split_mode",
+    "main-gpu": "main_gpu",
+    "tensor-split": "tensor_split",
+    "swa-full": "swa_full",
+    "offload-kqv": "offload_kqv",
+    "op-offload": "op_offload",
+    "rope-scaling-type": "rope_scaling",
+    "rope-freq-base": "rope_freq_base",
+    "rope-freq-scale": "rope_freq_scale",
+    "yarn-ext-factor": "yarn_ext_factor",
+    "yarn-attn-factor": "yarn_attn_factor",
+    "yarn-beta-fast": "yarn_beta_fast",
+    "yarn-beta-slow": "yarn_beta_slow",
+    "yarn-orig-ctx": "yarn_orig_ctx",
+}
+# The manual's keys for llama.cpp features this plugin leaves at llama.cpp's defaults.
+_IGNORED = {
+    "use-direct-io": "llama.cpp's default file reading is used",
+    "nthreads-batch": "llamacpp.n_threads sets both thread counts",
+    "use-mmap": "llama.cpp maps model files as it does by default",
+    "numa": "NUMA placement is left to the operating system",
+    "devices": "pin one device with llamacpp.device, or share among GPUs with "
+    "llamacpp.tensor_split",
+    "moe": "experts are placed as llama.cpp places them",
+    "tensor-buft-overrides": "tensors are placed as llama.cpp places them",
+    "op-offload-min-batch": "llamacpp.op_offload switches offloading on or off",
+}
+
+SETTINGS = ModelSection(
+    "llamacpp",
+    LlamaCppSettings,
+    spellings={**{key: key for key in _FLAT}, **_MANUAL},
+    ignored=_IGNORED,
+)

@@ -14,7 +14,14 @@ import click
 from kronk_api.listen import ListenError
 from kronk_api.logs import configure_logging
 from kronk_api.options import ServerStartCommand, cli_plugins, config_file_option
-from kronk_api.settings import Setting, all_settings, bind_sections, env_name, load_settings
+from kronk_api.settings import (
+    Setting,
+    all_settings,
+    bind_sections,
+    env_name,
+    load_settings,
+    server_sections,
+)
 from kronk_core.errors import KronkError
 from kronk_mcp.access import LOOPBACK
 from kronk_mcp.service import mcp_app, serve_foreground
@@ -66,7 +73,8 @@ def add_commands(group: click.Group) -> None:
         assert isinstance(command, StandaloneCommand)
         try:
             overrides = command.overrides(ctx.params, standalone_environment(os.environ))
-            settings = bind_sections(load_settings(config_file, overrides), cli_plugins())
+            sections = server_sections(cli_plugins())
+            settings = bind_sections(load_settings(config_file, overrides, sections), cli_plugins())
             mcp_settings = SETTINGS.of(settings)
         except KronkError as exc:
             raise click.ClickException(exc.message) from None

@@ -2,8 +2,8 @@
 
 The model's core key `draft_strategy` turns speculation on and picks `draft`
 or `lookup`; this section tunes it. The manual's `draft-model` block is read
-as this section with `draft_strategy: draft` (kronk_core/legacy.py), and its
-keys (`model-id`, `ndraft`, `ngpu-layers`, `device`) as written there.
+as this section with `draft_strategy: draft`, and its keys (`model-id`,
+`ndraft`, `ngpu-layers`, `device`) as written there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kronk_core.sections import ModelSection
+from kronk_core.sections import ModelSection, Switch
 
 # More draft tokens than this per step never pay: a miss early in a long draft wastes the rest.
 MAX_NDRAFT = 32
@@ -51,4 +51,9 @@ class SpeculativeSettings(BaseModel):
         return self
 
 
-SETTINGS = ModelSection("speculative", SpeculativeSettings)
+SETTINGS = ModelSection(
+    "speculative",
+    SpeculativeSettings,
+    other_names=("draft-model",),
+    switches={"draft-model": Switch("draft_strategy", "draft")},
+)

@@ -20,4 +20,8 @@ class TemplateSettings(BaseModel):
     tool_format: str | None = None
 
 
-SETTINGS = ModelSection("templates", TemplateSettings)
+SETTINGS = ModelSection(
+    "templates",
+    TemplateSettings,
+    deprecated={"template": "template", "tool_format": "tool_format"},
+)
