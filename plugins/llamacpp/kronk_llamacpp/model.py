@@ -77,7 +77,16 @@ class LlamaTextModel:
                 n_ctx_train,
                 n_ctx_train,
             )
-        params = context_params(config, context_window)
+        params = context_params(config, context_window, n_ctx_train)
+        if llama.rope_scaling is not RopeScaling.none and llama.rope_freq_scale is None:
+            log.info(
+                "%s: rope_scaling %s over %d tokens (trained %d): rope_freq_scale %.4g",
+                config.id,
+                llama.rope_scaling.value,
+                context_window,
+                n_ctx_train,
+                params.rope_freq_scale,
+            )
         if llama.device_sampling:
             params.n_outputs_max_per_seq = DEVICE_SAMPLED_ROWS
         self._ctx = llama_cpp.llama_init_from_model(model, params)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import llama_cpp
 
 from kronk_core.config import ModelConfig
 from kronk_llamacpp.placement import apply_placement
-from kronk_llamacpp.settings import SETTINGS, CacheType, FlashAttention, RopeScaling, SplitMode
+from kronk_llamacpp.settings import (
+    SETTINGS,
+    CacheType,
+    FlashAttention,
+    LlamaCppSettings,
+    RopeScaling,
+    SplitMode,
+)
 
 # enum ggml_type values (stable in ggml.h; the Python bindings export only some).
 GGML_TYPES = {
@@ -74,7 +82,35 @@ def model_params(config: ModelConfig) -> llama_cpp.llama_model_params:
     return params
 
 
-def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_context_params:
+@dataclass(frozen=True)
+class RopeScale:
+    """How far positions are stretched: llama.cpp's frequency scale and YaRN's original context
+    (None: the model's own)."""
+
+    freq_scale: float | None
+    orig_ctx: int | None
+
+
+def rope_scale(llama: LlamaCppSettings, n_ctx_per_seq: int, n_ctx_train: int) -> RopeScale:
+    """The scale the manual derives from the extension ratio when scaling is on and not set:
+    a window 4x the training length gets a frequency scale of 1/4, YaRN's original context is
+    the training length. llama.cpp alone would keep the model's scale (1.0: no extension) and
+    only change how positions are rotated. A window within the training length is not scaled."""
+    if llama.rope_scaling is RopeScaling.none:
+        return RopeScale(llama.rope_freq_scale, llama.yarn_orig_ctx)
+    original = llama.yarn_orig_ctx or n_ctx_train
+    freq_scale = llama.rope_freq_scale
+    if freq_scale is None and original and n_ctx_per_seq > original:
+        freq_scale = original / n_ctx_per_seq
+    orig_ctx = llama.yarn_orig_ctx
+    if orig_ctx is None and llama.rope_scaling is RopeScaling.yarn and n_ctx_train:
+        orig_ctx = n_ctx_train
+    return RopeScale(freq_scale, orig_ctx)
+
+
+def context_params(
+    config: ModelConfig, n_ctx_per_seq: int, n_ctx_train: int = 0
+) -> llama_cpp.llama_context_params:
     llama = SETTINGS.of(config)
     params = llama_cpp.llama_context_default_params()
     # One unified KV pool of context_window x n_seq_max cells; the engine keeps each
@@ -104,8 +140,9 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
         params.rope_scaling_type = ROPE_SCALING[llama.rope_scaling]
     if llama.rope_freq_base is not None:
         params.rope_freq_base = llama.rope_freq_base
-    if llama.rope_freq_scale is not None:
-        params.rope_freq_scale = llama.rope_freq_scale
+    scale = rope_scale(llama, n_ctx_per_seq, n_ctx_train)
+    if scale.freq_scale is not None:
+        params.rope_freq_scale = scale.freq_scale
     if llama.yarn_ext_factor is not None:
         params.yarn_ext_factor = llama.yarn_ext_factor
     if llama.yarn_attn_factor is not None:
@@ -114,6 +151,6 @@ def context_params(config: ModelConfig, n_ctx_per_seq: int) -> llama_cpp.llama_c
         params.yarn_beta_fast = llama.yarn_beta_fast
     if llama.yarn_beta_slow is not None:
         params.yarn_beta_slow = llama.yarn_beta_slow
-    if llama.yarn_orig_ctx is not None:
-        params.yarn_orig_ctx = llama.yarn_orig_ctx
+    if scale.orig_ctx is not None:
+        params.yarn_orig_ctx = scale.orig_ctx
     return params
