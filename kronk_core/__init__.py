@@ -1,5 +1,6 @@
 """Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
 
+from kronk_core import grammars
 from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
 from kronk_core.media import Media, MediaConfig
 from kronk_core.plugins import hookimpl
@@ -24,5 +25,6 @@ __all__ = [
     "ModelConfig",
     "SamplingConfig",
     "Usage",
+    "grammars",
     "hookimpl",
 ]
