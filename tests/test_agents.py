@@ -249,6 +249,7 @@ def test_aliases_answer_in_every_dialect(agent_server: str) -> None:
         assert client.models.retrieve("text-embedding-3-small").model_extra == {
             "loaded": True,
             "context_length": 512,
+            "input_modalities": ["text"],
             "alias_of": "minilm",
         }
     with anthropic.Anthropic(base_url=agent_server, api_key="unused", max_retries=0) as claude:

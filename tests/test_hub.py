@@ -32,7 +32,7 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import ModelNotFoundError
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from conftest import MultimodalPaths, Serve
 
 HUB_PATHS = ("/api/models/", "/org/")
 
@@ -96,18 +96,20 @@ def answer(base: Path, model: str, **config: object) -> str:
 
 
 @pytest.fixture
-def tiny_repo(tiny_llama_path: Path, reranker_path: Path) -> HubRepo:
+def tiny_repo(multimodal_paths: MultimodalPaths) -> HubRepo:
     """A repository as people publish GGUF models: several quantizations, projectors, a card.
-    Every model file is the tiny chat model; a tiny GGUF stands in for the projectors."""
+    Every model file is the tiny multimodal test model, every projector its vision projector:
+    a pulled model loads with the projector pulled beside it."""
+    model, projector = multimodal_paths.model, multimodal_paths.vision
     return HubRepo(
         {
             "README.md": b"# Tiny\n",
             ".gitattributes": b"*.gguf filter=lfs\n",
-            "Tiny-Q8_0.gguf": tiny_llama_path,
-            "Tiny-Q4_K_M.gguf": tiny_llama_path,
-            "Tiny-UD-Q4_K_M.gguf": tiny_llama_path,
-            "mmproj-Tiny-F32.gguf": reranker_path,
-            "mmproj-Tiny-F16.gguf": reranker_path,
+            "Tiny-Q8_0.gguf": model,
+            "Tiny-Q4_K_M.gguf": model,
+            "Tiny-UD-Q4_K_M.gguf": model,
+            "mmproj-Tiny-F32.gguf": projector,
+            "mmproj-Tiny-F16.gguf": projector,
         }
     )
 
@@ -430,7 +432,7 @@ def test_the_default_model_and_model_config_entries_are_pulled_by_reference(
         assert chat(client, "claude-sonnet-4-5") == "agent"
         assert chat(client, "agent") == "agent"
         cards = {card["id"]: card for card in httpx.get(f"{base_url}/v1/models").json()["data"]}
-        assert cards["agent"]["loaded"] and cards["agent"]["context_length"] == 256
+        assert cards["agent"]["loaded"] and cards["agent"]["context_length"] == 8192
     assert pulled(tmp_path) == [
         "org/Tiny-GGUF/Tiny-Q4_K_M.gguf",
         "org/Tiny-GGUF/Tiny-Q8_0.gguf",

@@ -53,8 +53,13 @@ def kronk(
         models={
             "mm": mm_config(paths.model, paths.both),
             "vision": mm_config(paths.model, paths.vision),
+            # Any prefix is worth reusing: a cancelled request may keep only the text before
+            # its sound, and a loaded machine cancels it there.
             "mm-imc": mm_config(
-                paths.model, paths.both, cache="imc", caching={"host_cache_bytes": 0}
+                paths.model,
+                paths.both,
+                cache="imc",
+                caching={"host_cache_bytes": 0, "cache_min_tokens": 0},
             ),
             "text": mm_config(paths.model, None),
         },
