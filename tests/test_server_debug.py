@@ -209,6 +209,39 @@ def test_metrics_count_known_requests(debug: DebugServer) -> None:
     assert saved == sum(cached)
 
 
+# The manual's PromQL (§14.5), as printed there.
+MANUAL_QUERIES = (
+    "model_ttft_avg",
+    "usage_tokens_per_second_avg",
+    "rate(requests[5m])",
+    "rate(errors[5m]) / rate(requests[5m])",
+)
+
+
+def test_the_manual_s_metric_names_answer_its_queries(debug: DebugServer) -> None:
+    """The manual's unlabelled names: counts since start, and each figure's average, least
+    and most over every request so far."""
+    before = scrape(debug)
+    answers = [chat(debug, body(OPENING)).json() for _ in range(2)]
+    assert chat(debug, {**body(OPENING), "model": "no-such-model"}).status_code == 404
+    after = scrape(debug)
+    assert delta(before, after, "requests") == 3
+    assert delta(before, after, "errors") == 1
+    assert value(after, "panics") == 0 and value(after, "goroutines") >= 1
+    totals = [answer["usage"]["total_tokens"] for answer in answers]
+    assert value(after, "usage_total_tokens_max") >= max(totals)
+    assert value(after, "usage_total_tokens_min") <= min(totals)
+    for figure in ("model_ttft", "model_prefill", "model_prompt_creation", "model_load"):
+        low, mean, high = (value(after, f"{figure}_{end}") for end in ("min", "avg", "max"))
+        assert 0 < low <= mean <= high, figure
+    assert value(after, "usage_tokens_per_second_avg") > 0
+    assert value(after, "usage_output_tokens_avg") > 0
+    series = {name for name, _ in after}
+    for query in MANUAL_QUERIES:
+        names = set(re.findall(r"\b[a-z_]+\b(?![(\[])", re.sub(r"\[5m\]", "", query)))
+        assert names <= series, (query, sorted(names - series))
+
+
 def test_engine_and_cache_gauges(debug: DebugServer) -> None:
     chat(debug, body(OPENING))
     samples = scrape(debug)

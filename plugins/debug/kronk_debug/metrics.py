@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from kronk_core import Kronk
 from kronk_core.events import ChatRecord
 from kronk_core.slots import CacheCounters
+from kronk_debug.manual import ManualFigures
 
 # Seconds: from a fast scrape of a cached prompt to a long generation on a CPU.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -57,6 +58,8 @@ class Metrics:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
         self.registry.register(EngineCollector(kronk))
+        self.manual = ManualFigures()
+        self.registry.register(self.manual)
         r = self.registry
         self.requests = Counter(
             "kronk_requests", "HTTP requests answered", (*REQUEST_LABELS, "code"), registry=r
@@ -132,11 +135,18 @@ class Metrics:
     def observe_request(self, labels: RequestLabels, status: int, seconds: float) -> None:
         code = str(status)
         self.requests.labels(labels.endpoint, labels.model, code).inc()
-        if status >= 400 or labels.failed:
+        error = status >= 400 or labels.failed
+        self.manual.observe_request(error=error, status=status)
+        if error:
             self.errors.labels(labels.endpoint, labels.model, code).inc()
         self.request_seconds.labels(labels.endpoint, labels.model).observe(seconds)
 
+    def observe_load(self, model_id: str, seconds: float) -> None:
+        self.model_load_seconds.labels(model_id).observe(seconds)
+        self.manual.observe("model_load", seconds)
+
     def observe_chat(self, record: ChatRecord, endpoint: str) -> None:
+        self.manual.observe_chat(record)
         key = (endpoint, record.model)
         self.prompt_creation_seconds.labels(*key).observe(
             record.prompt_ready_at - record.prompt_started_at
@@ -242,4 +252,3 @@ class EngineCollector(Collector):
         for name, text in counters.items():
             families[name] = CounterMetricFamily(name, text, labels=["model"])
         return families
-

@@ -45,7 +45,7 @@ class MetricsObserver:
     def kronk_model_loaded(self, model_config: ModelConfig, seconds: float) -> None:
         labels = current_labels.get()
         if labels is None or labels.metrics is self.metrics:
-            self.metrics.model_load_seconds.labels(model_config.id).observe(seconds)
+            self.metrics.observe_load(model_config.id, seconds)
 
 
 @dataclass
@@ -83,7 +83,7 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
             metrics.registry.register(collector)
     # Models loaded before the server started (--preload) count as loads too.
     for entry in kronk.pool.entries():
-        metrics.model_load_seconds.labels(entry.model_id).observe(entry.load_seconds)
+        metrics.observe_load(entry.model_id, entry.load_seconds)
     host, _, port = settings.host.rpartition(":")
     guards: list[Any] = []
     if not is_loopback(host):
