@@ -136,11 +136,15 @@ class RateLimitError(TooManyRequestsError):
     code = "rate_limit_exceeded"
 
 
-class EngineClosedError(KronkError):
-    """The engine was shut down while the request was queued or running."""
+class UnavailableError(KronkError):
+    """Something the request needs cannot answer now (a service, a shut-down engine)."""
 
     status = 503
     code = "unavailable"
+
+
+class EngineClosedError(UnavailableError):
+    """The engine was shut down while the request was queued or running."""
 
 
 class KVCacheFullError(KronkError):

@@ -490,6 +490,8 @@ PUBLIC_ROUTES = [
     ("GET", "/v1/readiness"),
 ]
 ANY_TOKEN_ROUTES = [
+    # Unguarded, but what it answers is the check of the token it is sent (auth-jwt.host).
+    ("POST", "/v1/kronk/security/authenticate"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
     ("GET", "/v1/example/greeting"),

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
@@ -20,6 +20,29 @@ from kronk_auth_jwt.windows import window_bounds
 from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
 
 STATE_KEY = "kronk_auth"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Who a checked token belongs to."""
+
+    subject: str
+    admin: bool
+
+
+class TokenChecker(Protocol):
+    """Checks a request's credentials for an endpoint: this server's keys (Authenticator),
+    or another server's (RemoteAuthenticator, auth-jwt.host)."""
+
+    async def check(self, credentials: str | None, endpoint: str, times: int = 1) -> Checked:
+        """Authenticate; for a named endpoint, check its grant and charge `times` requests
+        (0: only the grant). `endpoint` may be ADMIN (admin tokens only) or AUTHENTICATED
+        (any valid token). Raises AuthenticationError, PermissionDeniedError, RateLimitError,
+        or UnavailableError when the checker cannot answer."""
+        ...
+
+    def close(self) -> None:
+        """Release stores and connections (the server is stopping)."""
 
 
 def utc_now() -> datetime:
@@ -58,6 +81,21 @@ class Authenticator:
             raise PermissionDeniedError(f"token does not grant the {endpoint!r} endpoint")
         return grant
 
+    async def check(self, credentials: str | None, endpoint: str, times: int = 1) -> Checked:
+        claims = self.authenticate(credentials)
+        checked = Checked(claims.subject, claims.admin)
+        if claims.admin or endpoint == AUTHENTICATED:
+            return checked
+        if endpoint == ADMIN:
+            raise PermissionDeniedError("this endpoint needs an admin token")
+        grant = self.grant(claims, endpoint)
+        for _ in range(times):
+            await self.charge(claims.subject, endpoint, grant)
+        return checked
+
+    def close(self) -> None:
+        self.store.close()
+
     async def charge(self, subject: str, endpoint: str, grant: Grant) -> None:
         """Count one request against the grant's quota, or raise RateLimitError."""
         if grant.limit is None or grant.window is None:
@@ -73,7 +111,7 @@ class Authenticator:
             )
 
 
-def _credentials(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+def credentials_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The Authorization header; Anthropic's clients send the token as x-api-key instead."""
     authorization = connection.headers.get("authorization")
     api_key = connection.headers.get("x-api-key")
@@ -94,11 +132,6 @@ async def authorize(
     endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
     if endpoint == PUBLIC:
         return
-    auth: Authenticator = connection.app.state[STATE_KEY]
-    claims = auth.authenticate(_credentials(connection))
-    connection.state[SUBJECT_STATE] = claims.subject
-    if claims.admin or endpoint == AUTHENTICATED:
-        return
-    if endpoint == ADMIN:
-        raise PermissionDeniedError("this endpoint needs an admin token")
-    await auth.charge(claims.subject, endpoint, auth.grant(claims, endpoint))
+    checker: TokenChecker = connection.app.state[STATE_KEY]
+    checked = await checker.check(credentials_of(connection), endpoint)
+    connection.state[SUBJECT_STATE] = checked.subject

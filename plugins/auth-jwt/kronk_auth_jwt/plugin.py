@@ -13,9 +13,10 @@ from litestar.types import ControllerRouterHandler, Guard
 
 from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, authorize
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator, TokenChecker, authorize
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.redis_store import RedisLimitStore
+from kronk_auth_jwt.remote import RemoteAuthenticator
 from kronk_auth_jwt.routes import router
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
@@ -51,6 +52,9 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:
         return
+    if settings.host:
+        app.state[STATE_KEY] = RemoteAuthenticator(settings.host)
+        return
     base = app.state.settings.base_path.expanduser()
     keys = open_key_store(base / "keys", settings.issuer)
     scheme = settings.limit_store.partition("://")[0]
@@ -61,9 +65,9 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
 
 @hookimpl
 def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    auth: Authenticator | None = app.state.get(STATE_KEY)
-    if auth is not None:
-        auth.store.close()
+    checker: TokenChecker | None = app.state.get(STATE_KEY)
+    if checker is not None:
+        checker.close()
 
 
 def sqlite_store(url: str, base_path: Path) -> LimitStore:

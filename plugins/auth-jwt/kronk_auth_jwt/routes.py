@@ -7,10 +7,10 @@ from typing import Any
 
 from litestar import Request, Router, delete, get, post
 from litestar.params import FromPath
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator
+from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC
+from kronk_auth_jwt.guard import STATE_KEY, Authenticator, TokenChecker, credentials_of
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
 from kronk_core.errors import InvalidRequestError, KronkError
@@ -30,11 +30,44 @@ class TokenRequest(BaseModel):
     endpoints: str
 
 
-def _auth(request: Request[Any, Any, Any]) -> Authenticator:
-    if not SETTINGS.of(request.app.state.settings).enabled:
+class CheckRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(min_length=1)
+    # Requests to charge: an MCP call charges one per tool call, a session's opening none.
+    times: int = Field(default=1, ge=0, le=1000)
+
+
+def _checker(request: Request[Any, Any, Any]) -> TokenChecker:
+    settings = SETTINGS.of(request.app.state.settings)
+    if not settings.enabled:
         raise AuthDisabledError("authentication is not enabled on this server")
-    auth: Authenticator = request.app.state[STATE_KEY]
-    return auth
+    checker: TokenChecker = request.app.state[STATE_KEY]
+    return checker
+
+
+def _auth(request: Request[Any, Any, Any]) -> Authenticator:
+    checker = _checker(request)
+    if not isinstance(checker, Authenticator):
+        host = SETTINGS.of(request.app.state.settings).host
+        raise InvalidRequestError(
+            f"this server's tokens are checked by the auth service at {host}: "
+            "manage keys and tokens there"
+        )
+    return checker
+
+
+# Public: the token in the request is what it checks (the auth service of auth-jwt.host).
+@post("/v1/kronk/security/authenticate", opt={ENDPOINT_OPT: PUBLIC}, status_code=200)
+async def authenticate(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    checker = _checker(request)
+    try:
+        body = CheckRequest.model_validate(json.loads(await request.body()))
+    except (ValueError, ValidationError):
+        await checker.check(credentials_of(request), AUTHENTICATED, 0)  # a bad token: 401 first
+        raise InvalidRequestError('expected {"endpoint": "chat-completions", "times": 1}') from None
+    checked = await checker.check(credentials_of(request), body.endpoint, body.times)
+    return {"subject": checked.subject, "admin": checked.admin}
 
 
 @get("/v1/kronk/security/keys", opt=_ADMIN)
@@ -69,4 +102,6 @@ async def create_token(request: Request[Any, Any, Any]) -> dict[str, str]:
 
 
 def router() -> Router:
-    return Router(path="/", route_handlers=[list_keys, create_key, delete_key, create_token])
+    return Router(
+        path="/", route_handlers=[list_keys, create_key, delete_key, create_token, authenticate]
+    )

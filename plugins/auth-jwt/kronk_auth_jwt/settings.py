@@ -18,12 +18,17 @@ class AuthSettings(BaseModel):
         default="sqlite",
         description="Rate-limit counters: sqlite, sqlite:///PATH or redis://HOST:PORT/DB",
     )
+    host: str | None = Field(
+        default=None,
+        description="HOST:PORT (or URL) of the Kronk server that checks this server's tokens "
+        "with its keys, issuer and limits; unset: this server checks them",
+    )
 
 
 SETTINGS = ServerSection(
     "auth-jwt",
     AuthSettings,
     # The manual's `--auth-enabled`, `KRONK_AUTH_ENABLED`, `auth_enabled:`.
-    spellings={"auth_enabled": "enabled", "auth_issuer": "issuer"},
+    spellings={"auth_enabled": "enabled", "auth_issuer": "issuer", "auth_host": "host"},
     deprecated={"auth_limit_store": "limit_store"},
 )

@@ -7,7 +7,7 @@ import asyncio
 from litestar.datastructures import State
 
 from kronk_api.settings import ServerSettings
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator
+from kronk_auth_jwt.guard import STATE_KEY, TokenChecker
 from kronk_auth_jwt.settings import SETTINGS as AUTH_SETTINGS
 from kronk_core.errors import ConfigError
 
@@ -15,14 +15,14 @@ ENDPOINT = "mcp"
 
 
 class AuthJwtGate:
-    """Checks tokens with the model server's Authenticator, on the server's event loop.
+    """Checks tokens with the model server's token checker, on the server's event loop.
 
-    The MCP service runs on a thread and loop of its own; the Authenticator's
-    counter store (Redis, SQLite) belongs to the server's loop, so every check
-    is handed to that loop.
+    The MCP service runs on a thread and loop of its own; the checker's counter store
+    (Redis, SQLite) or its connection to the auth service belongs to the server's loop, so
+    every check is handed to that loop.
     """
 
-    def __init__(self, auth: Authenticator, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, auth: TokenChecker, loop: asyncio.AbstractEventLoop) -> None:
         self._auth = auth
         self._loop = loop
 
@@ -31,11 +31,7 @@ class AuthJwtGate:
         return await asyncio.wrap_future(check)
 
     async def _check(self, authorization: str | None, tool_calls: int) -> str:
-        claims = self._auth.authenticate(authorization)
-        grant = self._auth.grant(claims, ENDPOINT)
-        for _ in range(tool_calls):
-            await self._auth.charge(claims.subject, ENDPOINT, grant)
-        return claims.subject
+        return (await self._auth.check(authorization, ENDPOINT, tool_calls)).subject
 
 
 def server_gate(state: State, settings: ServerSettings) -> AuthJwtGate | None:
@@ -43,7 +39,7 @@ def server_gate(state: State, settings: ServerSettings) -> AuthJwtGate | None:
 
     Called on the server's loop, once auth-jwt has started.
     """
-    auth: Authenticator | None = state.get(STATE_KEY)
+    auth: TokenChecker | None = state.get(STATE_KEY)
     if auth is None:
         if AUTH_SETTINGS.of(settings).enabled:
             # auth-jwt has not started: the MCP service must not open without it.

@@ -105,9 +105,7 @@ class BraveSearchDouble:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/res/v1"
 
-    def answer_next(
-        self, status: int, body: Any, headers: dict[str, str] | None = None
-    ) -> None:
+    def answer_next(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         """The next request gets this answer (a dict is sent as JSON, bytes as they are)."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         with self._lock:

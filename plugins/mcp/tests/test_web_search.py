@@ -275,9 +275,7 @@ def test_upstream_failure_and_unreachable_upstream_are_tool_errors(
     assert text(unreachable).startswith("cannot reach Brave Search at http://127.0.0.1:")
 
 
-def test_an_unknown_tool_is_a_protocol_error(
-    mcp_service: ServiceFactory, raw: RawFactory
-) -> None:
+def test_an_unknown_tool_is_a_protocol_error(mcp_service: ServiceFactory, raw: RawFactory) -> None:
     with mcp_service() as url:
         session = raw(url)
         session.initialize()
