@@ -26,6 +26,8 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
                 "model": loaded.id,
                 "cache": loaded.config.cache,
                 "counters": asdict(loaded.engine.cache_counters()),
+                # Steps, queued and active requests, tokens generated and prefilled so far.
+                "engine": asdict(loaded.engine.stats()),
                 "slots": [asdict(state) for state in loaded.engine.slot_states()],
             }
             for loaded in kronk.loaded_models()

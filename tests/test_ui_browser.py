@@ -5,7 +5,9 @@ prints, never in the source tree (docs/images is refreshed from there by hand)."
 
 from __future__ import annotations
 
+import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,11 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     expect(answer).to_have_count(1, timeout=60_000)
     assert answer.locator(".content").inner_text().strip()
     expect(answer.locator(".meta")).to_contain_text("completion tokens")
+    # Time to the first token and the pace after it, as the browser saw them.
+    expect(answer.locator(".meta")).to_contain_text("TTFT")
+    expect(answer.locator(".meta")).to_contain_text("tokens/s")
+    assert float(answer.get_attribute("data-ttft") or 0) > 0
+    assert float(answer.get_attribute("data-tokens-per-second") or 0) > 0
     expect(page.locator(".msg.user .content")).to_have_text("Write one line about the sea.")
     assert answer.locator("details.reasoning").is_hidden()
     shoot(page, screenshots, "chat")
@@ -199,6 +206,21 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     page.goto(f"{base_url}/#/dashboard")
     expect(page.locator("#dash-loaded")).to_have_text("2")
     expect(page.locator("#dash-slots tr")).to_have_count(2)
+    # The live charts follow the engines: a chat running now shows as tokens per second.
+    body = {"model": GEMMA_MODEL_ID, "messages": [{"role": "user", "content": "Count on."}]}
+    body |= {"max_tokens": 64, "temperature": 0}
+    running = threading.Thread(
+        target=httpx.post,
+        args=(f"{base_url}/v1/chat/completions",),
+        kwargs={"json": body, "timeout": 120},
+    )
+    running.start()
+    tokens_chart = page.locator("#dash-chart-tokens")
+    expect(tokens_chart).to_have_attribute("data-points", re.compile(r"[1-9]"), timeout=10_000)
+    page.wait_for_function(
+        "() => Number(document.getElementById('dash-live-tps').textContent) > 0", timeout=30_000
+    )
+    running.join()
     shoot(page, screenshots, "dashboard")
     page.goto(f"{base_url}/#/models")
     expect(page.locator(f'#models-loaded tr[data-model="{GEMMA_MODEL_ID}"]')).to_have_count(1)

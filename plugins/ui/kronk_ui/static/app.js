@@ -144,6 +144,59 @@ function fill(body, rows, emptyText, columns) {
 
 const pages = {};
 
+// Live charts: the engines' counters every LIVE_SECONDS while the dashboard is shown.
+const LIVE_SECONDS = 2;
+const LIVE_POINTS = 60;
+const live = { timer: null, last: null, tokens: [], requests: [] };
+
+function drawChart(svg, values) {
+  const top = Math.max(1, ...values);
+  const step = 300 / (LIVE_POINTS - 1);
+  const offset = LIVE_POINTS - values.length;
+  const points = values.map((value, index) => `${((offset + index) * step).toFixed(1)},${(58 - (value / top) * 56).toFixed(1)}`);
+  svg.querySelector("polyline").setAttribute("points", points.join(" "));
+  svg.dataset.points = String(values.length);
+}
+
+function pushPoint(series, value) {
+  series.push(value);
+  if (series.length > LIVE_POINTS) series.shift();
+}
+
+async function sampleLive() {
+  const slots = await api("/v1/kronk/slots");
+  const now = performance.now() / 1000;
+  let generated = 0;
+  let running = 0;
+  for (const model of slots.data) {
+    generated += model.engine.generated_tokens;
+    running += model.engine.active + model.engine.queued;
+  }
+  if (live.last) {
+    const rate = Math.max(0, generated - live.last.generated) / Math.max(0.001, now - live.last.at);
+    pushPoint(live.tokens, rate);
+    $("dash-live-tps").textContent = rate.toFixed(1);
+  }
+  live.last = { at: now, generated };
+  pushPoint(live.requests, running);
+  $("dash-live-requests").textContent = String(running);
+  drawChart($("dash-chart-tokens"), live.tokens);
+  drawChart($("dash-chart-requests"), live.requests);
+}
+
+function startLive() {
+  if (live.timer) return;
+  const tick = () => sampleLive().catch(() => {});
+  tick();
+  live.timer = setInterval(() => (currentPage() === "dashboard" ? tick() : stopLive()), LIVE_SECONDS * 1000);
+}
+
+function stopLive() {
+  clearInterval(live.timer);
+  live.timer = null;
+  live.last = null;
+}
+
 pages.dashboard = async function loadDashboard() {
   const live = await api("/v1/liveness");
   $("server-version").textContent = `kronk ${live.version}`;
@@ -180,6 +233,7 @@ pages.dashboard = async function loadDashboard() {
     "No chat model is loaded.",
     8,
   );
+  startLive();
 };
 
 // ---- chat
@@ -235,6 +289,9 @@ async function sendChat(event) {
   let content = "";
   let finish = "";
   let usage = null;
+  // Measured here, as the user sees it: the first token's arrival, then the stream's pace.
+  const sent = performance.now();
+  let firstAt = null;
   try {
     for await (const frame of events("/v1/chat/completions", { method: "POST", body, signal: chat.controller.signal })) {
       if (frame.data === "[DONE]") break;
@@ -243,6 +300,7 @@ async function sendChat(event) {
       if (chunk.usage) usage = chunk.usage;
       for (const choice of chunk.choices || []) {
         const delta = choice.delta || {};
+        if (firstAt === null && (delta.content || delta.reasoning_content)) firstAt = performance.now();
         if (delta.reasoning_content) {
           reasoning.textContent += delta.reasoning_content;
           reasoningBlock.hidden = !$("chat-show-reasoning").checked;
@@ -272,6 +330,17 @@ async function sendChat(event) {
     const parts = [];
     if (finish) parts.push(`finish: ${finish}`);
     if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
+    if (firstAt !== null) {
+      const ttft = (firstAt - sent) / 1000;
+      answer.node.dataset.ttft = ttft.toFixed(3);
+      parts.push(`TTFT ${ttft.toFixed(2)} s`);
+      const seconds = (performance.now() - firstAt) / 1000;
+      if (usage && usage.completion_tokens > 1 && seconds > 0) {
+        const pace = (usage.completion_tokens - 1) / seconds;
+        answer.node.dataset.tokensPerSecond = pace.toFixed(1);
+        parts.push(`${pace.toFixed(1)} tokens/s`);
+      }
+    }
     if (parts.length) answer.node.append(el("div", { class: "meta", text: parts.join(" · ") }));
     $("chat-usage").textContent = usage ? `Last answer: ${usage.completion_tokens} tokens` : "";
     chat.controller = null;
