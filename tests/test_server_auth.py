@@ -512,6 +512,7 @@ GRANTED_ROUTES = {
 }
 ADMIN_ROUTES = [
     ("GET", "/v1/kronk/slots"),
+    ("GET", "/v1/kronk/ui/live"),
     ("GET", "/v1/kronk/devices"),
     ("GET", "/v1/kronk/models"),
     ("POST", "/v1/kronk/models/{model_id}/unload"),

@@ -206,7 +206,10 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     page.goto(f"{base_url}/#/dashboard")
     expect(page.locator("#dash-loaded")).to_have_text("2")
     expect(page.locator("#dash-slots tr")).to_have_count(2)
-    # The live charts follow the engines: a chat running now shows as tokens per second.
+    # The live charts follow the engines: a chat that runs after their first read shows as
+    # tokens per second, then as a time to first token once it finishes.
+    requests_chart = page.locator("#dash-chart-requests")
+    expect(requests_chart).to_have_attribute("data-points", re.compile(r"[1-9]"), timeout=10_000)
     body = {"model": GEMMA_MODEL_ID, "messages": [{"role": "user", "content": "Count on."}]}
     body |= {"max_tokens": 64, "temperature": 0}
     running = threading.Thread(
@@ -221,6 +224,13 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
         "() => Number(document.getElementById('dash-live-tps').textContent) > 0", timeout=30_000
     )
     running.join()
+    page.wait_for_function(
+        "() => Number(document.getElementById('dash-live-ttft').textContent) > 0", timeout=30_000
+    )
+    expect(page.locator("#dash-live-slots")).to_have_text("0 / 2")
+    for chart in ("tokens", "ttft", "requests", "slots"):
+        points = page.locator(f"#dash-chart-{chart}").get_attribute("data-points")
+        assert int(points or 0) >= 1, chart
     shoot(page, screenshots, "dashboard")
     page.goto(f"{base_url}/#/models")
     expect(page.locator(f'#models-loaded tr[data-model="{GEMMA_MODEL_ID}"]')).to_have_count(1)

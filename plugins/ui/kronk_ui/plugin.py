@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib.resources import files
 
-from litestar import Response, Router, get
+from litestar import Litestar, Response, Router, get
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from litestar.types import ControllerRouterHandler
 
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, hookimpl
+from kronk_ui.live import STATE_KEY, LiveCounts, live
 
 _PUBLIC = {ENDPOINT_OPT: PUBLIC}
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -67,4 +68,17 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
 
 @hookimpl
 def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [Router(path="/", route_handlers=[index, asset])]
+    return [Router(path="/", route_handlers=[index, asset, live])]
+
+
+@hookimpl
+def kronk_startup(kronk: Kronk, app: Litestar) -> None:
+    counts = app.state[STATE_KEY] = LiveCounts()
+    kronk.plugins.register(counts, name=f"ui-live-{id(app)}")
+
+
+@hookimpl
+def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
+    counts: LiveCounts | None = app.state.get(STATE_KEY)
+    if counts is not None:
+        kronk.plugins.unregister(counts)

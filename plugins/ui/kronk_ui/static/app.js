@@ -147,7 +147,7 @@ const pages = {};
 // Live charts: the engines' counters every LIVE_SECONDS while the dashboard is shown.
 const LIVE_SECONDS = 2;
 const LIVE_POINTS = 60;
-const live = { timer: null, last: null, tokens: [], requests: [] };
+const live = { timer: null, last: null, tokens: [], ttft: [], requests: [], slots: [] };
 
 function drawChart(svg, values) {
   const top = Math.max(1, ...values);
@@ -164,24 +164,37 @@ function pushPoint(series, value) {
 }
 
 async function sampleLive() {
-  const slots = await api("/v1/kronk/slots");
+  const [slots, chats] = await Promise.all([api("/v1/kronk/slots"), api("/v1/kronk/ui/live")]);
   const now = performance.now() / 1000;
   let generated = 0;
   let running = 0;
+  let busy = 0;
+  let total = 0;
   for (const model of slots.data) {
     generated += model.engine.generated_tokens;
     running += model.engine.active + model.engine.queued;
+    busy += model.slots.filter((slot) => slot.busy).length;
+    total += model.slots.length;
   }
   if (live.last) {
     const rate = Math.max(0, generated - live.last.generated) / Math.max(0.001, now - live.last.at);
     pushPoint(live.tokens, rate);
     $("dash-live-tps").textContent = rate.toFixed(1);
+    // The average of the chats that finished since the last read; none finished: no change.
+    const finished = chats.ttft_count - live.last.ttftCount;
+    const ttft = finished > 0 ? (chats.ttft_seconds - live.last.ttftSeconds) / finished : live.ttft.at(-1) ?? 0;
+    pushPoint(live.ttft, ttft);
+    $("dash-live-ttft").textContent = ttft.toFixed(2);
   }
-  live.last = { at: now, generated };
+  live.last = { at: now, generated, ttftCount: chats.ttft_count, ttftSeconds: chats.ttft_seconds };
   pushPoint(live.requests, running);
+  pushPoint(live.slots, busy);
   $("dash-live-requests").textContent = String(running);
+  $("dash-live-slots").textContent = `${busy} / ${total}`;
   drawChart($("dash-chart-tokens"), live.tokens);
+  drawChart($("dash-chart-ttft"), live.ttft);
   drawChart($("dash-chart-requests"), live.requests);
+  drawChart($("dash-chart-slots"), live.slots);
 }
 
 function startLive() {
