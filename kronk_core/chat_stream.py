@@ -57,6 +57,7 @@ class ChatStream:
         self._times = times
         self._on_finished = on_finished
         self._parse_seconds = 0.0
+        self._first_call: str | None = None  # the one call kept without parallel_tool_calls
         self.prompt_tokens = prompt_tokens
         self.model_id = model_id
         self.created = time.time()
@@ -146,13 +147,15 @@ class ChatStream:
         yield ChatDelta(finish_reason=reason, usage=event.usage, stop_sequence=event.stop_sequence)
 
     def _limit_calls(self, part: ChatDelta, calls: int) -> tuple[ChatDelta, int]:
-        """parallel_tool_calls false: only the first call goes out."""
-        if not part.tool_calls:
-            return part, calls
-        keep = part.tool_calls
-        if not self._parallel_tool_calls:
-            keep = keep[: max(0, 1 - calls)]
-        return replace(part, tool_calls=keep), calls + len(keep)
+        """parallel_tool_calls false: only the first call goes out, its pieces included."""
+        if self._parallel_tool_calls or not (part.tool_calls or part.tool_call_deltas):
+            return part, calls + len(part.tool_calls)
+        first = self._first_call
+        if first is None and part.tool_call_deltas:
+            first = self._first_call = part.tool_call_deltas[0].id
+        pieces = tuple(piece for piece in part.tool_call_deltas if piece.id == first)
+        keep = tuple(call for call in part.tool_calls if call.id == first)[: max(0, 1 - calls)]
+        return replace(part, tool_calls=keep, tool_call_deltas=pieces), calls + len(keep)
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -186,7 +189,7 @@ class _ReasoningCounter:
         if not parts:
             return
         self._in_reasoning = any(part.reasoning for part in parts) and not any(
-            part.content or part.tool_calls for part in parts
+            part.content or part.tool_calls or part.tool_call_deltas for part in parts
         )
         self.close()
 
@@ -201,6 +204,7 @@ def _with_logprobs(delta: ChatDelta, logprobs: tuple[TokenLogprob, ...]) -> Chat
         content=delta.content,
         reasoning=delta.reasoning,
         tool_calls=delta.tool_calls,
+        tool_call_deltas=delta.tool_call_deltas,
         logprobs=delta.logprobs + logprobs,
         finish_reason=delta.finish_reason,
         usage=delta.usage,

@@ -244,16 +244,16 @@ def _check_vocabulary(loaded: LoadedModel, tokens: Sequence[int], param: str) ->
 
 
 def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str) -> int:
-    """The request's max_tokens must fit; a default (model config or 4096) is capped."""
+    """How many tokens may be generated: max_tokens (or the model's default), capped by what
+    is left of the context window, so a generation that reaches the window's end finishes
+    with `length`. Only a prompt that leaves no room at all is refused."""
     limit = loaded.model.info.n_ctx_per_seq
     room = limit - prompt_len
-    if room < 1 or (explicit is not None and explicit > room):
-        wanted = explicit or 1
+    if room < 1:
         raise ContextOverflowError(
-            f"this request needs {prompt_len + wanted} tokens ({prompt_len} in the prompt "
-            f"+ {wanted} to generate) but the context window of {loaded.id} is {limit} tokens",
+            f"this request needs {prompt_len + 1} tokens ({prompt_len} in the prompt "
+            f"+ 1 to generate) but the context window of {loaded.id} is {limit} tokens",
             param=param,
         )
-    if explicit is not None:
-        return explicit
-    return min(loaded.config.sampling.max_tokens or DEFAULT_MAX_TOKENS, room)
+    wanted = explicit if explicit is not None else loaded.config.sampling.max_tokens
+    return min(wanted or DEFAULT_MAX_TOKENS, room)

@@ -25,6 +25,20 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call while the model writes it.
+
+    A call's first piece carries its `name`; every piece may carry the next
+    fragment of its `arguments`. Once the call is complete it arrives whole in
+    ChatDelta.tool_calls, and its `arguments` are its pieces' fragments joined.
+    """
+
+    id: str
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: Role
     content: str | None = None
@@ -218,13 +232,14 @@ EngineEvent = TextChunk | Finished
 class ChatDelta:
     """One streamed piece of a chat answer, as the SDK hands it out.
 
-    Tool calls arrive whole (parsed, arguments as JSON text) once the model
-    has closed them, so a stream never carries a call that later breaks.
+    A tool call streams as `tool_call_deltas` (its name, then its arguments'
+    fragments) and then arrives whole in `tool_calls` once the model has ended it.
     """
 
     content: str = ""
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

@@ -485,7 +485,7 @@ def test_completion_logprobs_echo_and_token_ids(client: openai.OpenAI) -> None:
         ({"prompt": [2, 10_000_000]}, "not in the vocabulary"),
         ({"prompt": ""}, "must not be empty"),
         ({"stop": [""]}, "must not be empty"),
-        ({"max_tokens": 100_000}, "context window"),
+        ({"prompt": "word " * 8300}, "context window"),
     ],
     ids=[
         "suffix",

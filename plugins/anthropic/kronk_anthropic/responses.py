@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kronk_core.types import ChatDelta, FinishReason, ToolCall, Usage
+from kronk_core.types import ChatDelta, FinishReason, ToolCallDelta, Usage
 
 Event = tuple[str, dict[str, Any]]
 
@@ -35,9 +35,9 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     }
 
 
-def tool_use_id(call: ToolCall) -> str:
+def tool_use_id(call_id: str) -> str:
     """Anthropic-style id for a call; ids that come back in tool_result pass through unchanged."""
-    return call.id if call.id.startswith("toolu_") else "toolu_" + call.id.removeprefix("call_")
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
 def signature(thinking: str) -> str:
@@ -76,6 +76,8 @@ class ContentBlocks:
 
     content: list[dict[str, Any]] = field(default_factory=list)
     _open: Literal["text", "thinking"] | None = None
+    # The block index of each call still streaming, by call id.
+    _tool_uses: dict[str, int] = field(default_factory=dict)
 
     def feed(self, delta: ChatDelta) -> list[Event]:
         events: list[Event] = []
@@ -83,21 +85,32 @@ class ContentBlocks:
             events += self._append("thinking", delta.reasoning)
         if delta.content:
             events += self._append("text", delta.content)
+        for piece in delta.tool_call_deltas:
+            events += self._tool_use_piece(piece)
         for call in delta.tool_calls:
+            # The call is whole: its input is the JSON its pieces streamed.
+            index = self._tool_uses.pop(call.id)
+            self.content[index]["input"] = json.loads(call.arguments)
+            events.append(_event("content_block_stop", index=index))
+        return events
+
+    def _tool_use_piece(self, piece: ToolCallDelta) -> list[Event]:
+        """A call's first piece starts its tool_use block (empty input); fragments of its
+        arguments are input_json_delta events."""
+        events: list[Event] = []
+        if piece.name is not None:
             events += self.close()
-            arguments = json.loads(call.arguments or "{}")
-            block = {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}}
-            self.content.append({**block, "input": arguments})
-            index = len(self.content) - 1
-            events += [
-                _event("content_block_start", index=index, content_block=block),
-                _event(
-                    "content_block_delta",
-                    index=index,
-                    delta={"type": "input_json_delta", "partial_json": json.dumps(arguments)},
-                ),
-                _event("content_block_stop", index=index),
-            ]
+            block: dict[str, Any] = {"type": "tool_use", "id": tool_use_id(piece.id)}
+            block.update(name=piece.name, input={})
+            self.content.append(block)
+            self._tool_uses[piece.id] = len(self.content) - 1
+            events.append(
+                _event("content_block_start", index=len(self.content) - 1, content_block=block)
+            )
+        if piece.arguments:
+            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
+            index = self._tool_uses[piece.id]
+            events.append(_event("content_block_delta", index=index, delta=delta))
         return events
 
     def close(self) -> list[Event]:

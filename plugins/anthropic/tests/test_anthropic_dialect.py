@@ -30,15 +30,27 @@ from kronk_core.errors import (
     QueueFullError,
 )
 from kronk_core.media import MEDIA_MARKER
-from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolChoice, Usage
+from kronk_core.types import (
+    ChatDelta,
+    ChatMessage,
+    FinishReason,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    Usage,
+)
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
 USAGE = Usage(prompt_tokens=30, completion_tokens=9, cached_tokens=20, reasoning_tokens=4)
-CALL = ToolCall(id="call_abc", name="get_weather", arguments='{"city": "Oslo"}')
+CALL = ToolCall(id="call_abc", name="get_weather", arguments='{"city":"Oslo"}')
 DELTAS = [
     ChatDelta(reasoning="Need the "),
     ChatDelta(reasoning="weather."),
     ChatDelta(content="Checking."),
+    # A call streams: its name, fragments of its arguments, then the whole call.
+    ChatDelta(tool_call_deltas=(ToolCallDelta("call_abc", name="get_weather"),)),
+    ChatDelta(tool_call_deltas=(ToolCallDelta("call_abc", arguments='{"city":"Os'),)),
+    ChatDelta(tool_call_deltas=(ToolCallDelta("call_abc", arguments='lo"}'),)),
     ChatDelta(tool_calls=(CALL,)),
     ChatDelta(finish_reason=FinishReason.tool_calls, usage=USAGE),
 ]
@@ -217,6 +229,7 @@ async def test_event_sequence_builds_the_non_streamed_message() -> None:
         ("content_block_delta", 1, "text_delta"),
         ("content_block_stop", 1, None),
         ("content_block_start", 2, None),
+        ("content_block_delta", 2, "input_json_delta"),
         ("content_block_delta", 2, "input_json_delta"),
         ("content_block_stop", 2, None),
         ("message_delta", None, None),

@@ -59,18 +59,22 @@ def tool_call_dict(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def delta_dicts(delta: ChatDelta, first_call_index: int) -> list[dict[str, Any]]:
-    """The chunk deltas for one core delta: text first, then per tool call a head
-    (index, id, name) and its arguments, as OpenAI streams them."""
+def delta_dicts(delta: ChatDelta, call_indexes: dict[str, int]) -> list[dict[str, Any]]:
+    """The chunk deltas for one core delta: text first, then the tool-call pieces as
+    OpenAI streams them: a call's first carries its index, id, type and name, later ones
+    its index and the next fragment of its arguments. `call_indexes` numbers the calls
+    of the answer by id (it grows as calls start)."""
     out: dict[str, Any] = {}
     if delta.content:
         out["content"] = delta.content
     if delta.reasoning:
         out["reasoning_content"] = delta.reasoning
-    chunks = [out] if out or not delta.tool_calls else []
-    for index, call in enumerate(delta.tool_calls, start=first_call_index):
-        head = {"index": index, "id": call.id, "type": "function"}
-        head["function"] = {"name": call.name, "arguments": ""}
-        chunks.append({"tool_calls": [head]})
-        chunks.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
+    chunks = [out] if out else []
+    for piece in delta.tool_call_deltas:
+        index = call_indexes.setdefault(piece.id, len(call_indexes))
+        entry: dict[str, Any] = {"index": index, "function": {"arguments": piece.arguments}}
+        if piece.name is not None:
+            entry.update(id=piece.id, type="function")
+            entry["function"] = {"name": piece.name, "arguments": piece.arguments}
+        chunks.append({"tool_calls": [entry]})
     return chunks

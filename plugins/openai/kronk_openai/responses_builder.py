@@ -9,7 +9,7 @@ from typing import Any
 
 from kronk_api.errors import client_message
 from kronk_core.errors import KronkError
-from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, Usage
+from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolCallDelta, Usage
 
 Event = tuple[str, dict[str, Any]]
 
@@ -51,6 +51,8 @@ class ResponseBuilder:
             **skeleton,
             "object": "response",
             "created_at": int(time.time()),
+            # When the response completed (unix seconds), as OpenAI reports it; null until then.
+            "completed_at": None,
             "status": "in_progress",
             "output": [],
             "usage": None,
@@ -62,6 +64,7 @@ class ResponseBuilder:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[ToolCall] = []
+        self._call_items: dict[str, int] = {}  # the output index of each call still streaming
 
     @property
     def output(self) -> list[dict[str, Any]]:
@@ -87,9 +90,10 @@ class ResponseBuilder:
             events += self._text("reasoning", delta.reasoning)
         if delta.content:
             events += self._text("message", delta.content)
+        for piece in delta.tool_call_deltas:
+            events += self._function_call_piece(piece)
         for call in delta.tool_calls:
-            events += self._close()
-            events += self._function_call(call)
+            events += self._function_call_done(call)
         return events
 
     def finish(self, delta: ChatDelta) -> list[Event]:
@@ -103,6 +107,7 @@ class ResponseBuilder:
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
             return [*events, self._event("response.incomplete", response=self._snapshot())]
         self.response["status"] = "completed"
+        self.response["completed_at"] = int(time.time())
         return [*events, self._event("response.completed", response=self._snapshot())]
 
     def error(self, error: KronkError) -> Event:
@@ -215,24 +220,36 @@ class ResponseBuilder:
             self._event("response.output_item.done", output_index=item.output_index, item=done),
         ]
 
-    def _function_call(self, call: ToolCall) -> list[Event]:
+    def _function_call_piece(self, piece: ToolCallDelta) -> list[Event]:
+        """A call's first piece adds its item; every piece streams its arguments' fragment."""
+        events: list[Event] = []
+        if piece.name is not None:
+            events += self._close()
+            item = {
+                "type": "function_call",
+                "id": _item_id("fc"),
+                "call_id": piece.id,
+                "name": piece.name,
+                "arguments": "",
+                "status": "in_progress",
+            }
+            index = self._call_items[piece.id] = len(self.output)
+            self.output.append(item)
+            events.append(self._event("response.output_item.added", output_index=index, item=item))
+        if piece.arguments:
+            index = self._call_items[piece.id]
+            where = {"item_id": self.output[index]["id"], "output_index": index}
+            kind = "response.function_call_arguments.delta"
+            events.append(self._event(kind, **where, delta=piece.arguments))
+        return events
+
+    def _function_call_done(self, call: ToolCall) -> list[Event]:
         self._calls.append(call)
-        index = len(self.output)
-        item = {
-            "type": "function_call",
-            "id": _item_id("fc"),
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": "",
-            "status": "in_progress",
-        }
-        self.output.append(item)
-        where = {"item_id": item["id"], "output_index": index}
-        done = {**item, "arguments": call.arguments, "status": "completed"}
+        index = self._call_items.pop(call.id)
+        done = {**self.output[index], "arguments": call.arguments, "status": "completed"}
         self.output[index] = done
+        where = {"item_id": done["id"], "output_index": index}
         return [
-            self._event("response.output_item.added", output_index=index, item=item),
-            self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
             self._event(
                 "response.function_call_arguments.done",
                 **where,

@@ -91,7 +91,7 @@ async def _sse(
         return sse_frame(payload)
 
     yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-    calls = 0
+    call_indexes: dict[str, int] = {}
     try:
         async for delta in deltas:
             if delta.finish_reason is not None:
@@ -101,12 +101,11 @@ async def _sse(
                 if include_usage and delta.usage is not None:
                     yield chunk(None, usage_dict(delta.usage))
                 continue
-            for position, piece in enumerate(delta_dicts(delta, calls)):
+            for position, piece in enumerate(delta_dicts(delta, call_indexes)):
                 choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": None}
                 if delta.logprobs and position == 0:
                     choice["logprobs"] = logprobs_dict(delta.logprobs)
                 yield chunk(choice)
-            calls += len(delta.tool_calls)
     except KronkError as exc:
         yield OPENAI.stream_error(exc)
         return

@@ -19,7 +19,14 @@ import pytest
 
 from kronk_core.errors import InvalidRequestError
 from kronk_core.templates import OutputParser
-from kronk_core.types import ChatDelta, JsonSegment, StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.types import (
+    ChatDelta,
+    JsonSegment,
+    StructuredOutput,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+)
 from kronk_templates.formats import FORMATS, detect_format, reasoning_opened, uses_think
 
 SEEDS = 30
@@ -82,17 +89,42 @@ def new_parser(family: str, options: Options) -> OutputParser:
 
 
 def _check_delta(delta: ChatDelta) -> None:
-    assert sum(map(bool, (delta.content, delta.reasoning, delta.tool_calls))) == 1, delta
+    parts = (delta.content, delta.reasoning, delta.tool_calls, delta.tool_call_deltas)
+    assert sum(map(bool, parts)) == 1, delta
     for call in delta.tool_calls:
         arguments = json.loads(call.arguments)
         assert isinstance(arguments, dict)
         assert call.arguments == json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
 
 
+def check_streamed_calls(deltas: list[ChatDelta]) -> None:
+    """Each call streams before it arrives whole: a head with its name, then fragments that
+    add up to its arguments; one call at a time."""
+    open_call: ToolCallDelta | None = None
+    fragments: list[str] = []
+    for delta in deltas:
+        for piece in delta.tool_call_deltas:
+            if open_call is None:
+                assert piece.name, piece
+                open_call, fragments = piece, []
+            else:
+                assert piece.id == open_call.id and piece.name is None, piece
+            fragments.append(piece.arguments)
+        for call in delta.tool_calls:
+            assert open_call is not None and call.id == open_call.id, call
+            assert call.name == open_call.name
+            assert "".join(fragments) == call.arguments
+            open_call = None
+        if delta.content or delta.reasoning:
+            assert open_call is None, delta
+    assert open_call is None
+
+
 def run(family: str, pieces: list[str], options: Options = Options()) -> Parsed:
     parser = new_parser(family, options)
     deltas = [delta for piece in pieces for delta in parser.feed(piece)]
     deltas += parser.finish(truncated=options.truncated)
+    check_streamed_calls(deltas)
     parsed = Parsed()
     for delta in deltas:
         _check_delta(delta)
@@ -187,14 +219,28 @@ case(
     "truncated",
     "hermes",
     'Sure <tool_call>\n{"name": "search", "arguments": {"query": "kr',
-    Parsed(content='Sure <tool_call>\n{"name": "search", "arguments": {"query": "kr'),
+    Parsed(content="Sure ", calls=[("search", {"query": "kr"})]),
+    Options(truncated=True),
+)
+case(
+    "truncated-in-key",
+    "hermes",
+    '<tool_call>\n{"name": "search", "arguments": {"query": "x", "lim',
+    Parsed(calls=[("search", {"query": "x"})]),
+    Options(truncated=True),
+)
+case(
+    "truncated-before-arguments",
+    "hermes",
+    '<tool_call>\n{"name": "search", "argu',
+    Parsed(content='<tool_call>\n{"name": "search", "argu'),
     Options(truncated=True),
 )
 case(
     "truncated-complete-json",
     "hermes",
     '<tool_call>{"name": "search", "arguments": {"query": "x"}}',
-    Parsed(content='<tool_call>{"name": "search", "arguments": {"query": "x"}}'),
+    Parsed(calls=[("search", {"query": "x"})]),
     Options(truncated=True),
 )
 case(
@@ -207,7 +253,25 @@ case(
     "stopped-incomplete",
     "hermes",
     '<tool_call>{"name": "search", "arguments": {"query": "x"}',
-    Parsed(content='<tool_call>{"name": "search", "arguments": {"query": "x"}'),
+    Parsed(calls=[("search", {"query": "x"})]),
+)
+case(
+    "stopped-before-arguments",
+    "hermes",
+    '<tool_call>{"name": "search"',
+    Parsed(content='<tool_call>{"name": "search"'),
+)
+case(
+    "arguments-before-name",
+    "hermes",
+    '<tool_call>{"arguments": {"query": "q"}, "name": "search"}</tool_call>',
+    Parsed(calls=[("search", {"query": "q"})]),
+)
+case(
+    "broken-after-start",
+    "hermes",
+    '<tool_call>{"name": "search", "arguments": {"query": "q", oops}}</tool_call>',
+    Parsed(calls=[("search", {"query": "q"})]),
 )
 case(
     "bad-json",
@@ -231,7 +295,7 @@ case(
     "text-after-json",
     "hermes",
     '<tool_call>{"name": "search", "arguments": {}} oops</tool_call>',
-    Parsed(content='<tool_call>{"name": "search", "arguments": {}} oops</tool_call>'),
+    Parsed(content=" oops</tool_call>", calls=[("search", {})]),
 )
 case(
     "arguments-as-string",
@@ -289,10 +353,30 @@ case(
     "truncated",
     "qwen3_coder",
     "<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n",
-    Parsed(
-        content="<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n"
-    ),
+    Parsed(calls=[("search", {"query": "x"})]),
     Options(truncated=True),
+)
+case(
+    "truncated-in-value",
+    "qwen3_coder",
+    "<tool_call>\n<function=get_weather>\n<parameter=days>\n5\n</parameter>\n"
+    "<parameter=city>\nNew Yo",
+    Parsed(calls=[weather("New Yo", days=5)]),
+    Options(truncated=True),
+)
+case(
+    "truncated-in-number",
+    "qwen3_coder",
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+    "<parameter=days>\n1",
+    Parsed(calls=[weather("Rome")]),
+    Options(truncated=True),
+)
+case(
+    "broken-after-start",
+    "qwen3_coder",
+    "<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\noops\n</tool_call>",
+    Parsed(calls=[("search", {"query": "x"})]),
 )
 case(
     "malformed",
@@ -351,7 +435,7 @@ case(
     "truncated-json",
     "llama3",
     '{"name": "search", "parameters": {"query": "x',
-    Parsed(content='{"name": "search", "parameters": {"query": "x'),
+    Parsed(calls=[("search", {"query": "x"})]),
     Options(truncated=True),
 )
 case("no-tools", "llama3", LLAMA_CALL, Parsed(content=LLAMA_CALL), Options(parse_tools=False))
@@ -395,7 +479,7 @@ case(
     "truncated",
     "harmony",
     '<|channel|>commentary to=functions.search<|message|>{"query": "q"}',
-    Parsed(content='<|channel|>commentary to=functions.search<|message|>{"query": "q"}'),
+    Parsed(calls=[("search", {"query": "q"})]),
     Options(truncated=True),
 )
 case(
@@ -449,7 +533,7 @@ case(
     "truncated",
     "mistral",
     '[TOOL_CALLS]search[ARGS]{"query": "q',
-    Parsed(content='[TOOL_CALLS]search[ARGS]{"query": "q'),
+    Parsed(calls=[("search", {"query": "q"})]),
     Options(truncated=True),
 )
 case(
@@ -511,7 +595,7 @@ case(
     "truncated",
     "gemma",
     '{"name": "search", "arguments": {"query": "q"',
-    Parsed(content='{"name": "search", "arguments": {"query": "q"'),
+    Parsed(calls=[("search", {"query": "q"})]),
     Options(truncated=True),
 )
 case("no-tools", "gemma", GEMMA_CALL, Parsed(content=GEMMA_CALL), Options(parse_tools=False))
@@ -530,13 +614,15 @@ def test_ids_come_from_new_id() -> None:
 
 @pytest.mark.parametrize("family", ["mistral", "mistral_nemo"])
 def test_mistral_ids_are_nine_alphanumerics(family: str) -> None:
+    # An id after the arguments comes too late: the call streamed under a fresh one.
     text = (
-        '[TOOL_CALLS][{"name": "search", "arguments": {}, "id": "abc123XYZ"}, '
-        '{"name": "search", "arguments": {}, "id": "call_1"}]'
+        '[TOOL_CALLS][{"id": "abc123XYZ", "name": "search", "arguments": {}}, '
+        '{"name": "search", "arguments": {}, "id": "call_1"}, '
+        '{"name": "search", "arguments": {}, "id": "xyz987ABC"}]'
     )
     ids = run(family, [text]).ids
     assert ids[0] == "abc123XYZ"
-    assert re.fullmatch("[a-zA-Z0-9]{9}", ids[1])
+    assert all(re.fullmatch("[a-zA-Z0-9]{9}", id) for id in ids[1:]) and ids[2] != "xyz987ABC"
     assert ids == run(family, [text]).ids  # derived from new_id, so reproducible
 
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kronk_core.templates import OutputParser
-from kronk_core.types import ChatDelta, StructuredOutput, ToolCall, ToolChoice, ToolSpec
+from kronk_core.types import (
+    ChatDelta,
+    StructuredOutput,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+)
 
 NewId = Callable[[], str]
 
@@ -71,10 +78,22 @@ class Deltas:
     def call(self, call: ToolCall) -> None:
         self.items.append(ChatDelta(tool_calls=(call,)))
 
+    def call_piece(self, piece: ToolCallDelta) -> None:
+        last = self.items[-1].tool_call_deltas if self.items else ()
+        if last and last[-1].id == piece.id and piece.name is None:
+            # Fragments of one call that arrive together go out as one.
+            merged = ToolCallDelta(piece.id, last[-1].name, last[-1].arguments + piece.arguments)
+            self.items[-1] = ChatDelta(tool_call_deltas=(merged,))
+        else:
+            self.items.append(ChatDelta(tool_call_deltas=(piece,)))
+
     def extend(self, deltas: Sequence[ChatDelta]) -> None:
         for delta in deltas:
             if delta.tool_calls:
                 self.items.append(delta)
+            elif delta.tool_call_deltas:
+                for piece in delta.tool_call_deltas:
+                    self.call_piece(piece)
             else:
                 self._add(delta)
 
@@ -82,11 +101,51 @@ class Deltas:
         if not (text.content or text.reasoning):
             return
         last = self.items[-1] if self.items else None
-        if last is None or last.tool_calls or bool(last.content) != bool(text.content):
+        if (
+            last is None
+            or last.tool_calls
+            or last.tool_call_deltas
+            or bool(last.content) != bool(text.content)
+        ):
             self.items.append(text)
         else:
             merged = ChatDelta(last.content + text.content, last.reasoning + text.reasoning)
             self.items[-1] = merged
+
+
+class CallWriter:
+    """Writes the calls of one answer as they stream: a head with the id and name, the
+    arguments' fragments, then the whole call, whose arguments are the fragments joined."""
+
+    def __init__(self, new_id: NewId) -> None:
+        self._new_id = new_id
+        self._id = ""
+        self._name = ""
+        self._arguments: list[str] = []
+        self.open = False
+
+    def start(self, out: Deltas, name: str, own_id: str | None = None) -> None:
+        assert not self.open
+        self._id, self._name, self._arguments = own_id or self._new_id(), name, []
+        self.open = True
+        out.call_piece(ToolCallDelta(self._id, name=name))
+
+    def arguments(self, out: Deltas, text: str) -> None:
+        assert self.open
+        if text:
+            self._arguments.append(text)
+            out.call_piece(ToolCallDelta(self._id, arguments=text))
+
+    def end(self, out: Deltas) -> None:
+        assert self.open
+        self.open = False
+        out.call(ToolCall(id=self._id, name=self._name, arguments="".join(self._arguments)))
+
+    def whole(self, out: Deltas, call: ParsedCall) -> None:
+        """A call read in one piece (its markup could not be read as it went)."""
+        self.start(out, call.name, call.id)
+        self.arguments(out, call.arguments)
+        self.end(out)
 
 
 class StepParser(ABC):

@@ -7,14 +7,14 @@ with one of these is read as calls, and only when every object has a call's shap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kronk_core.types import JsonSegment, ToolSpec
-from kronk_templates.formats.base import ParsedCall
-from kronk_templates.formats.calls import calls_from_values
+from kronk_templates.formats.base import CallWriter, ParsedCall
+from kronk_templates.formats.calls import CallsReader, calls_from_values
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
-from kronk_templates.formats.markup import ClosedBlock, JsonBlock, JsonMarkupFormat, Opener
+from kronk_templates.formats.markup import JsonBlock, JsonMarkupFormat, Opener
 
 
 def read_calls(text: str) -> list[ParsedCall] | None:
@@ -26,11 +26,20 @@ class GemmaFormat(JsonMarkupFormat):
     call_example = '{"name": <function-name>, "arguments": <args-json-object>}'
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
+        def bare(lead: str) -> Callable[[CallWriter], JsonBlock]:
+            return lambda writer: JsonBlock(
+                CallsReader(writer, require_arguments=True), read_calls, lead
+            )
+
+        def fenced(writer: CallWriter) -> JsonBlock:
+            reader = CallsReader(writer, require_arguments=True)
+            return JsonBlock(reader, read_calls, closes=("```",), many=True)
+
         return (
-            Opener("{", lambda: JsonBlock(read_calls, "{"), leading=True),
-            Opener("[", lambda: JsonBlock(read_calls, "["), leading=True),
-            Opener("```json", lambda: ClosedBlock("```", read_calls), leading=True),
-            Opener("```tool_code", lambda: ClosedBlock("```", read_calls), leading=True),
+            Opener("{", bare("{"), leading=True),
+            Opener("[", bare("["), leading=True),
+            Opener("```json", fenced, leading=True),
+            Opener("```tool_code", fenced, leading=True),
         )
 
     def segment(self, tool: ToolSpec) -> JsonSegment:

@@ -21,12 +21,11 @@ from kronk_core.types import (
     ChatDelta,
     JsonSegment,
     StructuredOutput,
-    ToolCall,
     ToolChoice,
     ToolSpec,
 )
-from kronk_templates.formats.base import Deltas, NewId, ParsedCall, StepParser
-from kronk_templates.formats.calls import arguments_text, compact_json
+from kronk_templates.formats.base import CallWriter, Deltas, NewId, ParsedCall, StepParser
+from kronk_templates.formats.calls import ArgumentsReader, arguments_text, compact_json
 from kronk_templates.formats.constraints import json_constraint, parameters_schema
 from kronk_templates.formats.markup import JsonBlock
 from kronk_templates.formats.text import find_first, held_prefix
@@ -46,7 +45,7 @@ class HarmonyParser(StepParser):
     def __init__(self, *, parse_tools: bool, new_id: NewId) -> None:
         super().__init__()
         self._parse_tools = parse_tools
-        self._new_id = new_id
+        self._calls = CallWriter(new_id)
         self._in_body = False  # else reading a header
         self._plain = False  # the output is not Harmony at all: everything is content
         self._channel = ""
@@ -57,7 +56,7 @@ class HarmonyParser(StepParser):
         # An unfinished header carries no text and is dropped.
         out = Deltas()
         if self._call is not None:
-            self._end_call(out, closed=False, accept=not truncated)
+            self._end_call(out, closed=False, truncated=truncated)
         elif self._plain or self._in_body:
             self._text(out, self._buf)
         self._buf = ""
@@ -88,14 +87,14 @@ class HarmonyParser(StepParser):
     def _read_call(self, out: Deltas) -> bool:
         # The arguments are JSON, so a stop tag inside one of their strings does not end them.
         assert self._call is not None
-        end = self._call.feed(self._buf)
+        end = self._call.feed(self._buf, out)
         if end is None:
             self._raw += self._buf
             self._buf = ""
             return False
         self._raw += self._buf[:end]
         self._buf = self._buf[end:]
-        self._end_call(out, closed=True, accept=True)
+        self._end_call(out, closed=True, truncated=False)
         return True
 
     def _read_header(self) -> bool:
@@ -114,7 +113,10 @@ class HarmonyParser(StepParser):
         self._in_body = True
         if recipient is not None:
             name = recipient.group(1).removeprefix(_FUNCTIONS)
-            self._call = JsonBlock(lambda body: _call(name, body), closes=_CALL_ENDS)
+            # Without tools the message is content: its arguments never stream.
+            reader = ArgumentsReader(self._calls, name if self._parse_tools else None)
+            read = (lambda body: _call(name, body)) if self._parse_tools else _no_calls
+            self._call = JsonBlock(reader, read, closes=_CALL_ENDS)
             self._raw = header
         return True
 
@@ -124,16 +126,17 @@ class HarmonyParser(StepParser):
         else:
             out.content(text)
 
-    def _end_call(self, out: Deltas, *, closed: bool, accept: bool) -> None:
+    def _end_call(self, out: Deltas, *, closed: bool, truncated: bool) -> None:
         """A message to a tool: a call when its body is a JSON object, else markup as content."""
         assert self._call is not None
-        calls = self._call.calls(closed=closed) if accept and self._parse_tools else None
-        if calls is None:
+        if not self._call.close(out, closed=closed, truncated=truncated):
             out.content(self._raw)
-        else:
-            out.call(ToolCall(id=self._new_id(), name=calls[0].name, arguments=calls[0].arguments))
         self._call = None
         self._in_body = False
+
+
+def _no_calls(body: str) -> None:
+    return None
 
 
 def _call(name: str, body: str) -> list[ParsedCall] | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kronk_core.types import JsonSegment, ToolSpec
-from kronk_templates.formats.base import ParsedCall
-from kronk_templates.formats.calls import calls_from_values
+from kronk_templates.formats.base import CallWriter, ParsedCall
+from kronk_templates.formats.calls import CallsReader, calls_from_values
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
 from kronk_templates.formats.markup import JsonBlock, JsonMarkupFormat, Opener
@@ -31,7 +31,11 @@ class HermesFormat(JsonMarkupFormat):
     )
 
     def openers(self, tools: Sequence[ToolSpec]) -> Sequence[Opener]:
-        return (Opener("<tool_call>", lambda: JsonBlock(_read, closes=("</tool_call>",))),)
+        def block(writer: CallWriter) -> JsonBlock:
+            reader = CallsReader(writer, require_arguments=False)
+            return JsonBlock(reader, _read, closes=("</tool_call>",))
+
+        return (Opener("<tool_call>", block),)
 
     def segment(self, tool: ToolSpec) -> JsonSegment:
         return JsonSegment(call_schema(tool), prefix="<tool_call>\n", suffix="\n</tool_call>\n")

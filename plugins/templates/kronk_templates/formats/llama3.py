@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 
 from kronk_core.types import JsonSegment, ToolSpec
-from kronk_templates.formats.base import ParsedCall
-from kronk_templates.formats.calls import calls_from_values, compact_json
+from kronk_templates.formats.base import CallWriter, ParsedCall
+from kronk_templates.formats.calls import CallsReader, calls_from_values, compact_json
 from kronk_templates.formats.constraints import call_schema
 from kronk_templates.formats.jsonscan import json_values
 from kronk_templates.formats.markup import WHITESPACE, EndBlock, JsonBlock, JsonMarkupFormat, Opener
@@ -63,9 +63,12 @@ class Llama3Format(JsonMarkupFormat):
                 return builtin
             return [ParsedCall(code_tool, compact_json({"code": text.strip()}))]
 
+        def bare(writer: CallWriter) -> JsonBlock:
+            return JsonBlock(CallsReader(writer, require_arguments=True), _read_json, "{")
+
         return (
-            Opener("{", lambda: JsonBlock(_read_json, "{"), leading=True),
-            Opener("<|python_tag|>", lambda: EndBlock(read_tagged)),
+            Opener("{", bare, leading=True),
+            Opener("<|python_tag|>", lambda writer: EndBlock(writer, read_tagged)),
         )
 
     def segment(self, tool: ToolSpec) -> JsonSegment:

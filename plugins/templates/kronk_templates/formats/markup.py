@@ -17,13 +17,14 @@ from kronk_core.types import (
     ChatDelta,
     JsonSegment,
     StructuredOutput,
-    ToolCall,
     ToolChoice,
     ToolSpec,
 )
-from kronk_templates.formats.base import Deltas, NewId, ParsedCall
+from kronk_templates.formats.base import CallWriter, Deltas, NewId, ParsedCall
+from kronk_templates.formats.calls import JsonReader
 from kronk_templates.formats.constraints import json_constraint
 from kronk_templates.formats.jsonscan import JsonScanner
+from kronk_templates.formats.jsonstream import JsonLexer
 from kronk_templates.formats.reasoning import THINK_TAGS, with_reasoning
 from kronk_templates.formats.text import find_first, held_prefix
 
@@ -32,99 +33,132 @@ WHITESPACE = " \t\r\n"
 
 
 class Block(Protocol):
-    """One call's markup after its opener."""
+    """One call's markup after its opener; calls go out through the block's CallWriter."""
 
-    def feed(self, text: str) -> int | None:
+    def feed(self, text: str, out: Deltas) -> int | None:
         """Take more text; the index in `text` just past the block's end, or None."""
 
-    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        """The calls read so far (`closed`: the end was seen); None when malformed."""
+    def close(self, out: Deltas, *, closed: bool, truncated: bool) -> bool:
+        """The block is over (`closed`: its end was seen); false when its markup is content.
 
-
-class ClosedBlock:
-    """Ends at a closing tag (`</tool_call>`); the text before it is read by `read`."""
-
-    def __init__(self, close: str, read: ReadCalls) -> None:
-        self._close = close
-        self._read = read
-        self._text = ""
-
-    def feed(self, text: str) -> int | None:
-        before = len(self._text)
-        self._text += text
-        end = self._text.find(self._close, max(0, before - len(self._close) + 1))
-        if end < 0:
-            return None
-        self._text = self._text[:end]
-        return end + len(self._close) - before
-
-    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        return self._read(self._text)
+        A call that started streaming is ended (its arguments closed where they
+        stop); one that had not started is read from the whole markup, except
+        when `truncated` (max_tokens cut it), which makes it content.
+        """
 
 
 class JsonBlock:
-    """A JSON object or array, then (when `closes` are given) whitespace and one of those tags.
+    """JSON values (one, or with `many` several between whitespace), then, when `closes`
+    are given, whitespace and one of those tags.
 
     `lead` is the part of the JSON its opener already took (a leading `{`).
     Other text after the JSON ends the block, malformed: unlike a plain search
     for the tag, a closing tag inside a JSON string does not end the call.
+    The `reader` streams calls from the tokens; `read` reads a block in which
+    no call started streaming, whole, as it always was.
     """
 
-    def __init__(self, read: ReadCalls, lead: str = "", closes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        reader: JsonReader,
+        read: ReadCalls,
+        lead: str = "",
+        closes: tuple[str, ...] = (),
+        many: bool = False,
+    ) -> None:
+        self._reader = reader
         self._read = read
-        self._lead = lead
         self._closes = closes
+        self._many = many
         self._json = ""
-        self._tail: str | None = None  # text after the JSON, once it ended
+        self._tail: str | None = None  # text after a value, once it ended
         self._bad = False
         self._scanner = JsonScanner()
-        self._scanner.feed(lead)
+        self._lexer: JsonLexer | None = JsonLexer()
+        # The lead (`{`, `[`) only opens a value: nothing is written for it.
+        self._value(lead, Deltas())
 
-    def feed(self, text: str) -> int | None:
+    def feed(self, text: str, out: Deltas) -> int | None:
         at = 0
-        if self._tail is None:
-            end = self._scanner.feed(text)
-            self._json += text if end is None else text[:end]
-            if end is None or not self._closes:
-                return end
-            self._tail = ""
-            at = end
-        before = len(self._tail)
-        self._tail += text[at:]
-        rest = self._tail.lstrip()
-        for close in self._closes:
-            if rest.startswith(close):
-                return at + len(self._tail) - len(rest) + len(close) - before
-        if any(close.startswith(rest) for close in self._closes):
-            return None
-        self._bad = True
-        return at
+        while True:
+            if self._tail is None:
+                end = self._value(text[at:], out)
+                if end is None:
+                    return None
+                at += end
+                if not (self._closes or self._many):
+                    return at
+                self._tail = ""
+            before = len(self._tail)
+            self._tail += text[at:]
+            rest = self._tail.lstrip()
+            skipped = len(self._tail) - len(rest)
+            for close in self._closes:
+                if rest.startswith(close):
+                    return at + skipped + len(close) - before
+            if self._many and rest[:1] in ("{", "["):
+                self._json += self._tail[:skipped]
+                at += skipped - before
+                self._tail, self._scanner, self._lexer = None, JsonScanner(), JsonLexer()
+                continue
+            if not rest or any(close.startswith(rest) for close in self._closes):
+                return None
+            self._bad = True
+            if self._reader.started:
+                # The calls stand; what came after them is content.
+                out.content(self._tail[:before])
+            return at
 
-    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        if self._bad:
-            return None
-        return self._read(self._lead + self._json)
+    def _value(self, text: str, out: Deltas) -> int | None:
+        """Feed one value's text; the index past its end, or None."""
+        end = self._scanner.feed(text)
+        part = text if end is None else text[:end]
+        self._json += part
+        if self._lexer is not None:
+            self._reader.tokens(self._lexer.feed(part), out)
+            if self._lexer.broken:
+                self._lexer = None
+                self._reader.broken(out)
+        return end
+
+    def close(self, out: Deltas, *, closed: bool, truncated: bool) -> bool:
+        if self._reader.started:
+            self._reader.close(out)
+            return True
+        if truncated or self._bad:
+            return False
+        calls = self._read(self._json)
+        if calls is None:
+            return False
+        for call in calls:
+            self._reader.writer.whole(out, call)
+        return True
 
 
 class EndBlock:
-    """Runs to the end of the message (Llama's `<|python_tag|>` calls end with <|eom_id|>)."""
+    """Runs to the end of the message (Llama's `<|python_tag|>` calls end with <|eom_id|>);
+    read whole at the end, since code and builtin calls are known only then."""
 
-    def __init__(self, read: ReadCalls) -> None:
+    def __init__(self, writer: CallWriter, read: ReadCalls) -> None:
+        self._writer = writer
         self._read = read
         self._text = ""
 
-    def feed(self, text: str) -> int | None:
+    def feed(self, text: str, out: Deltas) -> int | None:
         self._text += text
         return None
 
-    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        return self._read(self._text)
+    def close(self, out: Deltas, *, closed: bool, truncated: bool) -> bool:
+        calls = None if truncated else self._read(self._text)
+        for call in calls or ():
+            self._writer.whole(out, call)
+        return calls is not None
 
 
 @dataclass(frozen=True, slots=True)
 class Opener:
     text: str
-    block: Callable[[], Block]
+    block: Callable[[CallWriter], Block]
     # Only at the start of the message or right after a call (bare JSON formats).
     leading: bool = False
 
@@ -140,7 +174,7 @@ class MarkupParser:
         self._openers = openers
         self._anywhere = {opener.text: opener for opener in openers if not opener.leading}
         self._leading = sorted((o for o in openers if o.leading), key=lambda o: -len(o.text))
-        self._new_id = new_id
+        self._calls = CallWriter(new_id)
         self._gap = gap
         self._buf = ""  # content not yet decided
         self._block: Block | None = None
@@ -156,23 +190,19 @@ class MarkupParser:
                 self._buf += rest
                 rest = self._scan(out)
                 continue
-            end = self._block.feed(rest)
+            end = self._block.feed(rest, out)
             if end is None:
                 self._raw += rest
                 break
             self._raw += rest[:end]
             rest = rest[end:]
-            self._close(out, closed=True)
+            self._close(out, closed=True, truncated=False)
         return out.items
 
     def finish(self, *, truncated: bool) -> list[ChatDelta]:
         out = Deltas()
         if self._block is not None:
-            if truncated:
-                self._block = None
-                out.content(self._raw)
-            else:
-                self._close(out, closed=False)
+            self._close(out, closed=False, truncated=truncated)
         elif not (self._called and self._at_start and self._is_gap(self._buf)):
             out.content(self._buf)
         self._buf = ""
@@ -191,7 +221,7 @@ class MarkupParser:
                 self._raw = before + opener.text
             else:
                 out.content(before)
-            self._block = opener.block()
+            self._block = opener.block(self._calls)
             self._buf = ""
             return buf[at + len(opener.text) :]
         if self._at_start:
@@ -211,18 +241,14 @@ class MarkupParser:
         found = find_first(buf, self._anywhere)
         return None if found is None else (found[0], self._anywhere[found[1]])
 
-    def _close(self, out: Deltas, *, closed: bool) -> None:
+    def _close(self, out: Deltas, *, closed: bool, truncated: bool) -> None:
         assert self._block is not None
-        calls = self._block.calls(closed=closed)
+        calls = self._block.close(out, closed=closed, truncated=truncated)
         self._block = None
-        if calls is None:
+        if not calls:
             out.content(self._raw)
             self._at_start = False
             return
-        for call in calls:
-            out.call(
-                ToolCall(id=call.id or self._new_id(), name=call.name, arguments=call.arguments)
-            )
         self._at_start = self._called = True
 
     def _is_gap(self, text: str) -> bool:

@@ -15,14 +15,26 @@ import re
 from collections.abc import Sequence
 
 from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
-from kronk_templates.formats.base import NewId, ParsedCall
-from kronk_templates.formats.calls import arguments_text, calls_from_values, compact_json
+from kronk_templates.formats.base import CallWriter, Deltas, NewId, ParsedCall
+from kronk_templates.formats.calls import (
+    ArgumentsReader,
+    CallsReader,
+    JsonReader,
+    arguments_text,
+    calls_from_values,
+    compact_json,
+)
 from kronk_templates.formats.constraints import allowed_tools, call_schema, parameters_schema
-from kronk_templates.formats.jsonscan import JsonScanner, json_values
-from kronk_templates.formats.markup import JsonMarkupFormat, Opener
+from kronk_templates.formats.jsonscan import json_values
+from kronk_templates.formats.markup import JsonBlock, JsonMarkupFormat, Opener
 
 _ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAMED = re.compile(r"\s*([^\s\[\]]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\](.*)", re.S)
+_HEAD = re.compile(r"\s*([^\s\[\]]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\]", re.S)
+
+
+def _valid_id(call_id: str) -> bool:
+    return _ID.fullmatch(call_id) is not None
 
 
 def _own_id(call: ParsedCall) -> ParsedCall:
@@ -51,37 +63,49 @@ def read_calls(text: str) -> list[ParsedCall] | None:
 class MistralBlock:
     """After [TOOL_CALLS]: a JSON array, or a name and [ARGS] then a JSON object."""
 
-    def __init__(self) -> None:
-        self._text = ""
-        self._scanner: JsonScanner | None = None
+    def __init__(self, writer: CallWriter) -> None:
+        self._writer = writer
+        self._head = ""  # the text before the JSON
+        self._json: JsonBlock | None = None
 
-    def feed(self, text: str) -> int | None:
-        before = len(self._text)
-        self._text += text
-        if self._scanner is None:
-            head = self._text.lstrip()
-            if not head:
-                return None
-            if head.startswith("["):
-                start = len(self._text) - len(head)
-            else:
-                args = self._text.find("[ARGS]")
-                if args < 0:
-                    return None
-                start = args + len("[ARGS]")
-            self._scanner = JsonScanner()
-            end = self._scanner.feed(self._text[start:])
-            end = None if end is None else start + end
-        else:
-            end = self._scanner.feed(text)
-            end = None if end is None else before + end
-        if end is None:
+    def feed(self, text: str, out: Deltas) -> int | None:
+        if self._json is not None:
+            return self._json.feed(text, out)
+        before = len(self._head)
+        self._head += text
+        head = self._head.lstrip()
+        if not head:
             return None
-        self._text = self._text[:end]
-        return end - before
+        if head.startswith("["):
+            start = len(self._head) - len(head)
+            reader: JsonReader = CallsReader(
+                self._writer, require_arguments=False, own_id=_valid_id
+            )
+        else:
+            args = self._head.find("[ARGS]")
+            if args < 0:
+                return None
+            start = args + len("[ARGS]")
+            named = _HEAD.fullmatch(self._head[:start])
+            call_id = named and named.group(2)
+            reader = ArgumentsReader(
+                self._writer,
+                named and named.group(1),
+                call_id if call_id and _valid_id(call_id) else None,
+            )
+        head_text = self._head[:start]
+        self._head = head_text
+        self._json = JsonBlock(reader, lambda json: read_calls(head_text + json))
+        end = self._json.feed(text[start - before :], out)
+        return None if end is None else start - before + end
 
-    def calls(self, *, closed: bool) -> list[ParsedCall] | None:
-        return read_calls(self._text)
+    def close(self, out: Deltas, *, closed: bool, truncated: bool) -> bool:
+        if self._json is not None:
+            return self._json.close(out, closed=closed, truncated=truncated)
+        calls = None if truncated else read_calls(self._head)
+        for call in calls or ():
+            self._writer.whole(out, call)
+        return calls is not None
 
 
 class MistralFormat(JsonMarkupFormat):
