@@ -9,7 +9,7 @@ from datetime import datetime
 import httpx
 import pytest
 from conftest import IMC_MODEL_ID, RunningServer, Serve
-from test_server_auth import AuthServer, auth_app, bearer, mint
+from test_server_auth import AuthServer, bearer, mint, running_auth_server
 
 from kronk_core.models import GEMMA_MODEL_ID
 
@@ -23,22 +23,19 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
-    base = tmp_path_factory.mktemp("operator-home")
-    app = auth_app(base)
-    with serve(app) as base_url:
-        admin = (base / "keys" / "master.jwt").read_text()
-        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
+    """A server with authentication on (the auth tests' setup)."""
+    yield from running_auth_server(tmp_path_factory.mktemp("operator-home"), serve)
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_operator_routes_need_the_admin_grant(secured: AuthServer, route: str) -> None:
-    url = f"{secured.base_url}{route}"
+def test_operator_routes_need_the_admin_grant(auth_server: AuthServer, route: str) -> None:
+    url = f"{auth_server.base_url}{route}"
     assert httpx.get(url).status_code == 401
-    user = mint(secured, "chat-completions,embeddings")
+    user = mint(auth_server, "chat-completions,embeddings")
     refused = httpx.get(url, headers=bearer(user))
     assert refused.status_code == 403, refused.text
-    assert httpx.get(url, headers=bearer(secured.admin)).status_code == 200
+    assert httpx.get(url, headers=bearer(auth_server.admin)).status_code == 200
 
 
 def test_shapes(server: RunningServer) -> None:

@@ -8,10 +8,10 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import httpx
 from conftest import serving
+from waiting import reached
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
@@ -28,15 +28,6 @@ def _app(kronk: Kronk, read: float = 30.0, write: float = 900.0) -> HttpTimeouts
 def _address(base_url: str) -> tuple[str, int]:
     host, port = base_url.removeprefix("http://").split(":")
     return host, int(port)
-
-
-def _wait(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def _slots_free(kronk: Kronk) -> bool:
@@ -112,10 +103,10 @@ def test_a_client_that_stops_reading_is_dropped_and_its_generation_cancelled(
         )
         client.settimeout(60)
         assert client.recv(64).startswith(b"HTTP/1.1 200 ")
-        assert _wait(lambda: not _slots_free(kronk), 10)
+        assert reached(lambda: not _slots_free(kronk), 10)
         # The client reads nothing more: the server drops it once its sends wait 1 s,
         # long before 3000 tokens, and the generation stops with it.
-        assert _wait(lambda: _slots_free(kronk), 60)
+        assert reached(lambda: _slots_free(kronk), 60)
         client.settimeout(10)
         try:
             while client.recv(65536):
@@ -151,7 +142,7 @@ def test_shutdown_drains_streams_then_cancels_them(kronk: Kronk) -> None:
         ]
         for thread in threads:
             thread.start()
-        assert _wait(lambda: not _slots_free(kronk), 10)
+        assert reached(lambda: not _slots_free(kronk), 10)
         stopping = time.monotonic()
     # Leaving `serving` stopped the server: the short stream finished in the drain, the
     # long one was cancelled after the shutdown timeout (2 s), and its slot freed.
@@ -159,4 +150,4 @@ def test_shutdown_drains_streams_then_cancels_them(kronk: Kronk) -> None:
         thread.join(30)
     assert outcomes == {"short": "finished", "long": "cut"}
     assert time.monotonic() - stopping < 15
-    assert _wait(lambda: _slots_free(kronk), 10)
+    assert reached(lambda: _slots_free(kronk), 10)
