@@ -25,12 +25,7 @@ CHAPTERS = (2, 7, 12)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 # Options of the manual that Kronk does not take, each listed in docs/cli.md with why.
-UNSUPPORTED = {
-    "--lib-version",
-    "--catalog-repo-path",
-    "--catalog-github-repo",
-    "--templates-github-repo",
-}
+UNSUPPORTED = {"--lib-version", "--catalog-repo-path"}
 # Variables the commands set for the process (--processor, --lib-path, --hf-token, ...):
 # restored after each run.
 PROCESS_VARIABLES = {
@@ -40,6 +35,8 @@ PROCESS_VARIABLES = {
         "KRONK_LIB_PATH",
         "KRONK_CATALOG_HF_TOKEN",
         "KRONK_LLAMA_LOG",
+        "KRONK_CATALOG_SOURCE",
+        "KRONK_CATALOG_TEMPLATES_SOURCE",
         "LLAMA_CPP_LIB_PATH",
     )
 }
@@ -185,3 +182,23 @@ def test_processor_without_its_libraries_is_one_line(tmp_path: Path) -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: --processor: no vulkan llama.cpp libraries in ")
     assert "`kronk libs --processor vulkan`" in last
+
+
+def test_the_manuals_catalog_repositories(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GitHub repository's page URL becomes its folder's contents-API listing; the
+    rule's --catalog-source beats it."""
+    settings = _settings(
+        monkeypatch,
+        "--catalog-github-repo=https://github.com/myorg/my-catalog",
+        "--templates-github-repo=https://github.com/myorg/my-templates.git",
+    ).sections["catalog"]
+    assert settings.source == "https://api.github.com/repos/myorg/my-catalog/contents/catalogs"
+    assert settings.templates_source == (
+        "https://api.github.com/repos/myorg/my-templates/contents/templates"
+    )
+    settings = _settings(
+        monkeypatch,
+        "--catalog-github-repo=https://github.com/myorg/my-catalog",
+        "--catalog-source=https://example.com/catalog.yaml",
+    ).sections["catalog"]
+    assert settings.source == "https://example.com/catalog.yaml"

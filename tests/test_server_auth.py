@@ -516,6 +516,12 @@ ADMIN_ROUTES = [
     ("GET", "/v1/kronk/devices"),
     ("GET", "/v1/kronk/models"),
     ("POST", "/v1/kronk/models/{model_id}/unload"),
+    # The Kronk manual's operator routes.
+    ("GET", "/v1/kronk/models/ps"),
+    ("GET", "/v1/kronk/models/imc-sessions"),
+    ("GET", "/v1/pool/budget"),
+    ("GET", "/v1/devices"),
+    ("GET", "/v1/kronk/libs"),
     ("GET", "/v1/kronk/catalog"),
     ("GET", "/v1/kronk/catalog/{model_id}"),
     ("POST", "/v1/kronk/catalog/update"),

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import json
 import os
+import re
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,26 @@ def _export_token(ctx: click.Context, param: click.Parameter, value: str | None)
         os.environ["KRONK_CATALOG_HF_TOKEN"] = value
 
 
+def github_folder(url: str, folder: str) -> str:
+    """The manual's repository URL (`https://github.com/ORG/REPO`) → that repository's
+    `folder` as the GitHub contents-API listing a catalog source is; another URL as given."""
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", url)
+    if match is None:
+        return url
+    return f"https://api.github.com/repos/{match[1]}/{match[2]}/contents/{folder}"
+
+
+def _export_source(variable: str, folder: str) -> Callable[..., None]:
+    """A callback that sets a source setting's variable from the manual's repository flag
+    (the rule's flag, --catalog-source, beats it)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            os.environ[variable] = github_folder(value, folder)
+
+    return callback
+
+
 def add_commands(group: click.Group) -> None:
     add_server_start_option(
         group,
@@ -123,6 +144,21 @@ def add_commands(group: click.Group) -> None:
             "--catalog-hf-token beats it)",
         ),
     )
+    for flag, variable, folder in (
+        ("--catalog-github-repo", "KRONK_CATALOG_SOURCE", "catalogs"),
+        ("--templates-github-repo", "KRONK_CATALOG_TEMPLATES_SOURCE", "templates"),
+    ):
+        add_server_start_option(
+            group,
+            click.Option(
+                [flag],
+                expose_value=False,
+                callback=_export_source(variable, folder),
+                metavar="URL",
+                help=f"The manual's GitHub repository of the {folder} (its {folder}/ folder "
+                f"becomes {variable})",
+            ),
+        )
     @group.group("catalog")
     def catalog() -> None:
         """The catalog of verified models: list, show, pull, update."""
