@@ -61,7 +61,9 @@ class BoolValueGroup(click.Group):
         name, command, rest = super().resolve_command(ctx, args)
         if command is None or isinstance(command, click.Group):
             return name, command, rest  # a group rewrites its own commands' arguments
-        return name, command, with_switches(command, ctx, rest)
+        # The command's own context, so that a bad value's usage line is the command's.
+        own = click.Context(command, info_name=name, parent=ctx)
+        return name, command, with_switches(command, own, rest)
 
 
 BoolValueGroup.group_class = BoolValueGroup

@@ -5,12 +5,16 @@ generation cancelled) and shutdown (running streams drain, then are cancelled)."
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
-from conftest import serving
+from conftest import free_port, serving
 from waiting import reached
 
 from kronk_api import ServerSettings, create_app
@@ -28,6 +32,15 @@ def _app(kronk: Kronk, read: float = 30.0, write: float = 900.0) -> HttpTimeouts
 def _address(base_url: str) -> tuple[str, int]:
     host, port = base_url.removeprefix("http://").split(":")
     return host, int(port)
+
+
+def _until_closed(client: socket.socket) -> bytes:
+    """All the server sends until it closes the connection (10 s at most)."""
+    client.settimeout(10)
+    answer = b""
+    while chunk := client.recv(65536):
+        answer += chunk
+    return answer
 
 
 def _slots_free(kronk: Kronk) -> bool:
@@ -59,10 +72,7 @@ def test_a_slow_body_is_408_and_closed(kronk: Kronk) -> None:
                 + body[:10]
             )
             started = time.monotonic()
-            client.settimeout(10)
-            answer = b""
-            while chunk := client.recv(65536):
-                answer += chunk
+            answer = _until_closed(client)
             waited = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert b"request_timeout" in answer
@@ -78,12 +88,10 @@ def test_an_idle_keep_alive_connection_is_closed(kronk: Kronk) -> None:
         socket.create_connection(_address(base_url)) as client,
     ):
         client.sendall(b"GET /v1/liveness HTTP/1.1\r\nHost: x\r\n\r\n")
-        client.settimeout(10)
-        first = client.recv(65536)
-        assert first.startswith(b"HTTP/1.1 200 ")
         started = time.monotonic()
-        assert client.recv(65536) == b""  # closed by the server, not by us
-        assert 0.5 < time.monotonic() - started < 5
+        answer = _until_closed(client)  # closed by the server, not by us
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"}")
+        assert 0.8 < time.monotonic() - started < 5
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_generation_cancelled(
@@ -151,3 +159,37 @@ def test_shutdown_drains_streams_then_cancels_them(kronk: Kronk) -> None:
     assert outcomes == {"short": "finished", "long": "cut"}
     assert time.monotonic() - stopping < 15
     assert reached(lambda: _slots_free(kronk), 10)
+
+
+def test_kronk_server_start_serves_with_the_manuals_timeouts(tmp_path: Path) -> None:
+    """A real `kronk server start -d`, its read and idle timeouts from the manual's
+    variables (which reach the detached child), the shutdown timeout from its flag."""
+    port = free_port()
+    base = str(tmp_path / "home")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KRONK_")}
+    env.update(KRONK_WEB_READ_TIMEOUT="1s", KRONK_WEB_IDLE_TIMEOUT="1s")
+    cli = [sys.executable, "-m", "kronk_api.cli", "server"]
+    common = ["--base-path", base]
+    started = subprocess.run(
+        [*cli, "start", "-d", f"--api-host=127.0.0.1:{port}", "--shutdown-timeout=2s", *common],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"GET /v1/liveness HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _until_closed(client).startswith(b"HTTP/1.1 200 ")  # the idle timeout
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            assert _until_closed(client).startswith(b"HTTP/1.1 408 ")
+    finally:
+        stopped = subprocess.run(
+            [*cli, "stop", *common], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert stopped.returncode == 0, stopped.stderr
