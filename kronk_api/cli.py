@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import click
 
+from kronk_api.bool_flags import BoolValueGroup
 from kronk_api.client import call_server
 from kronk_api.listen import ListenError, listen
 from kronk_api.logs import configure_logging
@@ -42,6 +43,7 @@ from kronk_api.settings import (
     load_settings,
     server_sections,
 )
+from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
@@ -81,12 +83,32 @@ def _local_config(base_path: Path | None, model_config_file: Path | None) -> Kro
     return KronkConfig(base_path=_base_path(base_path), models=models)
 
 
-class KronkGroup(click.Group):
-    """Lets plugins add sub-commands through the kronk_cli hook."""
+# `kronk server start` flags that choose llama.cpp's libraries: the llamacpp plugin binds
+# libllama when it is imported, so their variables are set before the plugins load.
+EARLY_VARIABLES = {"--processor": "KRONK_PROCESSOR", "--lib-path": "KRONK_LIB_PATH"}
+
+
+def _set_early_variables(args: Sequence[str]) -> None:
+    if list(args[:2]) != ["server", "start"]:
+        return
+    rest = list(args[2:])
+    for position, arg in enumerate(rest):
+        name, equals, value = arg.partition("=")
+        if name in EARLY_VARIABLES and (equals or position + 1 < len(rest)):
+            os.environ[EARLY_VARIABLES[name]] = value if equals else rest[position + 1]
+
+
+class KronkGroup(BoolValueGroup):
+    """Lets plugins add sub-commands through the kronk_cli hook; its sub-groups are
+    BoolValueGroups (boolean flags take `=VALUE` everywhere)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plugins_added = False
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _set_early_variables(args)
+        return super().parse_args(ctx, args)
 
     def _add_plugin_commands(self) -> None:
         if not self._plugins_added:
@@ -194,11 +216,15 @@ def _run(settings: ServerSettings, sock: socket.socket) -> None:
         _fail(exc)
     # log_config=None: uvicorn's loggers propagate to Kronk's handler.
     config = uvicorn.Config(
-        app,
+        HttpTimeouts(app, settings.read_timeout, settings.write_timeout),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,
+        timeout_keep_alive=settings.idle_timeout,  # type: ignore[arg-type]  # float works
+        # Running requests get this long to finish; then uvicorn cancels them, and their
+        # streams' cancellation frees their slots.
+        timeout_graceful_shutdown=settings.shutdown_timeout,  # type: ignore[arg-type]
     )
     # After a graceful stop uvicorn raises the signal again; Ctrl-C then ends quietly.
     with contextlib.suppress(KeyboardInterrupt):

@@ -192,3 +192,12 @@ def setting_option(
         return command
 
     return decorate
+
+
+def add_server_start_option(group: click.Group, option: click.Option) -> None:
+    """Give `kronk server start` an option of a plugin's (from its kronk_cli hook): the
+    manual's flags that set a variable of the process, such as `--processor`."""
+    server = group.commands.get("server")
+    start = server.commands.get("start") if isinstance(server, click.Group) else None
+    if start is not None:
+        start.params.append(option)

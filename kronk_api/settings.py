@@ -128,6 +128,27 @@ class ServerSettings(BaseModel):
     media_fetch_timeout: Annotated[float, Field(gt=0.0)] = Field(
         default=10.0, description="Seconds fetching one image URL may take"
     )
+    # The manual's HTTP timeouts (Go's http.Server's, which its names are), enforced by
+    # kronk_api.timeouts and uvicorn.
+    read_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
+        default=30.0,
+        description="How long a client may take to send a request's body, e.g. 30s; slower is "
+        "408 and the connection closed",
+    )
+    write_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
+        default=15 * 60.0,
+        description="How long a response may wait for a client that stopped reading it, e.g. "
+        "15m; then the connection is dropped and the generation cancelled",
+    )
+    idle_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
+        default=60.0,
+        description="How long an idle keep-alive connection stays open, e.g. 1m",
+    )
+    shutdown_timeout: Duration = Field(
+        default=60.0,
+        description="How long a stopping server lets running requests finish, e.g. 1m; then "
+        "they are cancelled",
+    )
     # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
     sections: dict[str, Any] = Field(default_factory=dict)
 

@@ -36,6 +36,13 @@ class LimitExceededError(InvalidRequestError):
     code = "limit_exceeded"
 
 
+class RequestTimeoutError(KronkError):
+    """The client did not send its request within the server's read timeout."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class NotFoundError(KronkError):
     """The thing a request names (a stored response, ...) does not exist."""
 

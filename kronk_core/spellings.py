@@ -40,6 +40,11 @@ SERVER_ENVIRONMENT: Mapping[str, str] = {
     "KRONK_WEB_API_HOST": "api_host",
     "KRONK_CATALOG_MODEL_CONFIG_FILE": "model_config_file",
     "KRONK_CACHE_MODELS_IN_CACHE": "models_in_cache",
+    # The manual's HTTP timeouts: its flags are the rule's (--read-timeout), not these.
+    "KRONK_WEB_READ_TIMEOUT": "read_timeout",
+    "KRONK_WEB_WRITE_TIMEOUT": "write_timeout",
+    "KRONK_WEB_IDLE_TIMEOUT": "idle_timeout",
+    "KRONK_WEB_SHUTDOWN_TIMEOUT": "shutdown_timeout",
 }
 
 

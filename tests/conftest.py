@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 import uvicorn
 from litestar import Litestar
 
 from kronk_api import ServerSettings, create_app
+from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
 from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, cache_dir, gemma_model_path
@@ -187,18 +188,29 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app: Litestar, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
+def serving(
+    app: Litestar | HttpTimeouts, lifespan: Literal["on", "off"] = "on", **options: Any
+) -> Iterator[str]:
     """Run app on a real uvicorn on 127.0.0.1 (free port) in a thread; yield its base URL.
 
     With lifespan "on" the server's startup and shutdown hooks run, and shutdown
-    closes the app's Kronk.
+    closes the app's Kronk. `options` go to uvicorn.Config (timeout_keep_alive, ...).
     """
     port = free_port()
+    # The listening socket's send buffer, which its connections inherit: a small one makes
+    # a client that stops reading stall the server's sends within a few kilobytes.
+    send_buffer = options.pop("send_buffer", None)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan, **options
     )
     instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
+    sockets = None
+    if send_buffer is not None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        listener.bind(("127.0.0.1", port))
+        sockets = [listener]
+    thread = threading.Thread(target=instance.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not instance.started:

@@ -97,13 +97,17 @@ def auth_app(base: Path, **settings: Any) -> Litestar:
     return create_app(server, kronk=kronk)
 
 
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
-    base = tmp_path_factory.mktemp("auth-home")
-    app = auth_app(base)
+def running_auth_server(base: Path, serve: Serve, **settings: Any) -> Iterator[AuthServer]:
+    """An auth server's fixture body: served from `base`, with the admin token it made."""
+    app = auth_app(base, **settings)
     with serve(app) as base_url:
         admin = (base / "keys" / "master.jwt").read_text()
         yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
+    yield from running_auth_server(tmp_path_factory.mktemp("auth-home"), serve)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -448,10 +452,7 @@ def small_body_server(
     tmp_path_factory: pytest.TempPathFactory, serve: Serve
 ) -> Iterator[AuthServer]:
     base = tmp_path_factory.mktemp("small-body-home")
-    app = auth_app(base, max_request_bytes=4096)
-    with serve(app) as base_url:
-        admin = (base / "keys" / "master.jwt").read_text()
-        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+    yield from running_auth_server(base, serve, max_request_bytes=4096)
 
 
 def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: AuthServer) -> None:
@@ -516,6 +517,12 @@ ADMIN_ROUTES = [
     ("GET", "/v1/kronk/devices"),
     ("GET", "/v1/kronk/models"),
     ("POST", "/v1/kronk/models/{model_id}/unload"),
+    # The Kronk manual's operator routes.
+    ("GET", "/v1/kronk/models/ps"),
+    ("GET", "/v1/kronk/models/imc-sessions"),
+    ("GET", "/v1/pool/budget"),
+    ("GET", "/v1/devices"),
+    ("GET", "/v1/kronk/libs"),
     ("GET", "/v1/kronk/catalog"),
     ("GET", "/v1/kronk/catalog/{model_id}"),
     ("POST", "/v1/kronk/catalog/update"),

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,6 +12,7 @@ import jsonschema
 import openai
 import pytest
 from openai.types.chat import ChatCompletion
+from waiting import reached
 
 from kronk_core.models import GEMMA_MODEL_ID
 
@@ -34,15 +34,6 @@ def _engine_idle(server: Any) -> bool:
     engine = server.kronk.get_loaded().engine
     stats = engine.stats()
     return all(not slot.busy for slot in engine.slots) and stats.active == 0 and stats.queued == 0
-
-
-def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -605,7 +596,7 @@ def test_liveness_and_readiness(server: Any) -> None:
 
 
 def test_client_disconnect_frees_the_slot(server: Any) -> None:
-    assert _wait_until(lambda: _engine_idle(server), 5), "engine busy before the test"
+    assert reached(lambda: _engine_idle(server), 5), "engine busy before the test"
     payload = {
         "model": MODEL,
         "messages": _messages("Write a long story about a dragon."),
@@ -630,7 +621,7 @@ def test_client_disconnect_frees_the_slot(server: Any) -> None:
         assert engine.stats().active == 1
     # The response is closed: the engine must stop generating for it within a step or two
     # (5 s leaves room for a CPU shared with other work).
-    assert _wait_until(lambda: _engine_idle(server), 5.0), (
+    assert reached(lambda: _engine_idle(server), 5.0), (
         engine.stats(),
         [slot.busy for slot in engine.slots],
     )

@@ -20,6 +20,16 @@ async def wait_until(condition: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
+def reached(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition` holds within `seconds` (polled; for tests outside an event loop)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
 async def wait_idle(engine: Engine) -> None:
     """Wait until no request is running or queued and every slot is free."""
     await wait_until(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import re
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import click
 import yaml
 from rich.console import Console
 
-from kronk_api.options import setting_option
+from kronk_api.options import add_server_start_option, setting_option
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import Downloader, FileSpec
 from kronk_catalog.plans import catalog_files, reference_files
@@ -48,6 +50,15 @@ _hf_token = click.option(
     envvar=["KRONK_CATALOG_HF_TOKEN", HF_TOKEN_VARIABLE],
     help=f"Hugging Face token for gated models (env {HF_TOKEN_VARIABLE}; else HF_TOKEN or the "
     "token `hf auth login` saved)",
+)
+
+# The manual runs these commands against a server unless --local; here they always work on
+# this machine's files, so the flag is accepted and changes nothing.
+_local = click.option(
+    "--local",
+    is_flag=True,
+    expose_value=False,
+    help="Work on this machine's files (the Kronk manual's flag; these commands always do)",
 )
 
 
@@ -95,7 +106,59 @@ def _echo_table(rows: Sequence[tuple[str, ...]]) -> None:
         )
 
 
+def _export_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """The manual's `server start --hf-token`: the process's token for every pull (the
+    catalog section's setting, and pulls of model references, which read the variable)."""
+    if value is not None:
+        os.environ["KRONK_CATALOG_HF_TOKEN"] = value
+
+
+def github_folder(url: str, folder: str) -> str:
+    """The manual's repository URL (`https://github.com/ORG/REPO`) → that repository's
+    `folder` as the GitHub contents-API listing a catalog source is; another URL as given."""
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", url)
+    if match is None:
+        return url
+    return f"https://api.github.com/repos/{match[1]}/{match[2]}/contents/{folder}"
+
+
+def _export_source(variable: str, folder: str) -> Callable[..., None]:
+    """A callback that sets a source setting's variable from the manual's repository flag
+    (the rule's flag, --catalog-source, beats it)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            os.environ[variable] = github_folder(value, folder)
+
+    return callback
+
+
 def add_commands(group: click.Group) -> None:
+    add_server_start_option(
+        group,
+        click.Option(
+            ["--hf-token"],
+            expose_value=False,
+            callback=_export_token,
+            help=f"Hugging Face token for the server's pulls (env {HF_TOKEN_VARIABLE}; "
+            "--catalog-hf-token beats it)",
+        ),
+    )
+    for flag, variable, folder in (
+        ("--catalog-github-repo", "KRONK_CATALOG_SOURCE", "catalogs"),
+        ("--templates-github-repo", "KRONK_CATALOG_TEMPLATES_SOURCE", "templates"),
+    ):
+        add_server_start_option(
+            group,
+            click.Option(
+                [flag],
+                expose_value=False,
+                callback=_export_source(variable, folder),
+                metavar="URL",
+                help=f"The manual's GitHub repository of the {folder} (its {folder}/ folder "
+                f"becomes {variable})",
+            ),
+        )
     @group.group("catalog")
     def catalog() -> None:
         """The catalog of verified models: list, show, pull, update."""
@@ -104,6 +167,7 @@ def add_commands(group: click.Group) -> None:
     @click.option("--filter-category", help="Only categories starting with this (any case)")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
     @_base_path
+    @_local
     @_cli_errors
     def catalog_list(filter_category: str | None, as_json: bool, base_path: Path | None) -> None:
         """List the catalog's models and whether each is pulled."""
@@ -127,6 +191,7 @@ def add_commands(group: click.Group) -> None:
     @catalog.command("show")
     @click.argument("model_id")
     @_base_path
+    @_local
     @_cli_errors
     def catalog_show(model_id: str, base_path: Path | None) -> None:
         """Show a catalog model: files, checksums, settings, where it is stored."""
@@ -162,6 +227,7 @@ def add_commands(group: click.Group) -> None:
     @_base_path
     @_hf_endpoint
     @_hf_token
+    @_local
     @_cli_errors
     def catalog_pull(
         model_id: str, base_path: Path | None, catalog_hf_endpoint: str | None, hf_token: str | None
@@ -179,6 +245,7 @@ def add_commands(group: click.Group) -> None:
         "catalog.templates_source",
         help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
     )
+    @_local
     @_cli_errors
     def catalog_update(
         base_path: Path | None, catalog_source: str | None, catalog_templates_source: str | None
@@ -209,6 +276,7 @@ def add_commands(group: click.Group) -> None:
     @_base_path
     @_hf_endpoint
     @_hf_token
+    @_local
     @_cli_errors
     def model_pull(
         reference: str,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 import click
 
+from kronk_api.options import add_server_start_option
+from kronk_core.errors import ConfigError
+from kronk_llamacpp import native
 from kronk_llamacpp.detect import detect
 from kronk_llamacpp.libs import LibsBuilder, LibsError
 from kronk_llamacpp.native import PROCESSORS, libraries_root
@@ -15,7 +20,59 @@ from kronk_llamacpp.native import PROCESSORS, libraries_root
 _ARCHITECTURE_VARIABLES = ("CMAKE_CUDA_ARCHITECTURES", "AMDGPU_TARGETS")
 
 
+def _select_processor(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Load the processor's libraries in place of those the variables chose, or stop the
+    start in one line naming the `kronk libs` command that installs them."""
+    if value is not None:
+        try:
+            native.select(value.lower(), source="--processor")
+        except ConfigError as exc:
+            raise click.ClickException(exc.message) from None
+
+
+def _llama_log(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
+    """--llama-log=0 hides llama.cpp's own log lines below error level."""
+    if value is not None:
+        os.environ["KRONK_LLAMA_LOG"] = "1" if value else "0"
+        logging.getLogger("kronk.llama").setLevel(logging.NOTSET if value else logging.ERROR)
+
+
+# The Kronk manual's runtime flags of `kronk server start`. --processor and --lib-path
+# set their variables before the plugins load (importing this one binds libllama);
+# --processor's callback then says whether those libraries are the ones loaded.
+SERVER_START_OPTIONS = (
+    click.Option(
+        ["--lib-path"],
+        envvar="KRONK_LIB_PATH",
+        type=click.Path(path_type=Path),
+        expose_value=False,  # read before the plugins load (kronk_api.cli.EARLY_VARIABLES)
+        help="Where `kronk libs` installed llama.cpp's libraries [~/.kronk/libraries] "
+        "(env KRONK_LIB_PATH)",
+    ),
+    click.Option(
+        ["--processor"],
+        type=click.Choice(PROCESSORS, case_sensitive=False),
+        expose_value=False,
+        callback=_select_processor,
+        help="Load the llama.cpp libraries `kronk libs --processor X` built for this processor "
+        "(env KRONK_PROCESSOR)",
+    ),
+    click.Option(
+        ["--llama-log"],
+        type=click.BOOL,
+        envvar="KRONK_LLAMA_LOG",
+        expose_value=False,
+        callback=_llama_log,
+        metavar="1|0",
+        help="llama.cpp's own log lines: 1 shows them, 0 only its errors [1] (env KRONK_LLAMA_LOG)",
+    ),
+)
+
+
 def add_commands(group: click.Group) -> None:
+    for option in SERVER_START_OPTIONS:
+        add_server_start_option(group, option)
+
     @group.command("libs")
     @click.option(
         "--processor",

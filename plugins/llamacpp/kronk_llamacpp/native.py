@@ -214,6 +214,30 @@ def prepare() -> None:
         _loaded = NativeLibraries(processor, directory, runtime, before)
 
 
+def select(processor: str, source: str = "KRONK_PROCESSOR") -> NativeLibraries:
+    """The libraries of `processor` for this process (`kronk server start --processor`):
+    those chosen already, else chosen now if llama_cpp is not loaded yet; ConfigError
+    naming `source`, and the `kronk libs` command when they are not installed."""
+    global _loaded, _error
+    os.environ["KRONK_PROCESSOR"] = processor
+    with _lock:
+        if _loaded is not None and _loaded.processor == processor:
+            return _loaded
+        if "llama_cpp.llama_cpp" not in sys.modules:
+            if _loaded is not None and os.environ.get("MTMD_CPP_LIB") == str(_loaded.directory):
+                del os.environ["MTMD_CPP_LIB"]  # ours, from the earlier choice
+            _loaded = _error = None
+    prepare()
+    if _loaded is not None and _loaded.processor == processor:
+        return _loaded
+    if _error is not None:
+        raise ConfigError(source, _error.message.removeprefix("KRONK_PROCESSOR: "))
+    chosen = _loaded.processor if _loaded is not None else None
+    raise ConfigError(
+        source, f"llama.cpp's libraries ({chosen or 'not from kronk libs'}) are loaded already"
+    )
+
+
 def load() -> NativeLibraries:
     """Load llama.cpp's libraries once per process; ConfigError when the choice is wrong."""
     prepare()

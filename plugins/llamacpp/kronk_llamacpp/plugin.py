@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from litestar.types import ControllerRouterHandler
 
-from kronk_core import hookimpl
+from kronk_core import Kronk, hookimpl
 from kronk_core.backend import Backend, ModelFacts
 from kronk_core.config import ModelConfig
 from kronk_core.memory import Device, MemoryEstimate
@@ -17,6 +18,7 @@ from kronk_llamacpp.cli import add_commands
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.estimate import estimate
 from kronk_llamacpp.facts import model_facts
+from kronk_llamacpp.routes import libs
 from kronk_llamacpp.settings import SETTINGS
 
 
@@ -50,6 +52,11 @@ def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
 @hookimpl
 def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
     return model_facts(model_config) if _claims(model_config) else None
+
+
+@hookimpl
+def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
+    return [libs]
 
 
 @hookimpl
