@@ -49,6 +49,7 @@ class ChatStream:
         parallel_tool_calls: bool = True,
         times: ChatTimes | None = None,
         on_finished: Callable[[ChatRecord], None] | None = None,
+        prompt_text: str = "",
     ) -> None:
         self._stream = stream
         self._dropped_tokens = dropped_tokens
@@ -59,6 +60,8 @@ class ChatStream:
         self._parse_seconds = 0.0
         self._first_call: str | None = None  # the one call kept without parallel_tool_calls
         self.prompt_tokens = prompt_tokens
+        # The prompt as rendered for the model (a chat's template output): `return_prompt`.
+        self.prompt_text = prompt_text
         self.model_id = model_id
         self.created = time.time()
 

@@ -32,9 +32,7 @@ YES_NO = 'root ::= "yes" | "no"'
 # An integer: an optional minus sign and at most 16 digits, no leading zeros.
 INTEGER = 'root ::= "-"? ("0" | [1-9] [0-9]{0,15})'
 # An integer or a decimal number, with an optional exponent.
-NUMBER = (
-    'root ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?'
-)
+NUMBER = 'root ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?'
 
 # The manual's names.
 PRESETS = {

@@ -30,6 +30,8 @@ class PreparedChat:
     generation: GenerationRequest
     parser: OutputParser
     dropped_tokens: int
+    # The rendered prompt (a chat's template output, a completion's text); "" for token ids.
+    prompt_text: str = ""
 
 
 def render_options(request: ChatRequest, *, add_generation_prompt: bool = True) -> RenderOptions:
@@ -58,6 +60,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         messages, trimmed = _trim_to_fit(loaded, messages, options, request, len(rendered.tokens))
         if trimmed is not None:
             dropped, rendered = len(rendered.tokens) - len(trimmed.tokens), trimmed
+            prompt_text = render_prompt(loaded, messages, options, request)
     prompt = rendered.tokens
     if rendered.spans and rendered.spans[-1].end == len(prompt):
         raise InvalidRequestError("a prompt must not end with an image or sound", param="messages")
@@ -88,7 +91,8 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         special_tokens_as_text=loaded.template.special_tokens_as_text,
         media=rendered.spans,
     )
-    return PreparedChat(generation, loaded.template.parser(options, prompt_text), dropped)
+    parser = loaded.template.parser(options, prompt_text)
+    return PreparedChat(generation, parser, dropped, prompt_text)
 
 
 def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> PreparedChat:
@@ -109,7 +113,8 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
     )
-    return PreparedChat(generation, PlainText(), 0)
+    text = request.prompt if isinstance(request.prompt, str) else ""
+    return PreparedChat(generation, PlainText(), 0, text)
 
 
 def count_prompt(

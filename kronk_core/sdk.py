@@ -189,6 +189,7 @@ class Kronk:
         config = model_config_for(self, model_id or self.config.default_model)
         facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
         return facts
+
     def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
         """What the model's projector reads (images, sounds): the loaded model's, else its
         projector file's as the backend's memory estimate reads it; empty without one."""
@@ -352,6 +353,7 @@ class Kronk:
             parallel_tool_calls,
             times,
             self._chat_finished,
+            prepared.prompt_text,
         )
 
     async def chat_stream(

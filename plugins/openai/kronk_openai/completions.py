@@ -17,7 +17,7 @@ from kronk_core.sdk import collect
 from kronk_core.types import ChatDelta, TokenLogprob
 from kronk_openai.errors import OPENAI
 from kronk_openai.objects import FINISH_REASONS, usage_dict
-from kronk_openai.schemas import TextCompletionRequest
+from kronk_openai.schemas import TextCompletionRequest, UsageInStream
 
 
 @post("/v1/completions", status_code=200, opt={ENDPOINT_OPT: "completions"})
@@ -36,7 +36,14 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
         return await OPENAI.open_stream(
             request,
             aiter(stream),
-            lambda deltas: _sse(base, deltas, echoed, body.logprobs, body.include_usage),
+            lambda deltas: _sse(
+                base,
+                deltas,
+                echoed,
+                body.logprobs,
+                body.usage_in_stream,
+                stream.prompt_text if body.return_prompt else None,
+            ),
         )
     result = await OPENAI.respond(request, collect(stream))
     if isinstance(result, Response):
@@ -47,7 +54,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
         "logprobs": None if body.logprobs is None else legacy_logprobs(result.logprobs, 0),
         "finish_reason": FINISH_REASONS[result.finish_reason],
     }
-    return Response({**base, "choices": [choice], "usage": usage_dict(result.usage)})
+    answer = {**base, "choices": [choice], "usage": usage_dict(result.usage)}
+    if body.return_prompt:
+        answer["prompt"] = stream.prompt_text
+    return Response(answer)
 
 
 async def _sse(
@@ -55,9 +65,12 @@ async def _sse(
     deltas: AsyncIterator[ChatDelta],
     echoed: str,
     logprobs: int | None,
-    include_usage: bool,
+    usage_in: UsageInStream,
+    prompt: str | None,
 ) -> AsyncIterator[bytes]:
-    def chunk(text: str, entries: Sequence[TokenLogprob], finish: str | None) -> bytes:
+    def chunk(
+        text: str, entries: Sequence[TokenLogprob], finish: str | None, **extra: Any
+    ) -> bytes:
         choice: dict[str, Any] = {
             "text": text,
             "index": 0,
@@ -65,9 +78,9 @@ async def _sse(
             "finish_reason": finish,
         }
         payload: dict[str, Any] = {**base, "choices": [choice]}
-        if include_usage:
+        if usage_in is UsageInStream.own_chunk:
             payload["usage"] = None
-        return sse_frame(payload)
+        return sse_frame(payload | extra)
 
     offset = 0
     if echoed:
@@ -76,9 +89,13 @@ async def _sse(
     try:
         async for delta in deltas:
             if delta.finish_reason is not None:
-                yield chunk("", (), FINISH_REASONS[delta.finish_reason])
-                if include_usage and delta.usage is not None:
-                    yield sse_frame({**base, "choices": [], "usage": usage_dict(delta.usage)})
+                usage = None if delta.usage is None else usage_dict(delta.usage)
+                extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+                if usage_in is UsageInStream.finish_chunk:
+                    extra["usage"] = usage
+                yield chunk("", (), FINISH_REASONS[delta.finish_reason], **extra)
+                if usage_in is UsageInStream.own_chunk and usage is not None:
+                    yield sse_frame({**base, "choices": [], "usage": usage})
                 continue
             if delta.content or delta.logprobs:
                 yield chunk(delta.content, delta.logprobs, None)

@@ -31,7 +31,7 @@ from kronk_openai.objects import (
     usage_dict,
 )
 from kronk_openai.responses_routes import RESPONSES_ROUTES
-from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest
+from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest, UsageInStream
 
 
 @post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
@@ -45,7 +45,13 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         return await OPENAI.open_stream(
             request,
             aiter(stream),
-            lambda deltas: _sse(stream, deltas, completion_id, body.include_usage),
+            lambda deltas: _sse(
+                stream,
+                deltas,
+                completion_id,
+                body.usage_in_stream,
+                stream.prompt_text if body.return_prompt else None,
+            ),
         )
     result = await OPENAI.respond(request, collect(stream))
     if isinstance(result, Response):
@@ -62,20 +68,25 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         "finish_reason": FINISH_REASONS[result.finish_reason],
         "logprobs": logprobs_dict(result.logprobs) if body.logprobs or body.top_logprobs else None,
     }
-    return Response(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": int(stream.created),
-            "model": stream.model_id,
-            "choices": [choice],
-            "usage": usage_dict(result.usage),
-        }
-    )
+    answer = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(stream.created),
+        "model": stream.model_id,
+        "choices": [choice],
+        "usage": usage_dict(result.usage),
+    }
+    if body.return_prompt:
+        answer["prompt"] = stream.prompt_text
+    return Response(answer)
 
 
 async def _sse(
-    stream: ChatStream, deltas: AsyncIterator[ChatDelta], completion_id: str, include_usage: bool
+    stream: ChatStream,
+    deltas: AsyncIterator[ChatDelta],
+    completion_id: str,
+    usage_in: UsageInStream,
+    prompt: str | None,
 ) -> AsyncIterator[bytes]:
     base = {
         "id": completion_id,
@@ -84,22 +95,29 @@ async def _sse(
         "model": stream.model_id,
     }
 
-    def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> bytes:
+    def chunk(choice: dict[str, Any] | None, **extra: Any) -> bytes:
         payload: dict[str, Any] = {**base, "choices": [choice] if choice else []}
-        if include_usage:
-            payload["usage"] = usage
-        return sse_frame(payload)
+        if usage_in is UsageInStream.own_chunk:
+            payload["usage"] = None
+        return sse_frame(payload | extra)
 
     yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
     call_indexes: dict[str, int] = {}
     try:
         async for delta in deltas:
             if delta.finish_reason is not None:
-                yield chunk(
-                    {"index": 0, "delta": {}, "finish_reason": FINISH_REASONS[delta.finish_reason]}
-                )
-                if include_usage and delta.usage is not None:
-                    yield chunk(None, usage_dict(delta.usage))
+                finish = {
+                    "index": 0,
+                    "delta": {},
+                    "finish_reason": FINISH_REASONS[delta.finish_reason],
+                }
+                extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+                usage = None if delta.usage is None else usage_dict(delta.usage)
+                if usage_in is UsageInStream.finish_chunk and usage is not None:
+                    extra["usage"] = usage
+                yield chunk(finish, **extra)
+                if usage_in is UsageInStream.own_chunk and usage is not None:
+                    yield chunk(None, usage=usage)
                 continue
             for position, piece in enumerate(delta_dicts(delta, call_indexes)):
                 choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": None}

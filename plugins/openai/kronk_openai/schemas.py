@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -222,6 +223,14 @@ def _thinking_flag(value: Any) -> Any:
     return value
 
 
+class UsageInStream(StrEnum):
+    # OpenAI's stream_options.include_usage: a last chunk of its own, `usage: null` before.
+    own_chunk = "own_chunk"
+    # The manual's include_usage: on the chunk that carries finish_reason (as llama-server).
+    finish_chunk = "finish_chunk"
+    none = "none"
+
+
 class _Generation(SamplingConfig):
     """What chat and raw completions share. Unknown fields are ignored, as OpenAI clients
     send extras; the sampling fields (temperature, top_k, DRY, XTC, ...) come from
@@ -232,6 +241,10 @@ class _Generation(SamplingConfig):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # The manual's: usage on a stream's last chunk unless false (stream_options beats it).
+    include_usage: bool = True
+    # The manual's: the prompt as rendered for the model, in the answer (`prompt`).
+    return_prompt: bool = False
     n: int = 1
     stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -268,8 +281,15 @@ class _Generation(SamplingConfig):
         return tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def usage_in_stream(self) -> UsageInStream:
+        """Where a stream carries its usage: OpenAI's own chunk when stream_options asks for
+        it, else (the manual's `include_usage`, on by default) on the chunk that finishes."""
+        if self.stream_options is not None:
+            if self.stream_options.include_usage:
+                return UsageInStream.own_chunk
+            if "include_usage" in self.stream_options.model_fields_set:
+                return UsageInStream.none
+        return UsageInStream.finish_chunk if self.include_usage else UsageInStream.none
 
     def sampling(self) -> SamplingConfig:
         return sampling_of(self)
