@@ -163,7 +163,8 @@ class OllamaGeneration(OllamaRequest):
     format: Literal["", "json"] | dict[str, Any] | None = None
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # Kronk keeps at most 5 alternatives per token (Ollama: 20).
+    top_logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
 
     def schema_text(self) -> str | None:
         if not self.format:
