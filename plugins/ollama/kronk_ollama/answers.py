@@ -17,6 +17,7 @@ from kronk_core.sdk import ChatStream, collect
 from kronk_core.types import ChatDelta, FinishReason, TokenLogprob, ToolCall, Usage
 from kronk_ollama.errors import OLLAMA, ndjson_line
 from kronk_ollama.models import clock
+from kronk_openai.objects import logprobs_dict
 
 # A tool call ends Ollama's answer as any other stop does.
 _DONE_REASONS = {FinishReason.length: "length"}
@@ -31,21 +32,6 @@ def tool_call_dict(call: ToolCall, index: int) -> dict[str, Any]:
         "id": call.id,
         "function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)},
     }
-
-
-def logprob_dicts(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    return [
-        {
-            "token": entry.token,
-            "logprob": entry.logprob,
-            "bytes": list(entry.bytes),
-            "top_logprobs": [
-                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
-                for top in entry.top_logprobs
-            ],
-        }
-        for entry in entries
-    ]
 
 
 @dataclass
@@ -83,7 +69,8 @@ class Answer:
             if thinking:
                 body["thinking"] = thinking
         if self.logprobs and logprobs:
-            body["logprobs"] = logprob_dicts(logprobs)
+            # The same objects as OpenAI's `logprobs.content`.
+            body["logprobs"] = logprobs_dict(logprobs)["content"]
         body["done"] = False
         return body
 

@@ -21,9 +21,8 @@ from kronk_core.types import (
     ChatRequest,
     CompletionRequest,
     ToolCall,
-    ToolChoice,
-    ToolSpec,
 )
+from kronk_openai.schemas import NamedToolChoice, ToolIn, sampling_of, tool_choice
 
 LATEST = ":latest"
 # Ollama's num_predict: -1 generates until the model stops, -2 until the context is full;
@@ -120,10 +119,6 @@ class Options(SamplingConfig):
             raise ValueError("num_predict and max_tokens both set; send num_predict")
         return self
 
-    def sampling(self) -> SamplingConfig:
-        names = set(SamplingConfig.model_fields) - {"max_tokens"}
-        return SamplingConfig.model_validate(self.model_dump(include=names, exclude_none=True))
-
     def limit(self) -> int | None:
         if self.num_predict is None:
             return self.max_tokens
@@ -178,7 +173,7 @@ class OllamaGeneration(OllamaRequest):
         options = self.options or Options()
         return {
             "model": self.model_id,
-            "sampling": options.sampling(),
+            "sampling": sampling_of(options),
             "max_tokens": options.limit(),
             "stop": tuple(options.stop or ()),
             "logprobs": self.logprobs or bool(self.top_logprobs),
@@ -249,50 +244,15 @@ class Message(BaseModel):
         )
 
 
-class FunctionSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: Annotated[str, Field(min_length=1)]
-    description: str = ""
-    parameters: dict[str, Any] = Field(default_factory=dict)
-
-
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-    def to_core(self) -> ToolSpec:
-        return ToolSpec(
-            name=self.function.name,
-            description=self.function.description,
-            parameters_json=json.dumps(self.function.parameters or {"type": "object"}),
-        )
-
-
-class NamedFunction(BaseModel):
-    name: Annotated[str, Field(min_length=1)]
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"] = "function"
-    function: NamedFunction
-
-
 class ChatBody(OllamaGeneration):
     """POST /api/chat. No messages: load the model (or, with keep_alive 0, unload it)."""
 
     messages: list[Message] = Field(default_factory=list)
-    tools: list[Tool] | None = None
+    # Ollama's tools are OpenAI's function tools.
+    tools: list[ToolIn] | None = None
     # Kronk's extension, in OpenAI's shape: Ollama lets the model decide ("auto"); "required"
     # or a named function constrains the answer to a valid call, even on a small model.
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice = "auto"
-
-    def tool_choice_for(self) -> ToolChoice:
-        if isinstance(self.tool_choice, NamedToolChoice):
-            return ToolChoice("function", self.tool_choice.function.name)
-        return ToolChoice(self.tool_choice)
 
     def to_core(self, sources: MediaSources) -> ChatRequest:
         final = self.messages[-1]
@@ -302,7 +262,7 @@ class ChatBody(OllamaGeneration):
                 for index, message in enumerate(self.messages)
             ),
             tools=tuple(tool.to_core() for tool in self.tools or ()),
-            tool_choice=self.tool_choice_for(),
+            tool_choice=tool_choice(self.tool_choice),
             json_schema=self.schema_text(),
             # A final assistant message is a prefill: the answer continues it, as in Ollama.
             continue_final_message=final.role == "assistant" and not final.tool_calls,
