@@ -20,9 +20,10 @@ from media_samples import image as image_bytes
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core.media import Media
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from conftest import MultimodalPaths, Serve
 
 MODEL = DEFAULT_MODEL_ID + ":latest"
 GREEDY = {"temperature": 0, "num_predict": 24}
@@ -255,6 +256,42 @@ def test_keep_alive_zero_unloads_after_the_answer(client: ollama.Client) -> None
     unloaded = client.generate(model=MODEL, keep_alive=0)
     assert unloaded.done_reason == "unload"
     assert _wait_until(lambda: MODEL not in _loaded(client))
+
+
+def test_logprobs_come_with_each_piece(client: ollama.Client) -> None:
+    answer = client.chat(
+        model=MODEL, messages=QUESTION, options=GREEDY, logprobs=True, top_logprobs=3
+    )
+    assert answer.logprobs is not None and len(answer.logprobs) == answer.eval_count
+    first = answer.logprobs[0]
+    assert first.logprob <= 0 and len(first.top_logprobs or []) == 3
+    assert "".join(entry.token for entry in answer.logprobs) == answer.message.content
+
+
+async def test_images_reach_the_model_s_projector(
+    tmp_path_factory: pytest.TempPathFactory, serve: Serve, multimodal_paths: MultimodalPaths
+) -> None:
+    base = tmp_path_factory.mktemp("ollama-media")
+    settings = {"templates": {"template": "gemma"}, "context_window": 2048, "n_seq_max": 1}
+    entry = {"model_path": multimodal_paths.model, "projector_path": multimodal_paths.both}
+    kronk = Kronk(
+        KronkConfig(base_path=base, models={"mm": ModelConfig.model_validate(entry | settings)})
+    )
+    picture = image_bytes((10, 120, 240))
+    with serve(create_app(ServerSettings(base_path=base), kronk=kronk)) as url:
+        client = ollama.Client(host=url, timeout=120)
+        answer = client.chat(
+            model="mm",
+            messages=[{"role": "user", "content": "Look:", "images": [picture]}],
+            options={"num_predict": 2},
+        )
+        # The image goes before the message's text.
+        request = kronk.chat_request(
+            [{"role": "user", "content": [Media.from_bytes(picture), "Look:"]}], model="mm"
+        )
+        expected = await kronk.count_prompt_tokens(request, add_generation_prompt=True)
+        assert answer.prompt_eval_count == expected
+        assert client.show("mm").capabilities == ["completion", "tools", "vision", "audio"]
 
 
 # ---- embeddings ----------------------------------------------------------------------------

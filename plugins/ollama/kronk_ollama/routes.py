@@ -78,9 +78,9 @@ async def _load_only(
 
 @post("/api/chat", status_code=200, opt={ENDPOINT_OPT: "ollama-chat"})
 async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    answer = Answer("", chat=True, started=time.monotonic())
+    started = time.monotonic()
     body = await parse_body(request, ChatBody)
-    answer.model, answer.logprobs = body.model, body.logprobs or bool(body.top_logprobs)
+    answer = Answer(body.model, chat=True, started=started, logprobs=body.wants_logprobs)
     if not body.messages:
         return Response(await _load_only(request, body, answer))
     kronk = kronk_of(request)
@@ -91,9 +91,9 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
 
 @post("/api/generate", status_code=200, opt={ENDPOINT_OPT: "ollama-generate"})
 async def generate(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    answer = Answer("", chat=False, started=time.monotonic())
+    started = time.monotonic()
     body = await parse_body(request, GenerateBody)
-    answer.model, answer.logprobs = body.model, body.logprobs or bool(body.top_logprobs)
+    answer = Answer(body.model, chat=False, started=started, logprobs=body.wants_logprobs)
     if not body.prompt and not body.images:
         return Response(await _load_only(request, body, answer))
     kronk = kronk_of(request)

@@ -168,6 +168,10 @@ class OllamaGeneration(OllamaRequest):
             return json.dumps({"type": "object"})
         return json.dumps(self.format)
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or bool(self.top_logprobs)
+
     def generation(self) -> dict[str, Any]:
         """The ChatRequest/CompletionRequest fields both endpoints set the same way."""
         options = self.options or Options()
@@ -176,7 +180,7 @@ class OllamaGeneration(OllamaRequest):
             "sampling": sampling_of(options),
             "max_tokens": options.limit(),
             "stop": tuple(options.stop or ()),
-            "logprobs": self.logprobs or bool(self.top_logprobs),
+            "logprobs": self.wants_logprobs,
             "top_logprobs": self.top_logprobs or 0,
         }
 
