@@ -71,9 +71,8 @@ async def _load_only(
         await kronk.aload(body.model_id)
         _keep_alive(kronk, kronk.canonical(body.model_id), body)
         reason = "load"
-    finished = {"done": True, "done_reason": reason}
-    finished["total_duration"] = nanoseconds(time.monotonic() - answer.started)
-    return {**answer.piece(""), **finished}
+    took = nanoseconds(time.monotonic() - answer.started)
+    return {**answer.piece(""), "done": True, "done_reason": reason, "total_duration": took}
 
 
 @post("/api/chat", status_code=200, opt={ENDPOINT_OPT: "ollama-chat"})
