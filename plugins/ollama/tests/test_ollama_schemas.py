@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from kronk_ollama.schemas import ChatBody, GenerateBody, keep_alive_seconds, model_id, ollama_name
 from pydantic import ValidationError
 
 from kronk_core.media import MediaSources
 from kronk_core.types import ToolChoice
+from kronk_ollama.schemas import ChatBody, GenerateBody, keep_alive_seconds, model_id, ollama_name
 
 
 @pytest.mark.parametrize(
