@@ -1,15 +1,18 @@
-"""The Ollama dialect without a model: names, keep_alive, options and think onto core types."""
+"""The Ollama dialect without a model: names, keep_alive, options and think onto core types,
+and the keep-alive line."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import ollama
 import pytest
 from pydantic import ValidationError
 
 from kronk_core.media import MediaSources
 from kronk_core.types import ToolChoice
+from kronk_ollama.answers import Answer
 from kronk_ollama.schemas import ChatBody, GenerateBody, keep_alive_seconds, model_id, ollama_name
 
 
@@ -153,3 +156,15 @@ def test_generate_puts_system_before_the_prompt() -> None:
 def test_generate_refuses(body: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         GenerateBody.model_validate({"model": "m", "prompt": "Hi", **body})
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_the_keepalive_line_is_an_empty_piece_clients_read(chat: bool) -> None:
+    line = Answer("m:latest", chat=chat, started=0.0).keepalive()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    if chat:
+        piece = ollama.ChatResponse.model_validate_json(line)
+        assert piece.message.content == ""
+    else:
+        assert ollama.GenerateResponse.model_validate_json(line).response == ""
+    assert json.loads(line)["done"] is False
