@@ -57,7 +57,7 @@ def _chat(**body: Any) -> ChatBody:
 
 
 def test_options_become_sampling_and_limits() -> None:
-    options = {
+    sampling = {
         "temperature": 0.2,
         "top_k": 5,
         "top_p": 0.5,
@@ -66,23 +66,13 @@ def test_options_become_sampling_and_limits() -> None:
         "repeat_penalty": 1.1,
         "presence_penalty": 0.5,
         "frequency_penalty": 0.25,
-        "num_predict": 12,
-        "stop": ["\n\n"],
-        "num_ctx": 8192,  # ignored: the model's config entry sets its context
     }
+    # num_ctx is ignored: the model's config entry sets its context.
+    options = {**sampling, "num_predict": 12, "stop": ["\n\n"], "num_ctx": 8192}
     request = _chat(options=options).to_core(MediaSources())
     assert request.model == "m"
     assert request.sampling is not None
-    assert request.sampling.model_dump(exclude_none=True) == {
-        "temperature": 0.2,
-        "top_k": 5,
-        "top_p": 0.5,
-        "min_p": 0.1,
-        "seed": 7,
-        "repeat_penalty": 1.1,
-        "presence_penalty": 0.5,
-        "frequency_penalty": 0.25,
-    }
+    assert request.sampling.model_dump(exclude_none=True) == sampling
     assert request.max_tokens == 12 and request.stop == ("\n\n",)
     assert _chat(options={"num_predict": -1}).to_core(MediaSources()).max_tokens is None
 
