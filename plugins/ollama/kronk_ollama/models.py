@@ -31,6 +31,7 @@ EMBEDDING_ARCHITECTURES = frozenset(
 class ModelFile:
     """A model's file as far as it can be read; `path` None when it is not on disk yet."""
 
+    model_id: str
     path: Path | None
     size: int
     modified: datetime
@@ -38,9 +39,9 @@ class ModelFile:
 
     @property
     def digest(self) -> str:
-        """Names this version of the file (path, size, time), not a hash of its bytes:
-        hashing gigabytes on every listing would cost minutes."""
-        text = f"{self.path}|{self.size}|{self.modified.isoformat()}"
+        """Names the model and this version of its file (path, size, time), not a hash of
+        its bytes: hashing gigabytes on every listing would cost minutes. Aliases share it."""
+        text = f"{self.model_id}|{self.path}|{self.size}|{self.modified.isoformat()}"
         return hashlib.sha256(text.encode()).hexdigest()
 
     def details(self) -> dict[str, Any]:
@@ -71,9 +72,9 @@ def model_file(kronk: Kronk, model_id: str) -> ModelFile:
         facts = kronk.model_facts(model_id)
     except (KronkError, OSError):
         # Configured but not on disk yet (pulled on first use): listed without its file.
-        return ModelFile(None, 0, datetime.fromtimestamp(0, UTC), None)
+        return ModelFile(model_id, None, 0, datetime.fromtimestamp(0, UTC), None)
     modified = datetime.fromtimestamp(max(stat.st_mtime for stat in stats), UTC)
-    return ModelFile(path, sum(stat.st_size for stat in stats), modified, facts)
+    return ModelFile(model_id, path, sum(stat.st_size for stat in stats), modified, facts)
 
 
 def _entry(name: str, found: ModelFile) -> dict[str, Any]:
