@@ -23,6 +23,8 @@ TEST = [
     "httpx>=0.27",
     "openai>=2.0",
     "anthropic>=2.14",
+    # The official Ollama client, against the Ollama dialect (tests/test_server_ollama.py).
+    "ollama==0.6.3",
     "jsonschema>=4",
     "gguf==0.19.0",
     # The MiniLM conversion (scripts/convert_minilm.py) and its reference test.

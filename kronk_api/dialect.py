@@ -59,14 +59,13 @@ class Dialect:
     server_error_type: ClassVar[str] = "server_error"
     # An SSE comment: clients skip it.
     keepalive_frame: ClassVar[bytes] = b": keep-alive\n\n"
+    stream_media_type: ClassVar[str] = "text/event-stream"
 
     def error_type(self, status: int) -> str:
         fallback = self.client_error_type if status < 500 else self.server_error_type
         return self.error_types.get(status, fallback)
 
-    def error_body(
-        self, status: int, message: str, code: str, param: str | None
-    ) -> dict[str, Any]:
+    def error_body(self, status: int, message: str, code: str, param: str | None) -> dict[str, Any]:
         return {
             "error": {
                 "message": message,
@@ -145,8 +144,10 @@ class Dialect:
         request: Request[Any, Any, Any],
         items: AsyncIterator[T],
         frames: Callable[[AsyncIterator[T]], AsyncIterator[bytes]],
+        keepalive_frame: bytes | None = None,
     ) -> Stream | Response[None]:
-        """Start a server-sent-events answer with `frames(items)`.
+        """Start a streamed answer (server-sent events, unless the dialect streams another
+        way) with `frames(items)`; `keepalive_frame` replaces the dialect's for this stream.
 
         It waits for the first item, so that an error at the start (a bad
         grammar, a full queue) still gets its status code, but no longer than
@@ -163,7 +164,8 @@ class Dialect:
             error = first.exception()
             if error is not None and not isinstance(error, StopAsyncIteration):
                 raise error
-        stream = keepalive(frames(_resume(first, items)), self.keepalive_frame, KEEPALIVE_SECONDS)
+        frame = keepalive_frame or self.keepalive_frame
+        stream = keepalive(frames(_resume(first, items)), frame, KEEPALIVE_SECONDS)
 
         async def close() -> None:
             # A client that leaves while a frame is being sent leaves every generator of
@@ -175,7 +177,7 @@ class Dialect:
 
         return Stream(
             stream,
-            media_type="text/event-stream",
+            media_type=self.stream_media_type,
             headers=SSE_HEADERS,
             background=BackgroundTask(close),
         )

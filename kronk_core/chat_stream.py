@@ -64,6 +64,13 @@ class ChatStream:
         self.prompt_text = prompt_text
         self.model_id = model_id
         self.created = time.time()
+        # The engine's record of the generation, once the stream has ended (None before,
+        # or when it never reached a slot): the timings Ollama's answers report.
+        self.record: RequestRecord | None = None
+
+    @property
+    def times(self) -> ChatTimes | None:
+        return self._times
 
     def __aiter__(self) -> AsyncIterator[ChatDelta]:
         return self._iterate()
@@ -118,7 +125,7 @@ class ChatStream:
         counter = _ReasoningCounter()
         async for event in self._stream:
             if isinstance(event, Finished):
-                outcome.record = event.record
+                outcome.record = self.record = event.record
                 break
             outcome.usage.completion_tokens += event.token_count
             parts = self._parse(event.text)

@@ -6,7 +6,8 @@ the engine; from then on the engine's own work keeps the model busy). When a
 new model needs a place, the least recently used model that is neither leased
 nor busy is unloaded; if every loaded model is busy, the request waits up to
 its `wait` for one to become free, then gets PoolBusyError (503). A model idle
-for longer than `ttl` seconds unloads in the background (`ttl` 0: never).
+for longer than `ttl` seconds unloads in the background (`ttl` 0: never); a request
+may set one model's own TTL (`keep_alive`).
 Concurrent first requests for a model share one load; a load that fails
 leaves nothing behind and every waiting request gets its error.
 """
@@ -63,6 +64,8 @@ class _Entry(Generic[M]):
     loaded_at: float = 0.0
     load_seconds: float = 0.0
     keep: bool = False  # exempt from TTL expiry (the server's preloaded default model)
+    # This model's own TTL, set by a request (Ollama's keep_alive); None: the pool's.
+    ttl: float | None = None
 
     def idle(self) -> bool:
         return self.model is not None and self.leases == 0 and not self.model.busy
@@ -117,8 +120,11 @@ class ModelPool(Generic[M]):
         self._closed = False
         self._sweeper: threading.Thread | None = None
         if ttl > 0:
-            self._sweeper = threading.Thread(target=self._sweep, name="kronk-pool-ttl", daemon=True)
-            self._sweeper.start()
+            self._start_sweeper()
+
+    def _start_sweeper(self) -> None:
+        self._sweeper = threading.Thread(target=self._sweep, name="kronk-pool-ttl", daemon=True)
+        self._sweeper.start()
 
     # ---- leases ------------------------------------------------------------
 
@@ -242,7 +248,7 @@ class ModelPool(Generic[M]):
     def _describe(self, entry: _Entry[M], now: float) -> PoolEntry[M]:
         assert entry.model is not None
         idle = 0.0 if not entry.idle() else now - entry.last_used
-        expires = self.ttl > 0 and not entry.keep
+        ttl = self._ttl(entry)
         return PoolEntry(
             model_id=entry.model_id,
             model=entry.model,
@@ -250,8 +256,31 @@ class ModelPool(Generic[M]):
             idle_seconds=idle,
             loaded_seconds=now - entry.loaded_at,
             load_seconds=entry.load_seconds,
-            ttl_left=max(0.0, self.ttl - idle) if expires else None,
+            ttl_left=None if ttl is None else max(0.0, ttl - idle),
         )
+
+    def _ttl(self, entry: _Entry[M]) -> float | None:
+        """Seconds the entry may stay idle before it unloads; None: it never expires."""
+        if entry.keep:
+            return None
+        if entry.ttl is not None:
+            return entry.ttl
+        return self.ttl if self.ttl > 0 else None
+
+    def keep_alive(self, model_id: str, seconds: float | None) -> None:
+        """How long the loaded model stays once idle, counted from its last request:
+        `seconds` (0: unload as soon as it is idle), None: until the pool needs its place.
+        It overrides cache_ttl (and the preloaded model's exemption) for this model, until
+        it unloads; a model that is not loaded is left alone."""
+        with self._cond:
+            entry = self._entries.get(model_id)
+            if entry is None or entry.model is None:
+                return
+            entry.keep = seconds is None
+            entry.ttl = seconds
+            if seconds is not None and self._sweeper is None and not self._closed:
+                self._start_sweeper()
+            self._cond.notify_all()
 
     def unload(self, model_id: str) -> bool:
         """Unload now, busy or not (an operator's decision); False if it was not loaded."""
@@ -281,23 +310,31 @@ class ModelPool(Generic[M]):
         log.info("unloaded %s %s", entry.model_id, why)
 
     def _sweep(self) -> None:
-        """Background thread: unload models idle past the TTL."""
-        interval = min(max(self.ttl / 4, 0.05), 30.0)
+        """Background thread: unload models idle past their TTL."""
         while True:
             with self._cond:
                 if self._closed:
                     return
-                self._cond.wait(interval)
+                self._cond.wait(self._sweep_interval())
                 now = time.monotonic()
                 expired = []
                 for entry in list(self._entries.values()):
-                    if entry.model is None or entry.keep:
+                    ttl = self._ttl(entry)
+                    if entry.model is None or ttl is None:
                         continue
                     if not entry.idle():
                         entry.last_used = now  # the TTL counts from the end of the last request
-                    elif now - entry.last_used > self.ttl:
-                        expired.append(self._entries.pop(entry.model_id))
+                    elif now - entry.last_used > ttl:
+                        expired.append((self._entries.pop(entry.model_id), ttl))
                 if expired:
                     self._cond.notify_all()
-            for entry in expired:
-                self._close(entry, f"after {self.ttl:g}s idle (cache_ttl)")
+            for entry, ttl in expired:
+                why = "cache_ttl" if entry.ttl is None else "keep_alive"
+                self._close(entry, f"after {ttl:g}s idle ({why})")
+
+    def _sweep_interval(self) -> float:
+        """A quarter of the shortest TTL, within 0.05 to 30 seconds (called under the lock)."""
+        ttls = [ttl for entry in self._entries.values() if (ttl := self._ttl(entry)) is not None]
+        if self.ttl > 0:
+            ttls.append(self.ttl)  # a model that loads while the sweeper waits
+        return min(max(min(ttls) / 4, 0.05), 30.0) if ttls else 30.0

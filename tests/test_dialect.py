@@ -19,6 +19,7 @@ from kronk_api.dialect import Dialect, sse_frame
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import QueueFullError
+from kronk_ollama.errors import OLLAMA
 from kronk_openai.errors import OPENAI
 
 SECRET = "the user's secret prompt"
@@ -86,7 +87,9 @@ def test_the_server_and_the_openai_routes_answer_errors_alike(probe: Kronk) -> N
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
 
 
-@pytest.mark.parametrize("dialect", [OPENAI, ANTHROPIC], ids=["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "dialect", [OPENAI, ANTHROPIC, OLLAMA], ids=["openai", "anthropic", "ollama"]
+)
 def test_retry_after_comes_with_every_dialect_s_429(dialect: Dialect) -> None:
     response = dialect.error_response(QueueFullError("queue full", retry_after=7))
     assert response.status_code == 429 and response.headers["Retry-After"] == "7"

@@ -195,7 +195,11 @@ class Server:
     reference: dict[str, str]
 
 
-def body(prompt: str, stream: bool = False) -> dict[str, Any]:
+def body(prompt: str, stream: bool = False, dialect: str = "openai") -> dict[str, Any]:
+    if dialect == "ollama":
+        options = {"num_predict": MAX_TOKENS, "temperature": 0}
+        messages = [{"role": "user", "content": prompt}]
+        return {"model": GEMMA_MODEL_ID, "messages": messages, "options": options, "stream": stream}
     return {
         "model": GEMMA_MODEL_ID,
         "messages": [{"role": "user", "content": prompt}],
@@ -206,6 +210,8 @@ def body(prompt: str, stream: bool = False) -> dict[str, Any]:
 
 
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+# Ollama's chat, for the faults of one request (its streams are NDJSON, its errors untyped).
+FAULT_PATHS = {**PATHS, "ollama": "/api/chat"}
 
 
 def answer_text(dialect: str, response: httpx.Response) -> str:
@@ -276,6 +282,12 @@ def sse_events(raw: str) -> list[tuple[str | None, dict[str, Any]]]:
 def dialect_error(dialect: str, response: httpx.Response) -> tuple[int, str, str]:
     """(status, error type, message) of an error answered before or inside a stream."""
     assert "Traceback" not in response.text
+    if dialect == "ollama":  # {"error": message}, or that object as the stream's last line
+        lines = [json.loads(line) for line in response.text.splitlines() if line]
+        assert list(lines[-1]) == ["error"] and not any(line.get("done") for line in lines)
+        if response.status_code == 200:
+            assert any(line.get("message", {}).get("content") for line in lines[:-1])
+        return response.status_code, "", lines[-1]["error"]
     if response.status_code != 200:
         error = response.json()["error"]
         if dialect == "anthropic":
@@ -303,6 +315,9 @@ CASES = [
     (Fault("sample", at=3), "anthropic", True, 200, "api_error"),
     (Fault("prepare"), "anthropic", True, 500, "api_error"),
     (Fault("prepare"), "openai", False, 500, "server_error"),
+    (Fault("kv_full", at=4), "ollama", True, 200, ""),
+    (Fault("kv_full"), "ollama", False, 503, ""),
+    (Fault("sample", at=3), "ollama", True, 200, ""),
 ]
 
 
@@ -325,7 +340,7 @@ async def test_a_fault_fails_only_the_request_it_touched(
                 first = asyncio.ensure_future(http.post(PATHS["openai"], json=body(HEALTHY[0])))
                 await gate.wait_held()
                 poisoned = asyncio.ensure_future(
-                    http.post(PATHS[dialect], json=body(POISONED, streamed))
+                    http.post(FAULT_PATHS[dialect], json=body(POISONED, streamed, dialect))
                 )
                 second = asyncio.ensure_future(http.post(PATHS["anthropic"], json=body(HEALTHY[1])))
                 await wait_until(lambda: engine.stats().queued == 2)

@@ -145,6 +145,28 @@ async def test_idle_model_expires_after_the_ttl(
         assert (await kronk.embed("back again", model="minilm")).vectors
 
 
+async def test_keep_alive_gives_one_model_its_own_ttl(
+    tmp_path: Path, models: dict[str, ModelConfig]
+) -> None:
+    # cache_ttl 0: no model expires, so no sweeper runs until a keep_alive asks for one.
+    with _kronk(tmp_path, models, cache_ttl=0) as kronk:
+        kronk.load("minilm", keep=True)
+        await kronk.aload("tiny")
+        [entry] = [e for e in kronk.pool.entries() if e.model_id == "minilm"]
+        assert entry.ttl_left is None
+        kronk.pool.keep_alive("minilm", 600)
+        [entry] = [e for e in kronk.pool.entries() if e.model_id == "minilm"]
+        assert entry.ttl_left is not None and 590 < entry.ttl_left <= 600
+        kronk.pool.keep_alive("minilm", 0)
+        await wait_until(lambda: kronk.pool.get("minilm") is None)
+        assert kronk.pool.get("tiny") is not None  # the others keep the server's rule
+        # A negative keep_alive (None) keeps the model until the pool needs its place.
+        kronk.pool.keep_alive("tiny", None)
+        [entry] = kronk.pool.entries()
+        assert entry.ttl_left is None
+        kronk.pool.keep_alive("absent", 0)  # not loaded: nothing to do
+
+
 async def test_concurrent_first_requests_load_once(
     tmp_path: Path, models: dict[str, ModelConfig]
 ) -> None:

@@ -489,6 +489,7 @@ PUBLIC_ROUTES = [
     ("GET", "/ui/{name}"),
     ("GET", "/v1/liveness"),
     ("GET", "/v1/readiness"),
+    ("GET", "/api/version"),
 ]
 ANY_TOKEN_ROUTES = [
     # Unguarded, but what it answers is the check of the token it is sent (auth-jwt.host).
@@ -496,6 +497,9 @@ ANY_TOKEN_ROUTES = [
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
     ("GET", "/v1/example/greeting"),
+    ("GET", "/api/tags"),
+    ("GET", "/api/ps"),
+    ("POST", "/api/show"),
 ]
 GRANTED_ROUTES = {
     "chat-completions": [("POST", "/v1/chat/completions")],
@@ -510,6 +514,9 @@ GRANTED_ROUTES = {
     "rerank": [("POST", "/v1/rerank"), ("POST", "/v1/reranking")],
     "tokenize": [("POST", "/v1/tokenize")],
     "probe": [("GET", "/probe/ping")],
+    "ollama-chat": [("POST", "/api/chat")],
+    "ollama-generate": [("POST", "/api/generate")],
+    "ollama-embed": [("POST", "/api/embed"), ("POST", "/api/embeddings")],
 }
 ADMIN_ROUTES = [
     ("GET", "/v1/kronk/slots"),

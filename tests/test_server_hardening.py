@@ -348,6 +348,16 @@ ANTHROPIC_TOOL = st.fixed_dictionaries(
     {"name": NAME, "input_schema": SCHEMA}, optional={"description": TEXT}
 )
 NO_BODY = st.just({})
+# Ollama's options: a few tokens (-1 would mean no limit), sometimes a wrong value or key.
+OLLAMA_OPTIONS = st.fixed_dictionaries(
+    {"num_predict": st.integers(1, 3) | st.sampled_from([0, -3, "x", 1.5, []])},
+    optional={
+        "temperature": st.floats(0, 2) | st.just("hot"),
+        "num_ctx": st.integers(),
+        "mirostat": st.integers(0, 2),
+        "bogus": JSON,
+    },
+)
 # Near-valid bodies for every POST route. A route a plugin adds must get its entry here.
 KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     CHAT: st.builds(
@@ -480,6 +490,36 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         ),
     ),
     "/v1/kronk/catalog/update": NO_BODY,
+    "/api/chat": near_valid(
+        {"model": st.sampled_from([MODEL, MODEL + ":latest"]), "messages": MESSAGES},
+        {
+            "stream": st.booleans(),
+            "tools": st.lists(TOOL, max_size=2),
+            "tool_choice": st.sampled_from(["auto", "none", "required"]),
+            "format": st.just("json") | SCHEMA,
+            "think": st.booleans(),
+            "keep_alive": st.sampled_from(["5m", -1, "1h30m", "soon"]),
+        },
+        fixed={"options": OLLAMA_OPTIONS},
+    ),
+    "/api/generate": near_valid(
+        {"model": st.just(MODEL), "prompt": TEXT},
+        {
+            "system": TEXT,
+            "stream": st.booleans(),
+            "raw": st.booleans(),
+            "format": st.just("json") | SCHEMA,
+            "suffix": TEXT,
+            "images": st.lists(st.text(max_size=12), max_size=1),
+        },
+        fixed={"options": OLLAMA_OPTIONS},
+    ),
+    "/api/embed": near_valid(
+        {"model": st.just("minilm"), "input": WORDS | st.lists(WORDS, min_size=1, max_size=3)},
+        {"truncate": st.booleans(), "dimensions": st.sampled_from([32, 384, 385])},
+    ),
+    "/api/embeddings": near_valid({"model": st.just("minilm"), "prompt": WORDS}),
+    "/api/show": near_valid({"model": st.sampled_from([MODEL, "minilm:latest", "no-such"])}),
 }
 # The fuzz server's catalog source and Hub: a local file server, never the internet.
 FUZZ_HUB_FILE = "/hub/repo/resolve/main/fuzz.gguf"
@@ -596,7 +636,10 @@ def fuzz_server(
     with hub, serve(app) as base_url:
         keys = base / "keys"
         admin = (keys / "master.jwt").read_text()
-        grants = "chat-completions,completions,responses,messages,embeddings,rerank,tokenize"
+        grants = (
+            "chat-completions,completions,responses,messages,embeddings,rerank,tokenize,"
+            "ollama-chat,ollama-generate,ollama-embed"
+        )
         minted = httpx.post(
             f"{base_url}/v1/kronk/security/tokens",
             json={"duration": "1h", "endpoints": grants},

@@ -1,0 +1,1 @@
+"""Kronk plugin: the Ollama API (`/api/chat`, `/api/generate`, `/api/embed`, `/api/tags`, ...)."""

@@ -1,0 +1,182 @@
+"""Ollama routes: chat, generate, embed, and the model listings (tags, ps, show, version)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from litestar import Request, Response, Router, get, post
+from litestar.response import Stream
+
+from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, PUBLIC, subject_of
+from kronk_api.http import kronk_of, media_sources, parse_body
+from kronk_core.models import unknown_model
+from kronk_core.sdk import ChatStream, Kronk
+from kronk_ollama.answers import Answer, nanoseconds
+from kronk_ollama.errors import OLLAMA
+from kronk_ollama.models import running, show, tags
+from kronk_ollama.schemas import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    OllamaGeneration,
+    OllamaRequest,
+    ShowBody,
+)
+
+# The Ollama API level these routes follow; clients compare it against the versions that
+# introduced the features they use (structured outputs, tools, think).
+OLLAMA_VERSION = "0.12.0"
+
+
+def _keep_alive(kronk: Kronk, model_id: str, body: OllamaRequest) -> None:
+    """The request's keep_alive, applied to its (loaded) model; unset leaves cache_ttl."""
+    given, seconds = body.keep_alive_for()
+    if given:
+        kronk.pool.keep_alive(model_id, seconds)
+
+
+async def _answer(
+    request: Request[Any, Any, Any], body: OllamaGeneration, stream: ChatStream, answer: Answer
+) -> Response[Any] | Stream:
+    kronk = kronk_of(request)
+    _keep_alive(kronk, stream.model_id, body)
+    if body.stream:
+        return await OLLAMA.open_stream(
+            request,
+            aiter(stream),
+            lambda deltas: answer.lines(stream, deltas),
+            keepalive_frame=answer.keepalive(),
+        )
+    whole = await OLLAMA.respond(request, answer.whole(stream))
+    return whole if isinstance(whole, Response) else Response(whole)
+
+
+async def _load_only(
+    request: Request[Any, Any, Any], body: OllamaGeneration, answer: Answer
+) -> dict[str, Any]:
+    """A request with nothing to generate loads its model; with keep_alive 0 it unloads it
+    (once idle), as `ollama run` and `ollama stop` use it."""
+    kronk = kronk_of(request)
+    given, seconds = body.keep_alive_for()
+    if given and seconds == 0:
+        model_id = kronk.canonical(body.model_id)
+        if kronk.pool.get(model_id) is None and model_id not in kronk.model_ids():
+            raise unknown_model(body.model_id, kronk.model_ids())
+        kronk.pool.keep_alive(model_id, 0)
+        reason = "unload"
+    else:
+        await kronk.aload(body.model_id)
+        _keep_alive(kronk, kronk.canonical(body.model_id), body)
+        reason = "load"
+    took = nanoseconds(time.monotonic() - answer.started)
+    return {**answer.piece(""), "done": True, "done_reason": reason, "total_duration": took}
+
+
+@post("/api/chat", status_code=200, opt={ENDPOINT_OPT: "ollama-chat"})
+async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    started = time.monotonic()
+    body = await parse_body(request, ChatBody)
+    answer = Answer(body.model, chat=True, started=started, logprobs=body.wants_logprobs)
+    if not body.messages:
+        return Response(await _load_only(request, body, answer))
+    kronk = kronk_of(request)
+    sources = await media_sources(kronk, [])
+    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
+    return await _answer(request, body, stream, answer)
+
+
+@post("/api/generate", status_code=200, opt={ENDPOINT_OPT: "ollama-generate"})
+async def generate(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    started = time.monotonic()
+    body = await parse_body(request, GenerateBody)
+    answer = Answer(body.model, chat=False, started=started, logprobs=body.wants_logprobs)
+    if not body.prompt and not body.images:
+        return Response(await _load_only(request, body, answer))
+    kronk = kronk_of(request)
+    if body.raw:
+        stream = await kronk.start_completion(body.to_completion())
+    else:
+        sources = await media_sources(kronk, [])
+        stream = await kronk.start_chat(body.to_chat(sources), subject=subject_of(request))
+    return await _answer(request, body, stream, answer)
+
+
+async def _embed(
+    request: Request[Any, Any, Any], body: OllamaRequest, texts: list[str], **params: Any
+) -> tuple[list[list[float]], dict[str, Any]]:
+    """The vectors, and Ollama's counts and timings: a load first if the model needs one."""
+    started = time.monotonic()
+    kronk = kronk_of(request)
+    load = 0.0
+    if kronk.pool.get(kronk.canonical(body.model_id)) is None:
+        await kronk.aload(body.model_id)
+        load = time.monotonic() - started
+    result = await kronk.embed(texts, model=body.model_id, **params)
+    _keep_alive(kronk, result.model, body)
+    stats = {
+        "total_duration": nanoseconds(time.monotonic() - started),
+        "load_duration": nanoseconds(load),
+        "prompt_eval_count": result.prompt_tokens,
+    }
+    return result.vectors, stats
+
+
+@post("/api/embed", status_code=200, opt={ENDPOINT_OPT: "ollama-embed"})
+async def embed(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, EmbedBody)
+    vectors, stats = await _embed(
+        request, body, body.texts(), dimensions=body.dimensions, truncate=body.truncate
+    )
+    return {"model": body.model, "embeddings": vectors, **stats}
+
+
+@post("/api/embeddings", status_code=200, opt={ENDPOINT_OPT: "ollama-embed"})
+async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, EmbeddingsBody)
+    vectors, _ = await _embed(request, body, [body.prompt], truncate=True)
+    return {"embedding": vectors[0]}
+
+
+@get("/api/version", opt={ENDPOINT_OPT: PUBLIC})
+async def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION}
+
+
+@get("/api/tags", opt={ENDPOINT_OPT: AUTHENTICATED})
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return await asyncio.to_thread(tags, kronk_of(request))
+
+
+@get("/api/ps", opt={ENDPOINT_OPT: AUTHENTICATED})
+async def running_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return await asyncio.to_thread(running, kronk_of(request))
+
+
+@post("/api/show", status_code=200, opt={ENDPOINT_OPT: AUTHENTICATED})
+async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    body = await parse_body(request, ShowBody)
+    kronk = kronk_of(request)
+    if body.model_id not in [*kronk.model_ids(), *kronk.aliases()]:
+        raise unknown_model(body.model_id, kronk.model_ids())
+    return await asyncio.to_thread(show, kronk, kronk.canonical(body.model_id))
+
+
+def router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[
+            chat,
+            generate,
+            embed,
+            embeddings,
+            version,
+            list_models,
+            running_models,
+            show_model,
+        ],
+        # Router-level, so guards' errors on these routes come out in Ollama's shape too.
+        exception_handlers=OLLAMA.exception_handlers(),
+    )
