@@ -492,7 +492,7 @@ PUBLIC_ROUTES = [
     ("GET", "/api/version"),
 ]
 ANY_TOKEN_ROUTES = [
-    # Unguarded, but what it answers is the check of the token it is sent (auth-jwt.host).
+    # What it answers is the check of that token for an endpoint (auth-jwt.host).
     ("POST", "/v1/kronk/security/authenticate"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),

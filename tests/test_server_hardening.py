@@ -479,6 +479,10 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "endpoints": st.sampled_from(["tokenize", "chat-completions:5/day,rerank"]),
         },
     ),
+    "/v1/kronk/security/authenticate": near_valid(
+        {"endpoint": st.sampled_from(["chat-completions", "tokenize", "admin"])},
+        {"times": st.integers(min_value=0, max_value=3)},
+    ),
     "/v1/kronk/security/keys": NO_BODY,
     "/v1/kronk/models/{model_id}/unload": NO_BODY,
     # Pulls run in the background from the fuzz server's local Hub (FUZZ_HUB_FILE).
