@@ -490,6 +490,7 @@ PUBLIC_ROUTES = [
     ("GET", "/v1/liveness"),
     ("GET", "/v1/readiness"),
     ("GET", "/api/version"),
+    ("GET", "/v1/kronk/ui/reference"),
 ]
 ANY_TOKEN_ROUTES = [
     # What it answers is the check of that token for an endpoint (auth-jwt.host).

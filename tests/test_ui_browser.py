@@ -270,3 +270,38 @@ def test_with_auth_on_a_token_is_created_from_the_admin_token_in_settings(
         # The token stays in the browser: nothing of it was written under the base path.
         stored = [path for path in tmp_path.rglob("*") if path.is_file()]
         assert all(token not in path.read_text(errors="ignore") for path in stored)
+
+
+def test_libraries_and_documentation_pages(
+    ui_server: tuple[str, FileServer], page: Page, screenshots: Path
+) -> None:
+    """The Libraries page shows what /v1/kronk/libs says; the Documentation page lists every
+    command and SDK method, read from the code, and filters them."""
+    base_url, _ = ui_server
+    libs = httpx.get(f"{base_url}/v1/kronk/libs").json()
+    page.goto(f"{base_url}/#/libraries")
+    expect(page.locator("#libs-version")).to_have_text(libs["current"])
+    expect(page.locator("#libs-directory")).to_have_text(libs["directory"])
+    if libs["installed"]:
+        expect(page.locator("#libs-installed tr[data-processor]")).to_have_count(
+            len(libs["installed"])
+        )
+    else:
+        expect(page.locator("#libs-installed")).to_contain_text("No build of `kronk libs`")
+    shoot(page, screenshots, "libraries")
+
+    page.goto(f"{base_url}/#/docs")
+    commands = page.locator("#docs-cli details.entry")
+    expect(commands.first).to_be_visible()
+    titles = commands.locator("summary code").all_inner_texts()
+    assert "kronk server start" in titles and "kronk model pull REFERENCE" in titles
+    methods = page.locator("#docs-sdk summary code").all_inner_texts()
+    assert any(title.startswith("await kronk.chat(messages") for title in methods)
+    start = page.locator('#docs-cli details.entry[data-title="kronk server start"]')
+    start.locator("summary").click()
+    expect(start).to_contain_text("--api-host")
+    page.fill("#docs-filter", "model pull")
+    pull = page.locator('#docs-cli details.entry[data-title="kronk model pull reference"]')
+    expect(pull).to_be_visible()
+    expect(start).to_be_hidden()
+    shoot(page, screenshots, "docs")

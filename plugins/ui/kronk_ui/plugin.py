@@ -19,6 +19,7 @@ from litestar.types import ControllerRouterHandler
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, hookimpl
 from kronk_ui.live import STATE_KEY, LiveCounts, live
+from kronk_ui.reference import reference
 
 _PUBLIC = {ENDPOINT_OPT: PUBLIC}
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -68,7 +69,7 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
 
 @hookimpl
 def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [Router(path="/", route_handlers=[index, asset, live])]
+    return [Router(path="/", route_handlers=[index, asset, live, reference])]
 
 
 @hookimpl

@@ -4,7 +4,7 @@
 
 const TOKEN_KEY = "kronk.token";
 const THEME_KEY = "kronk.theme";
-const PAGES = ["dashboard", "chat", "models", "catalog", "security", "settings"];
+const PAGES = ["dashboard", "chat", "models", "catalog", "libraries", "security", "docs", "settings"];
 
 const $ = (id) => document.getElementById(id);
 
@@ -582,6 +582,66 @@ async function createToken(event) {
 
 // ---- settings
 
+// ---- libraries
+
+pages.libraries = async function loadLibraries() {
+  const libs = await api("/v1/kronk/libs");
+  $("libs-processor").textContent = libs.processor || "llama-cpp-python's own (CPU)";
+  $("libs-directory").textContent = libs.directory;
+  $("libs-version").textContent = libs.current;
+  $("libs-platform").textContent = `${libs.os}, ${libs.arch}; builds go to ${libs.libraries_path}`;
+  fill(
+    $("libs-installed"),
+    libs.installed.map((build) =>
+      el(
+        "tr",
+        { "data-processor": build.processor },
+        el("td", { text: build.processor }),
+        el("td", { text: build.llama_cpp_python }),
+        el("td", { text: build.built_at || "–" }),
+        el("td", { text: build.directory }),
+      ),
+    ),
+    "No build of `kronk libs` is installed: the server runs llama-cpp-python's own libraries.",
+    4,
+  );
+};
+
+// ---- documentation, read from the server's own code
+
+const reference = { loaded: null };
+
+function referenceEntry(title, help, details) {
+  const entry = el("details", { class: "entry", "data-title": title.toLowerCase() }, el("summary", {}, el("code", { text: title }), el("span", { class: "muted", text: help ? ` ${help}` : "" })));
+  if (details) entry.append(details);
+  return entry;
+}
+
+function filterReference() {
+  const wanted = $("docs-filter").value.trim().toLowerCase();
+  for (const entry of document.querySelectorAll("#page-docs details.entry")) {
+    entry.hidden = wanted !== "" && !entry.dataset.title.includes(wanted) && !entry.textContent.toLowerCase().includes(wanted);
+  }
+}
+
+pages.docs = async function loadDocs() {
+  if (!reference.loaded) {
+    reference.loaded = await api("/v1/kronk/ui/reference");
+    $("docs-cli").replaceChildren(
+      ...reference.loaded.cli.map((command) => {
+        const options = el("table", { class: "table" }, el("tbody", {}, ...command.options.map((option) => el("tr", {}, el("td", {}, el("code", { text: option.flags })), el("td", { text: option.help })))));
+        return referenceEntry(command.command, command.help, command.options.length ? options : null);
+      }),
+    );
+    $("docs-sdk").replaceChildren(
+      ...reference.loaded.sdk.map((method) =>
+        referenceEntry(`${method.async ? "await " : ""}kronk.${method.signature}`, "", el("pre", { class: "code", text: method.doc || "(no description)" })),
+      ),
+    );
+  }
+  filterReference();
+};
+
 pages.settings = async function loadSettings() {
   $("settings-token").value = token();
   const theme = document.documentElement.dataset.theme;
@@ -628,6 +688,8 @@ function start() {
   $("catalog-refresh").addEventListener("click", show);
   $("security-refresh").addEventListener("click", show);
   $("catalog-filter").addEventListener("change", show);
+  $("libraries-refresh").addEventListener("click", show);
+  $("docs-filter").addEventListener("input", filterReference);
   $("chat-form").addEventListener("submit", sendChat);
   $("chat-text").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) {
