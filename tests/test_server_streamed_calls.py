@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_api import ServerSettings, create_app
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core.models import GEMMA_MODEL_ID, default_model_path
+from kronk_templates.formats import FORMATS
+
+if TYPE_CHECKING:
+    from conftest import Serve
 
 WEATHER = {
     "type": "object",
@@ -159,3 +165,61 @@ def test_a_call_cut_by_max_tokens_is_closed(client: openai.OpenAI) -> None:
     partial = json.loads(call.function.arguments)
     assert isinstance(partial, dict)
     assert all(key in arguments for key in partial)
+
+
+# ---- every tool-call format, through both SDKs' stream helpers ---------------------------
+
+
+@pytest.fixture(scope="module")
+def every_format(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[str]:
+    """The default model once per tool format: a forced call is written in that format's
+    markup (its grammar spells it out) and read back by that format's parser."""
+    models = {
+        f"calls-{name}": ModelConfig.model_validate(
+            {
+                "model_path": default_model_path(),
+                "context_window": 2048,
+                "n_seq_max": 1,
+                "templates": {"template": "chatml", "tool_format": name},
+            }
+        )
+        for name in FORMATS
+    }
+    base = tmp_path_factory.mktemp("formats")
+    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=1))
+    with serve(create_app(ServerSettings(base_path=base), kronk=kronk)) as base_url:
+        yield base_url
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_streams_what_it_answers_whole(every_format: str, name: str) -> None:
+    model = f"calls-{name}"
+    # Markup such as Harmony's is many tokens in a vocabulary without its control tokens.
+    body = {**CHAT, "model": model, "max_tokens": 160}
+    with openai.OpenAI(base_url=f"{every_format}/v1", api_key="unused", max_retries=0) as client:
+        whole = client.chat.completions.create(**body).choices[0]
+        with client.chat.completions.stream(**body) as stream:
+            final = stream.get_final_completion().choices[0]
+    [call] = whole.message.tool_calls or []
+    [streamed] = final.message.tool_calls or []
+    assert (streamed.function.name, streamed.function.arguments) == (
+        call.function.name,
+        call.function.arguments,
+    )
+    assert json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": QUESTION,
+        "tools": [{"name": "get_weather", "description": "Weather.", "input_schema": WEATHER}],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "max_tokens": 160,
+        "extra_body": {"temperature": 0},
+    }
+    with anthropic.Anthropic(base_url=every_format, api_key="unused", max_retries=0) as claude:
+        whole_message = claude.messages.create(**params)
+        with claude.messages.stream(**params) as message_stream:
+            final_message = message_stream.get_final_message()
+    [use] = [block for block in whole_message.content if block.type == "tool_use"]
+    [streamed_use] = [block for block in final_message.content if block.type == "tool_use"]
+    assert (streamed_use.name, streamed_use.input) == (use.name, use.input)
+    assert use.input == json.loads(call.function.arguments)
