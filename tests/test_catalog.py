@@ -22,6 +22,7 @@ from kronk_api.cli import main
 from kronk_catalog.catalog import Catalog
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import parse_model_config
+from kronk_core.loading import model_config_for
 from kronk_core.models import GEMMA_MODEL_ID, PACKAGED_MODELS, resolve_model_config
 
 TINY_CATALOG = """\
@@ -387,14 +388,15 @@ def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
     assert sha256(pulled) == sha256(tiny_llama_path)
     assert leftovers(tmp_path) == ["kronk/Tiny-Chat-GGUF/tiny-llama.gguf"]
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
-        resolved = resolve_model_config(kronk.config, "Tiny-Chat-Q8_0", kronk.provided_models())
+        # Bound to the plugins: the catalog's manual keys (`flash-attention`) in their sections.
+        resolved = model_config_for(kronk, "Tiny-Chat-Q8_0")
         assert (resolved.model_path, resolved.context_window, resolved.n_seq_max) == (
             pulled,
             128,
             1,
         )
-        assert resolved.sections["templates"] == {"template": str(template)}
-        assert resolved.sections["llamacpp"]["flash_attention"] == "enabled"
+        assert resolved.sections["templates"].template == str(template)
+        assert resolved.sections["llamacpp"].flash_attention == "enabled"
         assert resolved.sampling.min_p == 0.1
         result = asyncio.run(
             kronk.chat([{"role": "user", "content": "hi"}], model="Tiny-Chat-Q8_0", max_tokens=3)

@@ -121,8 +121,10 @@ def test_device_pin_and_tensor_split_are_validated(tmp_path: Path, tiny_llama_pa
         _kronk(tmp_path, m=both)
     with pytest.raises(ConfigError, match=r"models\.m\.llamacpp\.tensor_split: .*above 0"):
         _kronk(tmp_path, m={"llamacpp": {"tensor_split": [0, 0]}})
-    with pytest.raises(ConfigError, match=r"models\.m\.llamacpp\.device: .*at least 1 char"):
-        _kronk(tmp_path, m={"llamacpp": {"device": ""}})
+    # The manual's `device: ""` pins nothing, flat or in the section.
+    unpinned = _kronk(tmp_path, m={"llamacpp": {"device": ""}})
+    assert unpinned.config.models["m"].sections["llamacpp"].device is None
+    unpinned.close()
     kronk = _kronk(
         tmp_path,
         gpu={"model_path": tiny_llama_path, "llamacpp": {"device": "CUDA0"}},

@@ -50,7 +50,7 @@ def test_a_stream_carries_usage_on_its_finishing_chunk_by_default(
     streamed = list(client.chat.completions.create(**chat(stream=True)))
     assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == 4
     # (The helper refuses an answer cut by max_tokens: this one stops by itself.)
-    with client.chat.completions.stream(**chat(max_tokens=64)) as stream:
+    with client.chat.completions.stream(**chat(max_tokens=256, temperature=0)) as stream:
         final = stream.get_final_completion()
     assert final.choices[0].finish_reason == "stop"
     assert final.usage is not None and final.usage.completion_tokens > 0

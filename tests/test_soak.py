@@ -204,7 +204,12 @@ class Client:
                 ("/v1/chat/completions", {**chat, "max_tokens": 0}, 400),
                 ("/v1/chat/completions", {**chat, "stop": [""]}, 400),
                 ("/v1/chat/completions", {**chat, "temperature": "hot"}, 400),
-                ("/v1/chat/completions", {**chat, "max_tokens": 4000}, 400),  # over the context
+                # A prompt over the 2048-token window (a large max_tokens is only capped).
+                (
+                    "/v1/chat/completions",
+                    {**chat, "messages": [{"role": "user", "content": "word " * 3000}]},
+                    400,
+                ),
                 ("/v1/messages", chat, 400),  # no max_tokens
                 ("/v1/responses", {"model": MODEL}, 400),  # no input
             ]
