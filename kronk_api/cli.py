@@ -249,8 +249,13 @@ def _draining_server(uvicorn: Any, config: Any, drain: Drain, timeout: float) ->
             log.info("draining: readiness answers 503; waiting for running requests")
 
             def stop_when_idle() -> None:
+                began = time.monotonic()
                 if not drain.wait_idle(timeout):
                     log.warning("drain: requests still running after %gs; stopping", timeout)
+                # One shutdown timeout in all: uvicorn's graceful wait gets what is left
+                # (never 0, which uvicorn reads as no limit).
+                left = timeout - (time.monotonic() - began)
+                self.config.timeout_graceful_shutdown = max(left, 0.1)
                 super(DrainingServer, self).handle_exit(sig, frame)
 
             threading.Thread(target=stop_when_idle, name="kronk-drain", daemon=True).start()
