@@ -83,7 +83,10 @@ def affinity(replica: str) -> Any:
                 if message["type"] == "http.response.start":
                     headers = list(message.get("headers", []))
                     headers.append((REPLICA_HEADER, replica.encode("latin-1")))
-                    session = given or (_derived(scope, bytes(body)) if chat else b"")
+                    # Derived only for an answer: a refused body (too deep, too big) is
+                    # not parsed again here.
+                    derive = chat and not given and message["status"] < 400
+                    session = given or (_derived(scope, bytes(body)) if derive else b"")
                     if session:
                         headers.append((SESSION_HEADER, session))
                     message = {**message, "headers": headers}
@@ -101,7 +104,7 @@ def _derived(scope: Scope, body: bytes) -> bytes:
     subject = scope.get("state", {}).get(SUBJECT_STATE)
     try:
         parsed = json.loads(body)
-    except ValueError:  # cut at MAX_HASHED_BODY, or not JSON (answered 400 anyway)
+    except (ValueError, RecursionError):  # cut at MAX_HASHED_BODY
         parsed = None
     session = derive_session(subject if isinstance(subject, str) else None, parsed)
     return session.encode() if session else b""
