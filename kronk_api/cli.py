@@ -20,12 +20,14 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import click
 
 from kronk_api.bool_flags import BoolValueGroup
 from kronk_api.client import call_server
+from kronk_api.drain import Drain
 from kronk_api.listen import ListenError, listen
 from kronk_api.logs import configure_logging
 from kronk_api.options import (
@@ -228,7 +230,37 @@ def _run(settings: ServerSettings, sock: socket.socket) -> None:
     )
     # After a graceful stop uvicorn raises the signal again; Ctrl-C then ends quietly.
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(config).run(sockets=[sock])
+        _draining_server(uvicorn, config, app.state.drain, settings.shutdown_timeout).run(
+            sockets=[sock]
+        )
+
+
+def _draining_server(uvicorn: Any, config: Any, drain: Drain, timeout: float) -> Any:
+    """A uvicorn server whose first SIGTERM/SIGINT drains before it stops: readiness goes
+    503 (the balancer stops sending new work) while the listener stays open and running
+    requests finish, for up to `timeout` seconds; a second signal stops it at once."""
+
+    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if drain.draining or self.should_exit:
+                super().handle_exit(sig, frame)
+                return
+            drain.start()
+            log.info("draining: readiness answers 503; waiting for running requests")
+
+            def stop_when_idle() -> None:
+                began = time.monotonic()
+                if not drain.wait_idle(timeout):
+                    log.warning("drain: requests still running after %gs; stopping", timeout)
+                # One shutdown timeout in all: uvicorn's graceful wait gets what is left
+                # (never 0, which uvicorn reads as no limit).
+                left = timeout - (time.monotonic() - began)
+                self.config.timeout_graceful_shutdown = max(left, 0.1)
+                super(DrainingServer, self).handle_exit(sig, frame)
+
+            threading.Thread(target=stop_when_idle, name="kronk-drain", daemon=True).start()
+
+    return DrainingServer(config)
 
 
 def _start_detached(settings: ServerSettings, schema: list[Setting], ready_timeout: float) -> None:

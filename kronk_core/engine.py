@@ -381,6 +381,11 @@ class Engine:
         )
 
     @property
+    def queue_capacity(self) -> int:
+        """How many requests may wait for a slot (slots x queue_depth)."""
+        return self._capacity
+
+    @property
     def busy(self) -> bool:
         """True while requests are queued or running (the model pool never unloads it then)."""
         return bool(self._active) or bool(self._waiting)

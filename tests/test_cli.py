@@ -334,6 +334,13 @@ def test_server_start_logs_stop(tmp_path: Path) -> None:
             "status": "ready",
             "model": DEFAULT_MODEL_ID,
             "model_state": "loaded",  # --preload: loaded before the server answers at all
+            "load": {
+                "slots_busy": 0,
+                "slots_total": 4,
+                "queued": 0,
+                "queue_capacity": 64,
+                "saturated": False,
+            },
         }
         assert not _answers(env_port), "the environment's port answers although a flag was given"
         assert (base / "server.pid").read_text().strip() == str(pid)

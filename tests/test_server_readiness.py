@@ -56,6 +56,9 @@ def tiny_server(
 def readiness(base_url: str) -> tuple[int, dict[str, Any]]:
     response = httpx.get(f"{base_url}/v1/readiness", timeout=30)
     body: dict[str, Any] = response.json()
+    # The load is checked in test_affinity_drain.py; here, the model's state.
+    load = body.pop("load")
+    assert response.headers["x-kronk-load"].startswith(f"slots_busy={load['slots_busy']};")
     return response.status_code, body
 
 

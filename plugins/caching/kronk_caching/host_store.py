@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,8 +59,13 @@ class StoredConversation:
 
 
 class HostStore:
-    def __init__(self, *, max_bytes: int, directory: Path | None, fingerprint: str) -> None:
+    def __init__(
+        self, *, max_bytes: int, directory: Path | None, fingerprint: str, shared: bool = False
+    ) -> None:
         self._max_bytes = max_bytes
+        # Shared with other servers: their entries are picked up when the directory changes.
+        self._shared = shared
+        self._scanned_at = 0
         self._entries: OrderedDict[bytes, StoredConversation] = OrderedDict()
         self._bytes = 0
         self._directory = directory / fingerprint if directory is not None else None
@@ -119,7 +126,10 @@ class HostStore:
         assert entry.state is not None and entry.checkpoints is not None
         names = (".state", ".checkpoints", ".tokens")
         final = [file.with_suffix(name) for name in names]
-        partial = [file.with_suffix(name + ".partial") for name in names]
+        # A name of this writer's own: two servers writing the same conversation into a
+        # shared directory never write into one file; each rename is atomic.
+        mine = f"{os.getpid()}-{secrets.token_hex(4)}"
+        partial = [file.with_suffix(f"{name}.{mine}.partial") for name in names]
         try:
             file.parent.mkdir(parents=True, exist_ok=True)  # back, if it was removed
             partial[0].write_bytes(entry.state)
@@ -156,6 +166,8 @@ class HostStore:
         longest raw match is often a longer branch a sliding window cannot cut back to
         where the prompt leaves it; a shorter one (the conversation's own last turn)
         then serves. Ties go to the most recently used."""
+        if self._shared:
+            self._refresh()
         best_keep, best_key = 0, b""
         for key, entry in self._entries.items():
             keep = usable(entry, common_prefix(entry.tokens, prompt))
@@ -207,9 +219,31 @@ class HostStore:
             for suffix in (".tokens", ".checkpoints", ".state"):
                 _unlink(entry.file.with_suffix(suffix))
 
+    def _refresh(self) -> None:
+        """Pick up the entries other servers wrote since the last look, and forget the
+        disk-only ones they dropped (a rename into place or an unlink touches the
+        directory's mtime, so an unchanged directory costs one stat)."""
+        assert self._directory is not None
+        try:
+            changed = self._directory.stat().st_mtime_ns
+        except OSError:
+            return
+        if changed == self._scanned_at:
+            return
+        for key, entry in list(self._entries.items()):
+            gone = entry.file is not None and not entry.file.with_suffix(".tokens").exists()
+            if entry.state is None and gone:
+                del self._entries[key]
+        self._load_index()
+
     def _load_index(self) -> None:
         assert self._directory is not None
+        with contextlib.suppress(OSError):
+            self._scanned_at = self._directory.stat().st_mtime_ns
+        known = {entry.file for entry in self._entries.values()}
         for tokens_file in sorted(self._directory.glob("*.tokens")):
+            if tokens_file.with_suffix("") in known:
+                continue
             try:
                 floor, *rest = (int(t) for t in np.fromfile(tokens_file, dtype=np.int32))
             except (OSError, ValueError):

@@ -53,7 +53,13 @@ class IncrementalCache(Counted, PromptsAsGiven):
     name = "imc"
 
     def __init__(
-        self, *, min_tokens: int, trimmable: bool, store: HostStore | None, checkpoints: int = 4
+        self,
+        *,
+        min_tokens: int,
+        trimmable: bool,
+        store: HostStore | None,
+        checkpoints: int = 4,
+        write_through: bool = False,
     ) -> None:
         self._min_tokens = max(1, min_tokens)
         # Checkpoints are needed only where the KV cannot be cut at any position.
@@ -62,6 +68,9 @@ class IncrementalCache(Counted, PromptsAsGiven):
         # Slot id → length of the last prompt prefilled in it (what followed was generated).
         self._prompt_end: dict[int, int] = {}
         self.store = store
+        # Save each conversation after every request (a shared host_cache_dir), so another
+        # server can continue it if this one dies.
+        self._write_through = write_through
 
     def counters(self) -> CacheCounters:
         host_bytes = self.store.ram_bytes if self.store is not None else 0
@@ -198,6 +207,8 @@ class IncrementalCache(Counted, PromptsAsGiven):
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
+        if self._write_through:
+            self._save(slot, model)
 
     # ---- moving state ----------------------------------------------------------
 

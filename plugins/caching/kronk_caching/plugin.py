@@ -24,6 +24,7 @@ from kronk_core.slots import CacheStrategy, CacheStrategyFactory
 
 log = logging.getLogger(__name__)
 
+
 def state_fingerprint(model_config: ModelConfig, model_info: ModelInfo) -> str:
     """Identifies model file + KV layout, so a disk entry never restores into the wrong one.
 
@@ -72,6 +73,7 @@ def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> Ca
             max_bytes=budget,
             directory=settings.host_cache_dir,
             fingerprint=state_fingerprint(model_config, model_info),
+            shared=settings.host_cache_shared and settings.host_cache_dir is not None,
         )
     if not model_info.kv_trimmable:
         log.info(
@@ -83,6 +85,7 @@ def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> Ca
         min_tokens=settings.cache_min_tokens,
         trimmable=model_info.kv_trimmable,
         store=store,
+        write_through=store is not None and settings.host_cache_shared,
     )
 
 

@@ -35,6 +35,10 @@ class CachingSettings(BaseModel):
     # llama-server's --cache-ram), and a directory that keeps them on disk too.
     host_cache_bytes: Annotated[int, Field(ge=0)] | None = None
     host_cache_dir: Path | None = None
+    # Several servers share host_cache_dir (behind a balancer): each writes every
+    # conversation there after each request, not only when evicted, and restores what the
+    # others wrote, so a conversation whose server died continues on another one.
+    host_cache_shared: bool = False
     # SPC: whose remembered system prompt a request without one gets.
     spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,46 @@ def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     _, entry = restarted.best(range(1000), longest)
     assert entry is not None and entry.checkpoint_lengths == (300,)
     assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
+
+
+def test_servers_sharing_a_directory_see_each_others_conversations(tmp_path: Path) -> None:
+    """host_cache_shared: an entry one server writes is restorable by another that started
+    before it; one it drops is forgotten by the other."""
+    writer = HostStore(max_bytes=1 << 20, directory=tmp_path, fingerprint="f", shared=True)
+    reader = HostStore(max_bytes=1 << 20, directory=tmp_path, fingerprint="f", shared=True)
+    writer.put(range(100), b"a" * 10)
+    keep, entry = reader.best(list(range(120)), longest)
+    assert keep == 100 and entry is not None and entry.state is None  # on disk only
+    assert reader.state_of(entry) == b"a" * 10
+    writer.put(range(200), b"b" * 10)  # extends the first, whose files go
+    keep, entry = reader.best(list(range(250)), longest)
+    assert keep == 200 and entry is not None and reader.state_of(entry) == b"b" * 10
+    assert len(reader) == 1
+    # A store that does not share reads the directory at start only.
+    alone = HostStore(max_bytes=1 << 20, directory=tmp_path, fingerprint="f")
+    writer.put(range(300), b"c" * 10)
+    assert alone.best(list(range(350)), longest)[0] == 200
+
+
+def test_two_writers_of_one_conversation_never_leave_half_an_entry(tmp_path: Path) -> None:
+    """Each writer writes its own partial files and renames each into place: whichever
+    rename lands last, the state file is one writer's whole state, and no partial file
+    is left behind."""
+    size = 1 << 20
+
+    def write(marker: int) -> None:
+        store = HostStore(max_bytes=1 << 30, directory=tmp_path, fingerprint="f", shared=True)
+        for _ in range(10):
+            store.put(range(150), bytes([marker]) * size)
+
+    writers = [threading.Thread(target=write, args=(marker,)) for marker in (1, 2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    reader = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = reader.best(list(range(160)), longest)
+    assert keep == 150 and entry is not None
+    state = reader.state_of(entry)
+    assert state in (bytes([1]) * size, bytes([2]) * size)
+    assert not list(tmp_path.rglob("*.partial"))
