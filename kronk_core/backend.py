@@ -56,6 +56,9 @@ class ModelInfo:
     kv_trimmable: bool = True
     # Sliding-window size of the SWA layers (0: none).
     n_swa: int = 0
+    # Recurrent or hybrid models: every token updates a state in place, so a sequence
+    # cannot be cut back at all, whatever attention layers it also has.
+    recurrent: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     capabilities: frozenset[Capability] = frozenset({Capability.chat})
     pooling: Pooling = Pooling.none

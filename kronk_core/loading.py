@@ -216,7 +216,10 @@ def draft_strategy(kronk: Kronk, config: ModelConfig, model: TextModel) -> Draft
     none for "none", and where it is unset the default one if this model can use it."""
     name, key = config.draft_strategy, config.section_key("draft_strategy")
     registry = kronk.registry("draft_strategies")
-    can_cut = model.info.kv_trimmable or bool(model.info.n_swa)
+    # A sliding window can be cut back near its end; a recurrent state not at all, even
+    # where the model's attention layers have a window (a hybrid such as LFM2).
+    info = model.info
+    can_cut = not info.recurrent and (info.kv_trimmable or bool(info.n_swa))
     if name is None:
         if not can_cut or DEFAULT_DRAFT_STRATEGY not in registry.names():
             return None
