@@ -9,8 +9,8 @@
 llama.cpp keeps one state per sequence for their recurrent layers, updated in place by
 every token, so a sequence cannot be cut back to an earlier position: the caches save
 and restore it instead (IMC's checkpoints). Random weights, the real Gemma 3 tokenizer
-(as make_tiny_models.py); the embedding's scale gives peaked next-token distributions, so
-greedy answers do not hinge on near ties.
+(as make_tiny_models.py); the output head's scale gives peaked next-token distributions,
+so greedy answers do not hinge on near ties.
 
 Usage: python scripts/make_tiny_recurrent.py [--out DIR]
 """
@@ -79,9 +79,11 @@ def _common(writer: gguf.GGUFWriter, n_layer: int) -> tuple[_Weights, int]:
     writer.add_block_count(n_layer)
     writer.add_layer_norm_rms_eps(1e-5)
     weights = _Weights(writer)
-    # Tied to the output head (no output.weight): unit scale makes the logits' spread
-    # about sqrt(N_EMBD), so the top token stands clear of the next.
     weights.random("token_embd.weight", n_vocab, N_EMBD, scale=1.0, dtype=F16)
+    # An output head of its own: tied to the embedding, the residual stream would make
+    # every token predict itself. Unit scale spreads the logits by about sqrt(N_EMBD), so
+    # the top token stands clear of the next.
+    weights.random("output.weight", n_vocab, N_EMBD, scale=1.0, dtype=F16)
     return weights, n_vocab
 
 
