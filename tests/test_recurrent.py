@@ -12,6 +12,7 @@ from nothing, chunk by chunk, for every turn.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from make_tiny_recurrent import TINY_LFM2, TINY_LFM2_SWA
 from test_caching import (
     AGENT_SYSTEMS,
     SYSTEM,
+    BatchReplay,
     ColdReplay,
     ask,
     assert_same_first_token,
@@ -29,8 +31,10 @@ from test_caching import (
     prompt_tokens,
     user_turn,
 )
+from waiting import gated, wait_until
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core.engine import StepRecord
 from kronk_core.errors import ConfigError, KronkError
 from kronk_core.slots import CacheCounters
 from kronk_core.types import ChatResult
@@ -276,6 +280,49 @@ async def test_a_stored_conversation_comes_back_through_its_snapshot(
         reference = replay.prefill(prompt, first_end)
         assert_replayed(restored, replay, reference)
     finally:
+        replay.close()
+        kronk.close()
+
+
+async def test_agents_arriving_together_prefill_together_exactly(
+    tmp_path: Path, recurrent_path: Path
+) -> None:
+    """Three agents with one system prompt arrive while another request runs: none waits
+    for another to prefill the shared prefix (it could not copy it from a state that
+    cannot be cut), they prefill in one step, and every token of every answer is that of
+    a cold context decoding the same batches."""
+    kronk = loaded_kronk(recurrent_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=4)
+    model = loaded(kronk)
+    replay = BatchReplay(model.config)
+    records: list[StepRecord] = []
+    model.engine.add_step_listener(records.append)
+    try:
+        running = conversation(AGENT_SYSTEMS[0], 1)
+        agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in (1, 2, 3)]
+        with gated(model.engine) as gate:
+            first = asyncio.ensure_future(ask(kronk, "m", running))
+            await gate.wait_held()
+            queued = [asyncio.ensure_future(ask(kronk, "m", agent)) for agent in agents]
+            await wait_until(lambda: model.engine.stats().queued == 3)
+        results = await asyncio.gather(first, *queued)
+        assert max(len(record.prefilling) for record in records) == 3
+        assert [r.usage.cached_tokens for r in results] == [0, 0, 0, 0]
+        slots = {}
+        for messages, result in zip([running, *agents], results, strict=True):
+            prompt = await prompt_tokens(kronk, messages)
+            (slot,) = [s.id for s in model.engine.slots if s.tokens[: len(prompt)] == prompt]
+            slots[slot] = (prompt, result)
+        starts = {slot: prompt for slot, (prompt, _) in slots.items()}
+        for record in records:
+            for slot in record.prefilling:
+                if slot in starts:
+                    replay.start(slot, starts.pop(slot), 0)
+            replay.step(record)
+        for slot, (_, result) in slots.items():
+            assert replay.text[slot].decode() == result.content
+            assert_same_logprobs(result, replay.logprobs[slot])
+    finally:
+        model.engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 

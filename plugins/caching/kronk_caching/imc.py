@@ -60,10 +60,14 @@ class IncrementalCache(Counted, PromptsAsGiven):
         store: HostStore | None,
         checkpoints: int = 4,
         write_through: bool = False,
+        recurrent: bool = False,
     ) -> None:
         self._min_tokens = max(1, min_tokens)
         # Checkpoints are needed only where the KV cannot be cut at any position.
         self._max_checkpoints = 0 if trimmable else checkpoints
+        # A recurrent state cannot be cut back to a shared prefix: never copied from a
+        # slot that holds more than the prefix.
+        self._recurrent = recurrent
         self._checkpoints: dict[int, list[Checkpoint]] = {}
         # Slot id → length of the last prompt prefilled in it (what followed was generated).
         self._prompt_end: dict[int, int] = {}
@@ -138,7 +142,13 @@ class IncrementalCache(Counted, PromptsAsGiven):
     def admit_later(
         self, request: GenerationRequest, prefilling: Sequence[tuple[Slot, Sequence[int]]]
     ) -> bool:
-        """Hold a request whose prefix another slot is prefilling now: it copies it afterwards."""
+        """Hold a request whose prefix another slot is prefilling now: it copies it afterwards.
+
+        Never on a recurrent model: the other slot's state cannot be cut back to the
+        prefix, so waiting would only keep the two prompts from prefilling together.
+        """
+        if self._recurrent:
+            return False
         prompt = request.prompt_tokens
         for slot, other in prefilling:
             shared = common_prefix(other, prompt)

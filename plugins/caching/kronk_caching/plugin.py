@@ -86,6 +86,7 @@ def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> Ca
         trimmable=model_info.kv_trimmable,
         store=store,
         write_through=store is not None and settings.host_cache_shared,
+        recurrent=model_info.recurrent,
     )
 
 
