@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from make_tiny_recurrent import TINY_LFM2, TINY_LFM2_SWA
+from make_tiny_recurrent import (
+    LFM2_ATTENTION,
+    LFM2_HEAD,
+    LFM2_HEAD_KV,
+    N_EMBD,
+    TINY_LFM2,
+    TINY_LFM2_SWA,
+)
 from test_caching import (
     AGENT_SYSTEMS,
     SYSTEM,
@@ -104,6 +111,10 @@ async def test_it_answers_and_reports_state_that_cannot_be_cut(
         model = loaded(kronk)
         assert model.info.recurrent and not model.info.kv_trimmable
         assert (model.info.n_swa > 0) == (recurrent_path.name == TINY_LFM2_SWA)
+        # Only attention layers keep KV: K and V of each head, in f16.
+        attention = sum(LFM2_ATTENTION) if recurrent_path.name.startswith("tiny-lfm2") else 0
+        per_layer = LFM2_HEAD_KV * 2 * (N_EMBD // LFM2_HEAD) * 2
+        assert model.info.kv_bytes_per_token == attention * per_layer
         assert model.engine.draft_strategy is None
         result = await ask(kronk, "m", conversation(SYSTEM, 1))
         assert result.usage.completion_tokens == 12 and result.content.strip()
@@ -323,6 +334,51 @@ async def test_agents_arriving_together_prefill_together_exactly(
             assert_same_logprobs(result, replay.logprobs[slot])
     finally:
         model.engine.remove_step_listener(records.append)
+        replay.close()
+        kronk.close()
+
+
+async def test_a_prompt_extending_a_busy_slots_sequence_copies_its_state(
+    tmp_path: Path, recurrent_path: Path
+) -> None:
+    """The one prefix a recurrent state can be copied with: another slot's whole sequence.
+    A raw completion extends the sequence of a request still generating in the other
+    slot: its state is copied, not prefilled again, and both answers are token for token
+    those of a cold context that decodes the same batches and makes the same copy."""
+    kronk = loaded_kronk(recurrent_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=2)
+    engine = loaded(kronk).engine
+    replay = BatchReplay(loaded(kronk).config)
+    records: list[StepRecord] = []
+    engine.add_step_listener(records.append)
+    options: dict[str, Any] = {"model": "m", "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    try:
+        prompt = await prompt_tokens(kronk, conversation(SYSTEM, 1))
+        more = await kronk.tokenize("\nNow the figures once more.", model="m")
+        with gated(engine, lambda record: bool(record.generating)) as gate:
+            running = asyncio.ensure_future(kronk.complete(prompt, max_tokens=24, **options))
+            await gate.wait_held()  # it generates in one slot
+            (busy,) = [slot for slot in engine.slots if slot.busy]
+            held = list(busy.tokens)
+            extended = [*held, *more]
+            extending = asyncio.ensure_future(kronk.complete(extended, max_tokens=12, **options))
+            await wait_until(lambda: engine.stats().queued == 1)
+        first, second = await asyncio.gather(running, extending)
+        assert second.usage.cached_tokens == len(held) > len(prompt)
+        assert engine.cache_counters().shared_prefixes == 1
+        (other,) = [slot.id for slot in engine.slots if slot is not busy]
+        for record in records:
+            if busy.id in record.prefilling and busy.id not in replay.tokens:
+                replay.start(busy.id, prompt, 0)
+            if other in record.prefilling and other not in replay.tokens:
+                replay.model.seq_copy(busy.id, other, 0, len(held))
+                replay.tokens[other] = list(held)
+                replay.start(other, extended, len(held))
+            replay.step(record)
+        for slot, result in [(busy.id, first), (other, second)]:
+            assert replay.text[slot].decode() == result.content
+            assert_same_logprobs(result, replay.logprobs[slot])
+    finally:
+        engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 

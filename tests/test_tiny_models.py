@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from make_tiny_models import make_tiny_llama
+from make_tiny_models import N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, make_tiny_llama
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
@@ -45,7 +45,10 @@ async def test_tiny_llama_generates(tiny_llama: Path, tmp_path: Path) -> None:
             [{"role": "user", "content": "hi"}], model="tiny", max_tokens=5, temperature=0
         )
         assert result.usage.completion_tokens == 5
-        assert kronk.load("tiny").model.info.n_ctx_train == 256
+        info = kronk.load("tiny").model.info
+        assert info.n_ctx_train == 256
+        # No key_length in its header (as SmolLM2's): a head is n_embd / n_head wide.
+        assert info.kv_bytes_per_token == N_LAYER * N_HEAD_KV * 2 * (N_EMBD // N_HEAD) * 2
 
 
 @pytest.mark.parametrize(("context_window", "warns"), [(512, True), (128, False)])

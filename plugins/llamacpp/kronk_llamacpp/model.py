@@ -14,8 +14,10 @@ from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.types import TokenLogprob, TopLogprob
+from kronk_llamacpp.estimate import kv_bytes_per_token
+from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.grammars import GrammarCompiler
-from kronk_llamacpp.params import GGML_TYPE_BYTES, context_params
+from kronk_llamacpp.params import context_params
 from kronk_llamacpp.sampler import (
     DeviceGreedySamplers,
     DryPrototypes,
@@ -120,21 +122,13 @@ class LlamaTextModel:
             llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         )
         n_swa = int(llama_cpp.llama_model_n_swa(model))
-        n_layer = llama_cpp.llama_model_n_layer(model)
-        n_head_kv = llama_cpp.llama_model_n_head_kv(model)
         if llama.device_sampling:
             self._device_greedy = DeviceGreedySamplers(self._ctx, self.n_vocab)
         arch = found.get("general.architecture", "unknown")
-        key_len = int(found.get(f"{arch}.attention.key_length", "0") or 0)
-        value_len = int(found.get(f"{arch}.attention.value_length", "0") or 0)
-        kv_bytes = (
-            n_layer
-            * n_head_kv
-            * (
-                key_len * GGML_TYPE_BYTES[llama.cache_type_k]
-                + value_len * GGML_TYPE_BYTES[llama.cache_type_v]
-            )
-        )
+        # Layer by layer, from the file's header as the estimate reads it: a hybrid's
+        # recurrent layers keep no KV, and a head's size defaults to n_embd / n_head.
+        assert config.model_path is not None  # llama.cpp loaded the weights from it
+        _, kv_bytes = kv_bytes_per_token(llama, read_metadata(config.model_path))
         self.info = ModelInfo(
             id=config.id,
             path=str(config.model_path),
