@@ -32,10 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# What a model whose `draft_strategy` is unset speculates with, where it is registered.
-DEFAULT_DRAFT_STRATEGY = "lookup"
-
-
 @dataclass(eq=False)
 class LoadedModel:
     """A model with its engine, cache strategy and template processor, ready for requests."""
@@ -138,6 +134,7 @@ def model_config_for(kronk: Kronk, model_id: str, *, pull: bool = False) -> Mode
         kronk.config,
         model_id,
         kronk.provided_models(),
+        kronk.model_sources(),
         source_id,
         bind=partial(bind_model_settings, kronk),
     )
@@ -218,9 +215,9 @@ def draft_strategy(kronk: Kronk, config: ModelConfig, model: TextModel) -> Draft
     registry = kronk.registry("draft_strategies")
     can_cut = model.info.kv_trimmable or bool(model.info.n_swa)
     if name is None:
-        if not can_cut or DEFAULT_DRAFT_STRATEGY not in registry.names():
+        if not can_cut or registry.default is None:
             return None
-        name = DEFAULT_DRAFT_STRATEGY
+        name = registry.default
     elif name == "none":
         return None
     elif not can_cut:

@@ -22,7 +22,7 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."

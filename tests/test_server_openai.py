@@ -14,7 +14,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 from waiting import reached
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."

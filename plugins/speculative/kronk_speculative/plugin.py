@@ -73,4 +73,5 @@ def kronk_settings() -> Sequence[Section[Any]]:
 @hookimpl
 def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Kronk) -> None:
     register("draft", draft_model_factory(kronk))
-    register("lookup", prompt_lookup)
+    # The default: free where it misses, and agents resend text their answers repeat.
+    register("lookup", prompt_lookup, default=True)

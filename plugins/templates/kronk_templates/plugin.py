@@ -88,4 +88,4 @@ def kronk_register_template_processors(
             kronk.registry("tool_formats"), model_config=model_config, model_info=model_info
         )
 
-    register("jinja", jinja)
+    register("jinja", jinja, default=True)
