@@ -23,9 +23,9 @@ from litestar.config.app import AppConfig
 from litestar.testing import TestClient
 
 from kronk_api import ServerSettings, create_app
+from kronk_api.auth import TOKEN_CHECKER
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import ConfigError
@@ -326,7 +326,7 @@ def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> 
     app = create_app(settings, kronk=kronk)
     with serve(app) as base_url:
         # One month for all three calls, whenever the test runs.
-        app.state[STATE_KEY].clock = lambda: datetime(2031, 3, 31, 23, 59, tzinfo=UTC)
+        app.state[TOKEN_CHECKER].clock = lambda: datetime(2031, 3, 31, 23, 59, tzinfo=UTC)
         statuses = [
             httpx.get(f"{base_url}/probe/counted", headers=bearer(token)).status_code
             for _ in range(3)

@@ -36,9 +36,10 @@ from litestar.config.app import AppConfig
 from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
+from kronk_api.auth import TOKEN_CHECKER
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
+from kronk_auth_jwt.guard import Authenticator, utc_now
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
 from kronk_core.errors import ConfigError, KronkError
@@ -707,7 +708,7 @@ class SettableClock:
 
 @pytest.fixture
 def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
-    auth: Authenticator = auth_server.app.state[STATE_KEY]
+    auth: Authenticator = auth_server.app.state[TOKEN_CHECKER]
     settable = SettableClock(datetime(2031, 1, 31, 23, 59, 59, tzinfo=UTC))
     auth.clock = settable
     try:

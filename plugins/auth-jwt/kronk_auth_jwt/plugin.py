@@ -12,9 +12,10 @@ import pluggy
 from litestar import Litestar
 from litestar.config.app import AppConfig
 
+from kronk_api.auth import TOKEN_CHECKER, TokenChecker, expect_token_checker
 from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, TokenChecker, authorize
+from kronk_auth_jwt.guard import Authenticator, authorize
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.redis_store import RedisLimitStore
 from kronk_auth_jwt.remote import RemoteAuthenticator
@@ -42,15 +43,15 @@ def kronk_settings() -> Sequence[Section[Any]]:
 def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
     app_config.guards.append(authorize)
     app_config.route_handlers.append(router())
+    expect_token_checker(app_config)
 
     @asynccontextmanager
     async def token_checker(app: Litestar) -> AsyncIterator[None]:
-        """The guard's token checker on app.state while the server runs (auth on)."""
-        checker = _token_checker(kronk, app)
+        """The token checker on app.state while the server runs: None with auth off."""
+        checker = app.state[TOKEN_CHECKER] = _token_checker(kronk, app)
         if checker is None:
             yield
             return
-        app.state[STATE_KEY] = checker
         try:
             yield
         finally:

@@ -54,7 +54,7 @@ def _start(app: Litestar) -> BackgroundService | None:
         log.info("mcp: clients use the MCP service at %s (mcp.host)", settings.external_url)
         return None
     server_settings = app.state.settings
-    gate = server_gate(app.state, server_settings)
+    gate = server_gate(app.state)
     service = BackgroundService(mcp_app(settings, gate), settings.listen, server_settings.log_level)
     try:
         service.start()
