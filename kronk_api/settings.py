@@ -36,8 +36,8 @@ from kronk_core.config import (
     parse_duration,
 )
 from kronk_core.errors import ConfigError
+from kronk_core.host import PluginManager
 from kronk_core.media import MediaConfig
-from kronk_core.plugins import PluginManager
 from kronk_core.sections import (
     ServerSection,
     bind,

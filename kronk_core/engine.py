@@ -33,21 +33,13 @@ from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.drafts import Draft, DraftStrategy
 from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord, new_request_id, request_scope
+from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
 from kronk_core.media import MediaSpan, cut_point
 from kronk_core.media_encoder import Encoding, MediaEncoder
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.speculation import Speculating, Speculation
-from kronk_core.types import (
-    EngineEvent,
-    Finished,
-    FinishReason,
-    GenerationRequest,
-    SamplingParams,
-    TextChunk,
-    TokenLogprob,
-    Usage,
-)
+from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 

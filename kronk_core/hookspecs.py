@@ -3,8 +3,9 @@
 Plugins are pluggy plugins of project "kronk", found through the entry-point
 group "kronk". Implement a hook by defining a function with the same name,
 decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
-The same name means the same thing in every hook: `kronk` the SDK facade,
-`model_config` a model's settings, `model_info` what the backend found in it.
+The same name means the same thing in every hook: `kronk` the host (kronk_core.host:
+the hook caller, the plugins, typed registries, the configuration, a read-only view of
+the pool), `model_config` a model's settings, `model_info` what the backend found in it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kronk_core.backend import Backend, ModelFacts, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategyFactory
 from kronk_core.events import ChatRecord, RequestRecord
+from kronk_core.host import Host
 from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import ModelFile, PackagedModel
 from kronk_core.registry import Register
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     import click
     from litestar.config.app import AppConfig
 
-    from kronk_core.sdk import Kronk
 
 hookspec = pluggy.HookspecMarker("kronk")
 
@@ -62,7 +63,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookspec
-def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+def kronk_models(kronk: Host) -> Mapping[str, Mapping[str, Any]]:
     """Models your plugin can serve, by id, with their settings.
 
     Each value is a model entry as written in the model-config file (core
@@ -82,7 +83,7 @@ def kronk_pull_hint() -> str | None:
 
 
 @hookspec(firstresult=True)
-def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
+def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
     """Name the model a reference stands for: the id of a model on disk, or None to pass.
 
     Called for a name no model answers to (no model-config entry, alias, plugin's
@@ -164,7 +165,7 @@ def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
 
 @hookspec
 def kronk_register_cache_strategies(
-    register: Register[CacheStrategyFactory], kronk: Kronk
+    register: Register[CacheStrategyFactory], kronk: Host
 ) -> None:
     """Register cache strategies by name: `register("imc", factory)`.
 
@@ -178,7 +179,7 @@ def kronk_register_cache_strategies(
 
 @hookspec
 def kronk_register_draft_strategies(
-    register: Register[DraftStrategyFactory], kronk: Kronk
+    register: Register[DraftStrategyFactory], kronk: Host
 ) -> None:
     """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
 
@@ -193,7 +194,7 @@ def kronk_register_draft_strategies(
 
 @hookspec
 def kronk_register_template_processors(
-    register: Register[TemplateProcessorFactory], kronk: Kronk
+    register: Register[TemplateProcessorFactory], kronk: Host
 ) -> None:
     """Register template processors by name: `register("jinja", factory)`.
 
@@ -217,7 +218,7 @@ def kronk_sampler_stages(
 
 
 @hookspec
-def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     """Add what your plugin serves to the server's Litestar `AppConfig` before it is built.
 
     Append to `route_handlers` (handlers or Routers; name each handler's endpoint in its

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from kronk_core.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from kronk_core.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -257,3 +259,39 @@ def projector_beside(model: ModelFile) -> Path | None:
             ", ".join(path.name for path in model.projectors),
         )
     return model.projectors[0] if len(model.projectors) == 1 else None
+
+
+def model_file(host: Host, path: Path) -> ModelFile | None:
+    """What a backend says the file at `path` is (`kronk_model_file`)."""
+    found: ModelFile | None = host.hook.kronk_model_file(path=path)
+    return found
+
+
+def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
+    """The models under <base>/models the backends recognise (`kronk_model_file`; skipped
+    with `installed=False`), those PyPI packages ship (`kronk_packaged_models`), and how to
+    get others (`kronk_pull_hint`)."""
+    root = models_dir(host.config)
+    found = find_model_files(root, partial(model_file, host)) if installed else {}
+    packaged = {m.id: m for answer in host.hook.kronk_packaged_models() for m in answer}
+    hints = tuple(hint for hint in host.hook.kronk_pull_hint() if hint)
+    return ModelSources(installed=found, packaged=packaged, hints=hints)
+
+
+def provided_models(host: Host) -> dict[str, Mapping[str, Any]]:
+    """The models plugins provide (`kronk_models`) with their settings, by id.
+
+    Asked anew each time: a plugin answers from what is on disk now (a catalog model pulled
+    a second ago is there). The first answer for an id wins.
+    """
+    found: dict[str, Mapping[str, Any]] = {}
+    for models in host.hook.kronk_models(kronk=host):
+        for model_id, settings in (models or {}).items():
+            found.setdefault(model_id, settings)
+    return found
+
+
+def resolve_reference(host: Host, reference: str, *, pull: bool) -> str | None:
+    """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
+    found: str | None = host.hook.kronk_resolve_model(kronk=host, reference=reference, pull=pull)
+    return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import pluggy
@@ -22,6 +23,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
+
+
+@dataclass(frozen=True)
+class RegistryKind(Generic[T]):
+    """A registry's name, typed by its items: `host.registry(CACHE_STRATEGIES)` is a
+    `Registry[CacheStrategyFactory]`. Filled by the hook `kronk_register_<name>`."""
+
+    name: str
 
 
 class Register(Protocol[T_contra]):

@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
 from kronk_core.backend import ModelFacts
@@ -41,9 +41,11 @@ from kronk_core.memory import Device, MemoryEstimate
 from kronk_core.models import (
     ModelFile,
     ModelSources,
-    find_model_files,
     known_model_ids,
-    models_dir,
+    model_file,
+    model_sources,
+    provided_models,
+    resolve_reference,
     unknown_model,
 )
 from kronk_core.plugins import create_plugin_manager, registered_plugins
@@ -56,7 +58,7 @@ from kronk_core.prompts import (
     prepare_completion,
     render_options,
 )
-from kronk_core.registry import Registry
+from kronk_core.registry import Registry, RegistryKind
 from kronk_core.registry import collect as collect_registry
 from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
@@ -104,13 +106,20 @@ class Kronk:
         )
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
-    def registry(self, kind: str) -> Registry[Any]:
-        """The named registry `kind` (`cache_strategies`, `template_processors`, or one a
-        plugin defines), filled by the `kronk_register_<kind>` hook on first use."""
+    @overload
+    def registry(self, kind: RegistryKind[T]) -> Registry[T]: ...
+
+    @overload
+    def registry(self, kind: str) -> Registry[Any]: ...
+
+    def registry(self, kind: RegistryKind[T] | str) -> Registry[Any]:
+        """The named registry `kind` (`CACHE_STRATEGIES`, `TEMPLATE_PROCESSORS`, or one a
+        plugin defines; or its name), filled by `kronk_register_<name>` on first use."""
+        name = kind if isinstance(kind, str) else kind.name
         with self._registries_lock:
-            if kind not in self._registries:
-                self._registries[kind] = collect_registry(self.plugins, kind, kronk=self)
-            return self._registries[kind]
+            if name not in self._registries:
+                self._registries[name] = collect_registry(self.plugins, name, kronk=self)
+            return self._registries[name]
 
     # ---- models ------------------------------------------------------------
 
@@ -135,10 +144,7 @@ class Kronk:
     def model_sources(self, *, installed: bool = True) -> ModelSources:
         """The models under <base>/models the backends recognise (`kronk_model_file`;
         skipped with `installed=False`) and those PyPI packages ship (`kronk_packaged_models`)."""
-        found = find_model_files(models_dir(self.config), self.model_file) if installed else {}
-        packaged = {m.id: m for answer in self.hook.kronk_packaged_models() for m in answer}
-        hints = tuple(hint for hint in self.hook.kronk_pull_hint() if hint)
-        return ModelSources(installed=found, packaged=packaged, hints=hints)
+        return model_sources(self, installed=installed)
 
     def unknown_model(self, model_id: str) -> ModelNotFoundError:
         """The 404 for a model nobody serves: the models there are, and how to get one."""
@@ -146,8 +152,7 @@ class Kronk:
 
     def model_file(self, path: Path) -> ModelFile | None:
         """What a backend says the file at `path` is (`kronk_model_file`)."""
-        found: ModelFile | None = self.hook.kronk_model_file(path=path)
-        return found
+        return model_file(self, path)
 
     def model_parts(self, path: Path) -> tuple[Path, ...]:
         """Every file the model at `path` is made of (the parts of a split model)."""
@@ -185,10 +190,7 @@ class Kronk:
 
     def resolve_reference(self, reference: str, *, pull: bool) -> str | None:
         """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
-        found: str | None = self.hook.kronk_resolve_model(
-            kronk=self, reference=reference, pull=pull
-        )
-        return found
+        return resolve_reference(self, reference, pull=pull)
 
     def provided_models(self) -> dict[str, Mapping[str, Any]]:
         """The models plugins provide (`kronk_models`) with their settings, by id.
@@ -196,11 +198,7 @@ class Kronk:
         Asked anew each time: a plugin answers from what is on disk now (a
         catalog model pulled a second ago is there). The first answer for an id wins.
         """
-        found: dict[str, Mapping[str, Any]] = {}
-        for models in self.hook.kronk_models(kronk=self):
-            for model_id, settings in (models or {}).items():
-                found.setdefault(model_id, settings)
-        return found
+        return provided_models(self)
 
     def devices(self) -> list[Device]:
         """Every device the backends can place models on, with free and total memory."""

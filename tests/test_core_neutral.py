@@ -95,3 +95,37 @@ def test_the_core_names_no_plugin() -> None:
             elif (match := words.search(text)) is not None:
                 found.append(f"{where}: {text!r} names {match[0]!r}")
     assert not found, "\n".join(found)
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The core modules a module imports at its top level, `if TYPE_CHECKING:` included
+    (a lazy import inside a function, such as a moved name's shim, is not a dependency)."""
+    found = set()
+    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.If):
+            body += node.body + node.orelse
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "kronk_core":
+                found.update(f"kronk_core.{alias.name}" for alias in node.names)
+            elif node.module.startswith("kronk_core."):
+                found.add(node.module)
+    return found
+
+
+def test_the_core_has_no_import_circle() -> None:
+    graph = {f"kronk_core.{path.stem}": _module_imports(path) for path in CORE}
+    graph.pop("kronk_core.__init__")
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        assert module not in path, " -> ".join([*path[path.index(module) :], module])
+        if module in done or module not in graph:
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])

@@ -23,8 +23,9 @@ from kronk_auth_jwt.routes import router
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.errors import ConfigError
+from kronk_core.host import Host
 from kronk_core.registry import Register
 from kronk_core.sections import Section
 
@@ -40,7 +41,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.guards.append(authorize)
     app_config.route_handlers.append(router())
     expect_token_checker(app_config)
@@ -60,7 +61,7 @@ def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
     app_config.lifespan.append(token_checker)
 
 
-def _token_checker(kronk: Kronk, app: Litestar) -> TokenChecker | None:
+def _token_checker(kronk: Host, app: Litestar) -> TokenChecker | None:
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:
         return None
@@ -69,7 +70,7 @@ def _token_checker(kronk: Kronk, app: Litestar) -> TokenChecker | None:
     base = app.state.settings.base_path.expanduser()
     keys = open_key_store(base / "keys", settings.issuer)
     scheme = settings.limit_store.partition("://")[0]
-    factory = kronk.registry("limit_stores").get(scheme, f"{SETTINGS.name}.limit_store")
+    factory = kronk.registry(hookspecs.LIMIT_STORES).get(scheme, f"{SETTINGS.name}.limit_store")
     store = factory(settings.limit_store, base)
     return Authenticator(keys=keys, issuer=settings.issuer, store=store)
 

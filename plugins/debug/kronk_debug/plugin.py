@@ -16,6 +16,7 @@ from litestar.config.app import AppConfig
 from kronk_core import Kronk, hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.events import ChatRecord
+from kronk_core.host import Host
 from kronk_core.sections import Section
 from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
@@ -70,7 +71,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 # Last: its lifespan starts once every other plugin's has (a failing one stops the server
 # first), and stops first.
 @hookimpl(trylast=True)
-def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.middleware.append(count_requests)
 
     @asynccontextmanager
@@ -87,13 +88,15 @@ def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
     app_config.lifespan.append(debug_server)
 
 
-def _start(kronk: Kronk, app: Litestar) -> DebugState | None:
+def _start(kronk: Host, app: Litestar) -> DebugState | None:
     """The metrics, the loop-lag monitor and the debug server, when the plugin is on."""
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:
         return None
-    metrics = Metrics(kronk)
-    for collectors in kronk.hook.kronk_debug_collectors(kronk=kronk):
+    # The metrics read the loaded models' engines: the server's SDK facade.
+    sdk: Kronk = app.state.kronk
+    metrics = Metrics(sdk)
+    for collectors in kronk.hook.kronk_debug_collectors(kronk=sdk):
         for collector in collectors:
             metrics.registry.register(collector)
     # Models loaded before the server started (--preload) count as loads too.

@@ -10,9 +10,10 @@ from litestar import Litestar
 from litestar.config.app import AppConfig
 from opentelemetry import trace
 
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.events import ChatRecord
+from kronk_core.host import Host
 from kronk_core.sections import Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
 from kronk_tempo.settings import SETTINGS
@@ -53,7 +54,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 # Last: its lifespan starts once every other plugin's has (a failing one stops the server
 # first), and stops first.
 @hookimpl(trylast=True)
-def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.middleware.append(trace_requests)
 
     @asynccontextmanager

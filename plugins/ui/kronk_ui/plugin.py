@@ -18,7 +18,8 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
+from kronk_core.host import Host
 from kronk_ui.live import STATE_KEY, LiveCounts, live
 from kronk_ui.reference import reference
 
@@ -69,7 +70,7 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
 
 
 @hookimpl
-def kronk_app(app_config: AppConfig, kronk: Kronk) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.route_handlers.append(
         Router(path="/", route_handlers=[index, asset, live, reference])
     )
