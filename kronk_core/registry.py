@@ -100,7 +100,7 @@ def each_plugin(
         yield impl.plugin_name, impl.function(**{name: given[name] for name in impl.argnames})
 
 
-def collect(manager: pluggy.PluginManager, kind: str, **arguments: Any) -> Registry[Any]:
+def fill_registry(manager: pluggy.PluginManager, kind: str, **arguments: Any) -> Registry[Any]:
     """Fill a registry by calling `kronk_register_<kind>` on every plugin."""
     caller = getattr(manager.hook, f"kronk_register_{kind}", None)
     if caller is None:

@@ -58,8 +58,7 @@ from kronk_core.prompts import (
     prepare_completion,
     render_options,
 )
-from kronk_core.registry import Registry, RegistryKind
-from kronk_core.registry import collect as collect_registry
+from kronk_core.registry import Registry, RegistryKind, fill_registry
 from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
@@ -118,7 +117,7 @@ class Kronk:
         name = kind if isinstance(kind, str) else kind.name
         with self._registries_lock:
             if name not in self._registries:
-                self._registries[name] = collect_registry(self.plugins, name, kronk=self)
+                self._registries[name] = fill_registry(self.plugins, name, kronk=self)
             return self._registries[name]
 
     # ---- models ------------------------------------------------------------
