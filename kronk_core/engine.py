@@ -527,7 +527,10 @@ class Engine:
                 draft = drafts.get(job.slot.id)
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
                 parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
-        budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
+        # A step with drafts stays within what speculation allows (one placement with a
+        # sliding window); drafts are only made when the waiting prompts fit beside them.
+        limit = self._speculation.step_cap if drafts and self._speculation else self.n_batch
+        budget = limit - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         generated = len(parts)
         media: list[_MediaPart] = []
         failed: list[_Job] = []
@@ -670,7 +673,7 @@ class Engine:
                 generating.append(item)
             elif job.prefilling:
                 prefill += len(job.request.prompt_tokens) - job.next_prompt_index
-        return self._speculation.drafts(generating, min(prefill, self.n_batch - len(generating)))
+        return self._speculation.drafts(generating, prefill)
 
     def _decode(self, parts: Sequence[_Part]) -> None:
         batch = Batch()
