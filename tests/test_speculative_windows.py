@@ -17,6 +17,7 @@ from typing import Any
 
 from kronk_core import FinishReason, Kronk, KronkConfig, ModelConfig
 from kronk_core.backend import Batch
+from kronk_core.engine import StepRecord
 from kronk_llamacpp.model import LlamaTextModel
 
 WINDOW_MODEL: dict[str, Any] = {
@@ -95,9 +96,12 @@ async def test_drafting_beside_prompts_keeps_every_cut_exact(
     tmp_path: Path, gemma_path: str
 ) -> None:
     """One slot speculates through a conversation longer than the window while three
-    others prefill long prompts: every request ends normally, and speculation stays on."""
+    others prefill long prompts: no step with drafts is placed in pieces, prompts are still
+    read in full-size steps, every request ends normally, and speculation stays on."""
     model = ModelConfig.model_validate({"model_path": gemma_path, **WINDOW_MODEL})
     with Kronk(KronkConfig(base_path=tmp_path, models={"m": model})) as kronk:
+        steps: list[StepRecord] = []
+        kronk.load("m").engine.add_step_listener(steps.append)
         drafted = await kronk.start_chat(
             kronk.chat_request(
                 repeat_request("alpha", 40), model="m", max_tokens=160, temperature=0
@@ -114,6 +118,14 @@ async def test_drafting_beside_prompts_keeps_every_cut_exact(
         assert all(answer.finish_reason is FinishReason.length for answer in answers)
         assert last.finish_reason in (FinishReason.length, FinishReason.stop), last
         assert last.usage is not None and last.usage.accepted_prediction_tokens > 0
+        n_ubatch = WINDOW_MODEL["llamacpp"]["n_ubatch"]
+        with_drafts = [step for step in steps if any(n > 1 for n in step.generating.values())]
+        sizes = [sum(step.generating.values()) + sum(step.prefilling.values()) for step in steps]
+        assert with_drafts and all(
+            sum(step.generating.values()) + sum(step.prefilling.values()) <= n_ubatch
+            for step in with_drafts
+        )
+        assert max(sizes) > n_ubatch  # the prompts' steps were as large as ever
         again = await kronk.chat(
             repeat_request("alpha", 40), model="m", max_tokens=60, temperature=0
         )
