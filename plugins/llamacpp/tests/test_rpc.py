@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from kronk_libs_build import LIBS, USE_IT, build, kronk
+from waiting import reached
 
 from kronk_core.models import default_model_path
 from kronk_llamacpp.libs import worker_name
@@ -38,14 +38,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
-
-
-def _wait(check: Any, what: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _listening(port: int) -> bool:
@@ -101,7 +93,7 @@ def _start_worker(port: int, log: Path) -> Worker:
             stderr=subprocess.STDOUT,
             env={**os.environ, **USE_IT},
         )
-    _wait(lambda: _listening(port) or process.poll() is not None, "the worker")
+    assert reached(lambda: _listening(port) or process.poll() is not None, 120)
     assert process.poll() is None, log.read_text()
     return Worker(port, process)
 
@@ -140,7 +132,7 @@ def spread(rpc_build: None, tmp_path: Path) -> Iterator[Server]:
         )
     server = Server(f"http://{host}", process, log, workers)
     try:
-        _wait(lambda: _liveness(server) or process.poll() is not None, "the server")
+        assert reached(lambda: _liveness(server) or process.poll() is not None, 120)
         assert process.poll() is None, log.read_text()
         yield server
     finally:
