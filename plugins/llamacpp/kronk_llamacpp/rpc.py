@@ -94,7 +94,13 @@ def handshake(endpoint: Endpoint, timeout: float = HANDSHAKE_SECONDS) -> str:
     with sock:
         try:
             sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
-            answer = _receive(sock, 8 + _HELLO_ANSWER)
+            (size,) = struct.unpack("<Q", _receive(sock, 8))
+            if size != _HELLO_ANSWER:
+                raise ModelLoadError(
+                    f"{where} answered the handshake of another RPC protocol ({size} bytes): "
+                    "run the worker from the same `kronk libs --rpc` build"
+                )
+            answer = _receive(sock, size)
         except TimeoutError:
             raise BackendUnavailableError(
                 f"{where} accepted the connection but did not answer within {timeout:g} s: a "
@@ -104,10 +110,7 @@ def handshake(endpoint: Endpoint, timeout: float = HANDSHAKE_SECONDS) -> str:
             raise BackendUnavailableError(
                 f"{where} closed the connection during the handshake: {exc.strerror or exc}"
             ) from None
-    (size,) = struct.unpack_from("<Q", answer)
-    if size != _HELLO_ANSWER:
-        raise ModelLoadError(f"{where} answered the handshake with {size} bytes: not a worker?")
-    major, minor, patch = answer[8:11]
+    major, minor, patch = answer[:3]
     return f"{major}.{minor}.{patch}"
 
 

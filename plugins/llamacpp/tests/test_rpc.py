@@ -23,8 +23,11 @@ import pytest
 from kronk_libs_build import LIBS, USE_IT, build, kronk
 from waiting import reached
 
+from kronk_core.errors import BackendUnavailableError
 from kronk_core.models import default_model_path
+from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
+from kronk_llamacpp.rpc import handshake
 
 KRONK = (sys.executable, "-m", "kronk_api.cli")
 CHAT = "/v1/chat/completions"
@@ -165,6 +168,10 @@ def test_a_model_spread_over_two_workers_answers_as_one_process(spread: Server) 
     # Each worker holds a share of the layers: a third of the file at the least.
     grown = [_rss(w.process.pid) - rss for w, rss in zip(spread.workers, before, strict=True)]
     assert all(size > default_model_path().stat().st_size / 3 for size in grown), grown
+
+    # A worker serves one client: a second Kronk would be refused, not left waiting.
+    with pytest.raises(BackendUnavailableError, match="did not answer within 2 s"):
+        handshake(Endpoint.parse(spread.workers[0].endpoint), timeout=2)
 
     # A worker nobody runs: the load is refused with its address, at once.
     down = spread.chat("unreachable", QUESTION)
