@@ -52,6 +52,19 @@ def _listening(port: int) -> bool:
     return True
 
 
+def _keepalive_seconds(port: int) -> list[float]:
+    """Seconds to the next keepalive probe of each established connection to `port` (the
+    kernel's table: timer 2 on an idle connection is its keepalive timer)."""
+    found = []
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        timer, ticks = fields[5].split(":")
+        if remote_port == port and fields[3] == "01" and timer == "02":
+            found.append(int(ticks, 16) / os.sysconf("SC_CLK_TCK"))
+    return found
+
+
 def _rss(pid: int) -> int:
     """The process's resident memory in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -165,6 +178,10 @@ def test_a_model_spread_over_two_workers_answers_as_one_process(spread: Server) 
     assert _tokens(answer) == _tokens(local) and len(_tokens(local)) > 3
     text = answer.json()["choices"][0]["message"]["content"]
     assert text == local.json()["choices"][0]["message"]["content"]
+    # llama.cpp's connections to the workers probe them when idle (a worker host that
+    # vanishes fails them in bounded time); a delayed ACK's timer is far shorter.
+    for worker in spread.workers:
+        assert [seconds > 1 for seconds in _keepalive_seconds(worker.port)] == [True]
     # Each worker holds a share of the layers: a third of the file at the least.
     grown = [_rss(w.process.pid) - rss for w, rss in zip(spread.workers, before, strict=True)]
     assert all(size > default_model_path().stat().st_size / 3 for size in grown), grown
