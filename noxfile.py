@@ -64,9 +64,10 @@ def install_chromium(session: nox.Session) -> None:
     install_debian(session, "chromium", "chromium", "the browser UI tests")
 
 
-def install_haproxy(session: nox.Session) -> None:
-    """Debian's haproxy for the balancer test (tests/test_balancer.py)."""
+def install_balancers(session: nox.Session) -> None:
+    """Debian's haproxy and nginx for the balancer test (tests/test_balancer.py)."""
     install_debian(session, "haproxy", "haproxy", "the balancer test")
+    install_debian(session, "nginx", "nginx", "the balancer test")
 
 
 def install_suite(session: nox.Session) -> None:
@@ -80,7 +81,7 @@ def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
     install_suite(session)
     install_chromium(session)
-    install_haproxy(session)
+    install_balancers(session)
     # The slowest tests, in CI's output too: where the suite's time goes.
     session.run("pytest", "--durations=25", *session.posargs)
 

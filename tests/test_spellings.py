@@ -143,6 +143,19 @@ def test_the_manual_s_device_and_gpu_keys(tmp_path: Path) -> None:
     }
 
 
+def test_rpc_servers_as_a_list_or_as_llama_server_s_comma_string(tmp_path: Path) -> None:
+    servers = ["10.0.0.2:50052", "gpu-box:50052"]
+    assert bound(tmp_path, {"rpc_servers": servers})["llamacpp"] == {"rpc_servers": servers}
+    assert bound(tmp_path, {"rpc": "10.0.0.2:50052, gpu-box:50052"})["llamacpp"] == {
+        "rpc_servers": servers
+    }
+    assert "10.0.0.2" in str(bind_error(tmp_path, {"rpc_servers": ["10.0.0.2"]}))
+    twice = bind_error(tmp_path, {"rpc_servers": ["a:1", "a:1"]})
+    assert "names a server twice" in str(twice)
+    pinned = bind_error(tmp_path, {"device": "CUDA0", "rpc_servers": ["a:1"]})
+    assert "set device or rpc_servers" in str(pinned)
+
+
 def test_an_unknown_flat_key_is_refused(tmp_path: Path) -> None:
     error = bind_error(tmp_path, {"n_ubtach": 256})
     assert error.key == "models.m1.n_ubtach"
