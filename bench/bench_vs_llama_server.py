@@ -48,10 +48,11 @@ from llama_server import llama_server_binary, no_amx_environment
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.backend import Batch
-from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path, resolve_model_config
+from kronk_core.models import resolve_model_config
 from kronk_core.sampling import Greedy
 from kronk_core.tokens import common_prefix
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_templates.jinja import bundled_source
 
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
@@ -228,7 +229,7 @@ def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple
         request = kronk.chat_request(messages)
         prompts.append(loaded.render(request.messages, kronk.render_options(request)))
         replies.append(loaded.tokenize_prompt(turn.reply))
-    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID)
+    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID, {}, kronk.model_sources())
     kronk.close()
     model = LlamaTextModel(config)
     try:

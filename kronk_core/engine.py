@@ -33,21 +33,13 @@ from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.drafts import Draft, DraftStrategy
 from kronk_core.errors import BackendLostError, EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord, new_request_id, request_scope
+from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
 from kronk_core.media import MediaSpan, cut_point
 from kronk_core.media_encoder import Encoding, MediaEncoder
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.speculation import Speculating, Speculation
-from kronk_core.types import (
-    EngineEvent,
-    Finished,
-    FinishReason,
-    GenerationRequest,
-    SamplingParams,
-    TextChunk,
-    TokenLogprob,
-    Usage,
-)
+from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -543,7 +535,10 @@ class Engine:
                 draft = drafts.get(job.slot.id)
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
                 parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
-        budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
+        # A step with drafts stays within what speculation allows (one placement with a
+        # sliding window); drafts are only made when the waiting prompts fit beside them.
+        limit = self._speculation.step_cap if drafts and self._speculation else self.n_batch
+        budget = limit - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         generated = len(parts)
         media: list[_MediaPart] = []
         failed: list[_Job] = []
@@ -690,7 +685,7 @@ class Engine:
                 generating.append(item)
             elif job.prefilling:
                 prefill += len(job.request.prompt_tokens) - job.next_prompt_index
-        return self._speculation.drafts(generating, min(prefill, self.n_batch - len(generating)))
+        return self._speculation.drafts(generating, prefill)
 
     def _decode(self, parts: Sequence[_Part]) -> None:
         batch = Batch()

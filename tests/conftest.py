@@ -23,7 +23,8 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, cache_dir, gemma_model_path
+from kronk_core.models import cache_dir
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, gemma_model_path
 
 # The generator scripts are not a package: import them from their folder; the tests' own
 # helpers (file_server.py) from theirs.

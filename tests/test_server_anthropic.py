@@ -22,7 +22,7 @@ from anthropic.types import (
 )
 from tool_results import MORE, tokens_of_more
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."

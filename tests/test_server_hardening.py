@@ -23,7 +23,7 @@ from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer, Serve

@@ -20,8 +20,9 @@ from media_samples import image as image_bytes
 from tool_results import MORE, tokens_of_more
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.media import Media
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import MultimodalPaths, Serve

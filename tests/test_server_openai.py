@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."

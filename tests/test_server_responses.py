@@ -12,7 +12,7 @@ import openai
 import pytest
 from tool_results import MORE, tokens_of_more
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 WEATHER_SCHEMA = {
     "type": "object",

@@ -105,11 +105,13 @@ def test_a_key_written_two_ways_is_an_error(tmp_path: Path) -> None:
         ({"system-prompt-cache": True}, "spc"),
         ({"incremental_cache": False}, "none"),
         ({"system_prompt_cache": True, "incremental_cache": False}, "spc"),
-        ({"system_prompt_cache": False}, "imc"),  # the default stays
+        ({"system_prompt_cache": False}, None),  # unset: the registry's default (imc)
         ({"incremental_cache": True, "cache": "imc"}, "imc"),
     ],
 )
-def test_the_manual_s_cache_switches(tmp_path: Path, entry: dict[str, Any], cache: str) -> None:
+def test_the_manual_s_cache_switches(
+    tmp_path: Path, entry: dict[str, Any], cache: str | None
+) -> None:
     assert bound(tmp_path, entry)["cache"] == cache
 
 

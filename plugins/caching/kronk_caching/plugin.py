@@ -100,4 +100,5 @@ def kronk_settings() -> Sequence[Section[Any]]:
 def kronk_register_cache_strategies(register: Register[CacheStrategyFactory]) -> None:
     register("none", no_cache)
     register("spc", system_prompt_cache)
-    register("imc", incremental_cache)
+    # Message caching is the default: every client worth serving resends its history.
+    register("imc", incremental_cache, default=True)

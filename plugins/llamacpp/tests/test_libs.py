@@ -15,8 +15,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from kronk_libs_build import BUILD, LIBS, USE_IT, kronk
 
+from kronk_libs_build import BUILD, LIBS, USE_IT, kronk
 from kronk_llamacpp.detect import Detected, detect
 from kronk_llamacpp.libs import BuildProgress, worker_name
 from kronk_llamacpp.native import MANIFEST

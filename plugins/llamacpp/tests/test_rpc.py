@@ -20,13 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
-from kronk_libs_build import LIBS, USE_IT, build, kronk
 from waiting import reached
 
 from kronk_core.errors import BackendUnavailableError
-from kronk_core.models import default_model_path
+from kronk_libs_build import LIBS, USE_IT, build, kronk
 from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
+from kronk_llamacpp.packaged import default_model_path
 from kronk_llamacpp.rpc import handshake
 
 KRONK = (sys.executable, "-m", "kronk_api.cli")
