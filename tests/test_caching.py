@@ -466,7 +466,7 @@ async def test_a_cut_conversation_matches_a_cold_replay(gemma_path: str, tmp_pat
         kronk.close()
 
 
-async def test_host_tier_sources_survives_restart_and_checks_config(
+async def test_host_tier_on_disk_survives_restart_and_checks_config(
     gemma_path: str, tmp_path: Path
 ) -> None:
     disk = tmp_path / "kv"
@@ -968,7 +968,7 @@ def host_store(kronk: Kronk) -> HostStore:
     return store
 
 
-def entries_sources(directory: Path) -> list[Path]:
+def entries_on_disk(directory: Path) -> list[Path]:
     return sorted(path for path in directory.rglob("*") if path.is_file())
 
 
@@ -991,14 +991,14 @@ async def test_an_unwritable_host_tier_directory_keeps_conversations_in_ram(
             other = await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
         assert other.usage.completion_tokens > 0
         assert any("keeping conversations in RAM only" in r.message for r in caplog.records)
-        assert entries_sources(disk) == [directory] and len(host_store(kronk)) == 1
+        assert entries_on_disk(disk) == [directory] and len(host_store(kronk)) == 1
         second_turn = continued(first_turn, first)
         back = await ask(kronk, "m", second_turn)
         assert back.usage.cached_tokens > 100
         assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
         directory.unlink()  # the operator repairs it: the next eviction is written again
         await ask(kronk, "m", conversation(AGENT_SYSTEMS[2], 1))
-        assert [p.suffix for p in entries_sources(disk)] == [".checkpoints", ".state", ".tokens"]
+        assert [p.suffix for p in entries_on_disk(disk)] == [".checkpoints", ".state", ".tokens"]
     finally:
         kronk.close()
     # A directory that cannot be made at all: the model loads and serves, RAM only.
@@ -1037,7 +1037,7 @@ async def test_a_full_disk_leaves_no_half_written_entry(gemma_path: str, tmp_pat
         first = await ask(kronk, "m", first_turn)
         with file_size_limit(1 << 20):  # the state takes several MiB
             await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts the first
-        assert entries_sources(disk) == [] and len(host_store(kronk)) == 1
+        assert entries_on_disk(disk) == [] and len(host_store(kronk)) == 1
         second_turn = continued(first_turn, first)
         back = await ask(kronk, "m", second_turn)  # evicts the second, with room on disk
         assert back.usage.cached_tokens > 100
