@@ -87,6 +87,24 @@ def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
 
 
+def test_a_conversation_stored_again_keeps_its_files_on_disk(tmp_path: Path) -> None:
+    """The same tokens stored twice (written through after each request) replace the
+    entry's files; a longer turn of it replaces them in turn."""
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    store.put(range(100), b"a" * 10)
+    store.put(range(100), b"b" * 10)
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(120), longest)
+    assert keep == 100 and entry is not None and restarted.state_of(entry) == b"b" * 10
+    store.put(range(150), b"c" * 10)
+    assert sorted(path.suffix for path in (tmp_path / "f").iterdir()) == [
+        ".checkpoints", ".state", ".tokens"
+    ]  # fmt: skip
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(160), longest)
+    assert keep == 150 and entry is not None and restarted.state_of(entry) == b"c" * 10
+
+
 def test_servers_sharing_a_directory_see_each_others_conversations(tmp_path: Path) -> None:
     """host_cache_shared: an entry one server writes is restorable by another that started
     before it; one it drops is forgotten by the other."""
