@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from kronk_caching.host_store import HostStore, StoredConversation
-from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.engine import StepRecord
+from kronk_core.engine import Engine, StepRecord
 from kronk_core.errors import ContextOverflowError
 from kronk_core.models import default_model_path, gemma_model_path
 from kronk_core.prompts import prepare_chat
@@ -105,9 +106,19 @@ def models(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     kronk.close()
 
 
+# Each answer's length at most (an instruction-tuned model often ends sooner).
+MAX_TOKENS = 12
+
+
 async def ask(kronk: Kronk, model: str, messages: list[dict[str, str]], **extra: Any) -> ChatResult:
     return await kronk.chat(
-        messages, model=model, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5, **extra
+        messages,
+        model=model,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        **extra,
     )
 
 
@@ -141,19 +152,23 @@ class ColdReplay:
         first = self.model.logprobs(self._index, 0, 5).top_logprobs
         return [(t.token, t.logprob) for t in first]
 
-    def generate(self, count: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
-        """Sample with `stages` (greedy unless given), one token per decode as the engine
-        does; the last token is not decoded."""
+    def generate(self, max_tokens: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
+        """Sample with `stages` (greedy unless given) as the engine does for a request of
+        `max_tokens`, one token per decode: up to an end-of-generation token (not text; the
+        token before it was decoded to sample it) or `max_tokens` tokens (the last one is
+        not decoded)."""
         sampler = self.model.new_sampler(stages)
         text = b""
         self.logprobs = []
         try:
-            for produced in range(count):
+            for produced in range(max_tokens):
                 token = sampler.sample(self._index)
+                if self.model.is_end_of_generation(token):
+                    break
                 top = self.model.logprobs(self._index, token, 5).top_logprobs
                 self.logprobs.append([(t.token, t.logprob) for t in top])
                 text += self.model.token_bytes(token)
-                if produced == count - 1:
+                if produced == max_tokens - 1:
                     break
                 batch = Batch()
                 self._index = batch.add(token, len(self.tokens), 0, True)
@@ -171,17 +186,6 @@ class ColdReplay:
         self.model.decode(batch)
         self.tokens.append(token)
 
-    def as_copied(self, length: int) -> None:
-        """Cut the sequence back to `length` tokens, laid out as a prefix copied from another
-        slot is (TextModel.seq_copy): on a sliding-window model the copy gets window cells of
-        its own, which moves them (and changes rounding); elsewhere it shares the donor's."""
-        info = self.model.info
-        if info.n_swa and not info.kv_trimmable:
-            assert self.model.restore_checkpoint(0, length, self.model.checkpoint(0))
-        else:
-            assert self.model.seq_remove(0, length, -1)
-        del self.tokens[length:]
-
     def move_cells(self) -> None:
         """Export the sequence and import it again, as a restore from the host tier does:
         its cells then lie where a restored state's lie (which changes rounding)."""
@@ -193,11 +197,18 @@ class ColdReplay:
         self.model.close()
 
 
+# A request BatchReplay replays: its prompt, its result, and the slot it copied its cached
+# tokens from (None: they were its own slot's).
+Start = tuple[Sequence[int], ChatResult, int | None]
+
+
 class BatchReplay:
     """A cache-less context shaped like the engine's (same slots, same KV layout) that
     decodes the batches the engine's steps decoded, built from each request's own prompt and
     its own greedy tokens. Sequences decoded in one batch round differently than alone (up
-    to ~1 nat on this model), so requests that ran at once are checked against this.
+    to ~1 nat on Gemma), and where a sequence's cells lie in the pool changes rounding too
+    (a prefix copied from another slot: up to 0.4 nats on SmolLM2 against one sequence cut
+    back), so requests that ran at once, or copied a prefix, are checked against this.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -212,12 +223,18 @@ class BatchReplay:
         self.text: dict[int, bytes] = {}
         self._greedy = self.model.new_sampler([Greedy()])
 
-    def start(self, slot: int, prompt: Sequence[int], keep: int) -> None:
-        """A request starts in `slot`: its sequence keeps `keep` tokens, as the cache said."""
+    def start(self, slot: int, prompt: Sequence[int], keep: int, donor: int | None = None) -> None:
+        """A request starts in `slot`: its sequence keeps `keep` tokens of its own, or holds
+        the first `keep` of slot `donor`'s, copied as the engine copies a shared prefix."""
         tokens = self.tokens.setdefault(slot, [])
-        assert tokens[:keep] == list(prompt[:keep])
-        self.model.seq_remove(slot, keep, -1)
-        del tokens[keep:]
+        if donor is None:
+            self.model.seq_remove(slot, keep, -1)
+            del tokens[keep:]
+        else:
+            self.model.seq_remove(slot, 0, -1)
+            self.model.seq_copy(donor, slot, 0, keep)
+            tokens[:] = self.tokens[donor][:keep]
+        assert tokens == list(prompt[:keep])
         self._prompt[slot], self._prefilled[slot] = prompt, keep
         self._pending.pop(slot, None)
         self.logprobs[slot], self.text[slot] = [], b""
@@ -250,9 +267,51 @@ class BatchReplay:
             self.text[slot] += self.model.token_bytes(token)
             self._pending[slot] = token
 
+    async def check(self, records: list[StepRecord], requests: dict[int, Start]) -> None:
+        """Decode the engine's steps, each request (by its slot) starting right before its
+        slot's first prefill, where the engine admitted it, keeping what the cache said;
+        then every answer and log-prob is the replay's."""
+        # The engine reports a step after it handed out the answers the step finished.
+        await wait_until(
+            lambda: all(
+                recorded(records, slot) >= decoded_tokens(result)
+                for slot, (_, result, _) in requests.items()
+            )
+        )
+        starts = dict(requests)
+        for record in records:
+            for slot in record.prefilling:
+                if slot in starts:
+                    prompt, result, donor = starts.pop(slot)
+                    self.start(slot, prompt, result.usage.cached_tokens, donor)
+            self.step(record)
+        assert not starts, starts
+        for slot, (_, result, _) in requests.items():
+            assert self.text[slot].decode() == result.content
+            assert_same_logprobs(result, self.logprobs[slot])
+
     def close(self) -> None:
         self._greedy.close()
         self.model.close()
+
+
+def decoded_tokens(result: ChatResult) -> int:
+    """What a request decoded into its slot (no drafts): the prompt past what was cached,
+    and its answer, but for the last token of an answer cut at max_tokens."""
+    answer = result.usage.completion_tokens - (result.finish_reason is FinishReason.length)
+    return result.usage.prompt_tokens - result.usage.cached_tokens + answer
+
+
+def recorded(records: Sequence[StepRecord], slot: int) -> int:
+    return sum(r.generating.get(slot, 0) + r.prefilling.get(slot, 0) for r in records)
+
+
+def step_records(engine: Engine) -> list[StepRecord]:
+    """The records of the engine's steps from now on, for as long as it runs (it reports a
+    step after handing out the answers the step finished: BatchReplay.check waits)."""
+    records: list[StepRecord] = []
+    engine.add_step_listener(records.append)
+    return records
 
 
 def assert_same_first_token(
@@ -285,6 +344,50 @@ def assert_same_logprobs(
             assert abs(mine[token] - other[token]) < tolerance, (position, mine, other)
 
 
+# How close a one-chunk cold run's two best picks may be where a cached answer parts from
+# it: a different decode layout moved the picks' log-probs by up to 0.13 nats in the
+# ten-turn conversations and where cells lie by up to 0.42 (both on SmolLM2).
+NEAR_TIE = 0.5
+
+
+def assert_same_text_or_a_near_tie(
+    kronk: Kronk, model: str, result: ChatResult, cold: ChatResult
+) -> None:
+    """The greedy answer is a one-chunk cold run's, or parts from it only where the cold
+    run nearly ties: there it ranks the cached answer's pick (an end of the answer, where
+    that ended first) within NEAR_TIE nats of its own. A cache that kept or placed wrong
+    tokens parts where the cold run is sure. (The cache's exactness is the replays' to
+    prove: this checks that a replay and the cache are not wrong alike.)"""
+    loaded = kronk.get_loaded(model)
+    assert loaded is not None
+
+    def ends(piece: str) -> bool:
+        tokens = loaded.model.tokenize(piece, add_special=False, parse_special=True)
+        return len(tokens) == 1 and loaded.model.is_end_of_generation(tokens[0])
+
+    for position in range(max(len(result.logprobs), len(cold.logprobs))):
+        ours = result.logprobs[position] if position < len(result.logprobs) else None
+        theirs = cold.logprobs[position] if position < len(cold.logprobs) else None
+        if ours is not None and theirs is not None and ours.token == theirs.token:
+            continue
+        # Where they part, by the log-probs of the run that went on (the cold one if both).
+        went_on = theirs or ours
+        assert went_on is not None
+        picks = {t.token: t.logprob for t in went_on.top_logprobs}
+        other = ours if went_on is theirs else theirs
+        if other is not None:
+            rival = picks.get(other.token)
+        else:  # the other answer ended here
+            rival = max((lp for token, lp in picks.items() if ends(token)), default=None)
+        assert rival is not None and went_on.logprob - rival < NEAR_TIE, (
+            position,
+            result.content,
+            cold.content,
+            picks,
+        )
+        return
+
+
 def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
     loaded = kronk.get_loaded(model)
     assert loaded is not None
@@ -310,9 +413,9 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
                 replay.prefill(prompt_of(models, strategy, messages[:2]), 0)
             reference = replay.prefill(prompt, cached.usage.cached_tokens)
             assert_same_first_token(cached, reference)
-            assert replay.generate(cached.usage.completion_tokens) == cached.content
+            assert replay.generate(MAX_TOKENS) == cached.content
             assert_same_logprobs(cached, replay)
-            assert cached.content == cold.content
+            assert_same_text_or_a_near_tie(models, strategy, cached, cold)
             assert cold.usage.cached_tokens == 0
             if turn == 0:
                 assert cached.usage.cached_tokens == 0
@@ -326,7 +429,9 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     finally:
         replay.close()
     counters = models.load(strategy).engine.cache_counters()
-    assert counters.hits >= 9 and counters.rebuilds >= 1
+    # A partial hit cut only the last answer, re-rendered by the client into other tokens
+    # (everything up to the previous prompt was kept, as checked each turn).
+    assert counters.hits + counters.partial_hits >= 9 and counters.rebuilds >= 1
 
 
 def fresh(path: str | Path, tmp_path: Path, **settings: Any) -> Kronk:
@@ -387,6 +492,13 @@ async def test_build_extend_hit_edit_and_rebuild(model_path: Path, tmp_path: Pat
 def slot_holding(kronk: Kronk, prefix_of: list[int]) -> list[int]:
     engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
     return [slot.id for slot in engine.slots if slot.tokens[:50] == prefix_of[:50]]
+
+
+def slot_of(kronk: Kronk, prompt: list[int]) -> int:
+    """The slot that answered this prompt last (its tokens begin with all of it)."""
+    engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+    (slot,) = [slot.id for slot in engine.slots if slot.tokens[: len(prompt)] == prompt]
+    return slot
 
 
 async def prompt_tokens(kronk: Kronk, messages: list[dict[str, str]]) -> list[int]:
@@ -467,7 +579,7 @@ async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: K
     messages.append(user_turn(1))
     cached = await ask(models, "imc", messages)
     cold = await ask(models, "cold", messages)
-    assert cached.content == cold.content
+    assert_same_text_or_a_near_tie(models, "imc", cached, cold)
     assert 100 < cached.usage.cached_tokens < cached.usage.prompt_tokens
     # The slot was cut where the re-rendered answer left the generated tokens.
     assert cached.usage.cached_tokens < first.usage.prompt_tokens + first.usage.completion_tokens
@@ -484,7 +596,7 @@ async def test_a_cut_conversation_matches_a_cold_replay(model_path: Path, tmp_pa
         messages = [{"role": "system", "content": AGENT_SYSTEMS[2]}, user_turn(0)]
         first = await ask(kronk, "m", messages)
         replay.prefill(await prompt_tokens(kronk, messages), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         assert_same_logprobs(first, replay)
         messages.append({"role": "assistant", "content": "  " + first.content.upper() + "\n\n"})
         messages.append(user_turn(1))
@@ -497,7 +609,7 @@ async def test_a_cut_conversation_matches_a_cold_replay(model_path: Path, tmp_pa
         )
         reference = replay.prefill(await prompt_tokens(kronk, messages), cut.usage.cached_tokens)
         assert_same_first_token(cut, reference)
-        assert replay.generate(cut.usage.completion_tokens) == cut.content
+        assert replay.generate(MAX_TOKENS) == cut.content
         assert_same_logprobs(cut, replay)
     finally:
         replay.close()
@@ -621,7 +733,7 @@ def replay_turns(
     for turn_prompt, turn_result in history:
         replay.prefill(turn_prompt, turn_result.usage.cached_tokens)
         if len(turn_prompt) < up_to:
-            assert replay.generate(turn_result.usage.completion_tokens) == turn_result.content
+            assert replay.generate(MAX_TOKENS) == turn_result.content
 
 
 async def test_sliding_window_cut_back_through_a_checkpoint(
@@ -657,7 +769,7 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
-        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert replay.generate(MAX_TOKENS) == result.content
         assert result.content == (await ask(cold, "m", edited)).content
     finally:
         replay.close()
@@ -696,7 +808,7 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
                 replay.move_cells()  # restored: its cells lie elsewhere, as in the slot
             reference = replay.prefill(prompt, result.usage.cached_tokens)
             assert_same_first_token(result, reference)
-            assert replay.generate(result.usage.completion_tokens) == result.content
+            assert replay.generate(MAX_TOKENS) == result.content
             assert_same_logprobs(result, replay)
             previous = len(prompt)
             b.append({"role": "assistant", "content": result.content})
@@ -739,7 +851,7 @@ async def test_a_stored_conversation_is_cut_back_through_its_stored_checkpoint(
         replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
-        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert replay.generate(MAX_TOKENS) == result.content
         assert_same_logprobs(result, replay)
     finally:
         replay.close()
@@ -754,32 +866,35 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
     """Two agents of one tool: the second one's system prompt comes from the first one's slot.
 
     On Gemma a prefix of ~1,500 tokens outgrows the two slots' window cache (1,536
-    cells): the copy must bring the window cells the next token attends to.
+    cells): the copy must bring the window cells the next token attends to. Both answers
+    are a cache-less replay's of the engine's batches, the second one's after a copy of
+    the first one's prefix (where the copy's cells lie changes rounding).
     """
     kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER)
-    replay = ColdReplay(model_config(model_path))
+    loaded = kronk.load("m")
+    assert isinstance(loaded, LoadedModel)
+    replay = BatchReplay(loaded.config)
     try:
         first = [{"role": "system", "content": SYSTEM * repeats}, user_turn(0)]
         second = [{"role": "system", "content": SYSTEM * repeats}, user_turn(5)]
-        await ask(kronk, "m", first)
+        records = step_records(loaded.engine)
+        answer = await ask(kronk, "m", first)
         copied = await ask(kronk, "m", second)
-        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        engine = loaded.engine
         assert sum(1 for slot in engine.slots if slot.tokens) == 2  # the first agent kept its slot
         assert engine.cache_counters().shared_prefixes == 1
         first_prompt = await prompt_tokens(kronk, first)
-        shared = common_prefix(first_prompt, await prompt_tokens(kronk, second))
+        second_prompt = await prompt_tokens(kronk, second)
+        shared = common_prefix(first_prompt, second_prompt)
         assert copied.usage.cached_tokens == shared > 100
-        # The copied cells are the first prompt's: replay that prefill, lay the prefix out
-        # as the copy has it, then decode the rest.
-        replay.prefill(first_prompt, 0)
-        replay.as_copied(shared)
-        reference = replay.prefill(await prompt_tokens(kronk, second), shared)
-        # Beyond Gemma's window the copies land in other cells than the replay's (the
-        # donor's own window holds the first ones): that rounding differs by up to ~0.2 nats.
-        tolerance = 0.3 if repeats > 1 and replay.model.info.n_swa else 0.02
-        assert_same_first_token(copied, reference, tolerance)
-        assert replay.generate(copied.usage.completion_tokens) == copied.content
-        assert_same_logprobs(copied, replay, tolerance)
+        donor = slot_of(kronk, first_prompt)
+        await replay.check(
+            records,
+            {
+                donor: (first_prompt, answer, None),
+                slot_of(kronk, second_prompt): (second_prompt, copied, donor),
+            },
+        )
     finally:
         replay.close()
         kronk.close()
@@ -808,7 +923,7 @@ async def test_split_kv_streams_copy_a_shared_prefix_exactly(
         replay.prefill(first_prompt, 0)
         reference = replay.prefill(second_prompt, shared)
         assert_same_first_token(copied, reference)
-        assert replay.generate(copied.usage.completion_tokens) == copied.content
+        assert replay.generate(MAX_TOKENS) == copied.content
         assert_same_logprobs(copied, replay)
         # The donor's own conversation is intact: it continues from its slot.
         again = await ask(
@@ -848,20 +963,31 @@ async def test_agents_sharing_a_long_prefix_keep_the_window_cache_usable(
 async def test_simultaneous_agents_prefill_their_shared_prefix_once(
     model_path: Path, tmp_path: Path
 ) -> None:
-    """Requests that arrive together wait for the one prefilling their common prefix."""
+    """Requests that arrive together wait for the one prefilling their common prefix, then
+    copy it: each answer is a cache-less replay's of the engine's batches and copies."""
     kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
-    cold = fresh(model_path, tmp_path, cache="none", n_seq_max=1)
+    loaded = kronk.load("m")
+    assert isinstance(loaded, LoadedModel)
+    replay = BatchReplay(loaded.config)
     try:
         agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in range(3)]
+        records = step_records(loaded.engine)
         results = await asyncio.gather(*(ask(kronk, "m", agent) for agent in agents))
-        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
-        assert engine.cache_counters().shared_prefixes == 2
+        assert loaded.engine.cache_counters().shared_prefixes == 2
         assert sorted(r.usage.cached_tokens > 100 for r in results) == [False, True, True]
-        for agent, result in zip(agents, results, strict=True):
-            assert result.content == (await ask(cold, "m", agent)).content
+        prompts = [await prompt_tokens(kronk, agent) for agent in agents]
+        slots = [slot_of(kronk, prompt) for prompt in prompts]
+        (donor,) = [s for s, r in zip(slots, results, strict=True) if not r.usage.cached_tokens]
+        await replay.check(
+            records,
+            {
+                slot: (prompt, result, None if slot == donor else donor)
+                for slot, prompt, result in zip(slots, prompts, results, strict=True)
+            },
+        )
     finally:
+        replay.close()
         kronk.close()
-        cold.close()
 
 
 @on_both_models
@@ -881,7 +1007,7 @@ async def test_a_conversation_restored_from_the_host_tier_matches_a_cold_replay(
         first_turn = conversation(AGENT_SYSTEMS[0], 1)
         first = await ask(kronk, "m", first_turn)
         replay.prefill(await prompt_tokens(kronk, first_turn), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         for system in AGENT_SYSTEMS[1:]:  # each evicts the one before
             await ask(kronk, "m", conversation(system, 1))
         store = host_store(kronk)
@@ -917,7 +1043,7 @@ async def assert_restored_exactly(
     prompt = await prompt_tokens(kronk, messages)
     reference = replay.prefill(prompt, restored.usage.cached_tokens)
     assert_same_first_token(restored, reference)
-    assert replay.generate(restored.usage.completion_tokens) == restored.content
+    assert replay.generate(MAX_TOKENS) == restored.content
     assert_same_logprobs(restored, replay)
 
 
@@ -970,7 +1096,7 @@ async def test_a_server_killed_while_writing_its_disk_tier_restores_what_it_wrot
         first_turn = conversation(AGENT_SYSTEMS[0], 1)
         assert len(host_store(kronk)) == 1  # the first conversation's first turn, whole
         replay.prefill(await prompt_tokens(kronk, first_turn), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         second_turn = continued(first_turn, first)
         restored = await ask(kronk, "m", second_turn)
         assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
@@ -990,36 +1116,31 @@ async def test_conversations_running_at_once_match_cold_replays(
     loaded = kronk.load("m")
     assert isinstance(loaded, LoadedModel)
     replay = BatchReplay(loaded.config)
-    records: list[StepRecord] = []
-    loaded.engine.add_step_listener(records.append)
+    records = step_records(loaded.engine)
     try:
         conversations = [[{"role": "system", "content": system}] for system in AGENT_SYSTEMS]
         for turn in range(3):
             for index, messages in enumerate(conversations):
                 messages.append(user_turn(turn * 3 + index))
-            records.clear()
+            records.clear()  # the last turn's were all in when it was checked
             results = await asyncio.gather(*(ask(kronk, "m", m) for m in conversations))
             assert any(len(r.generating) + len(r.prefilling) == 3 for r in records)
-            starts = {}
-            for messages, result in zip(conversations, results, strict=True):
-                prompt = await prompt_tokens(kronk, messages)
-                (slot,) = slot_holding(kronk, prompt)
-                starts[slot] = (prompt, result.usage.cached_tokens)
+            prompts = [await prompt_tokens(kronk, messages) for messages in conversations]
+            slots = [slot_of(kronk, prompt) for prompt in prompts]
+            for result in results:
                 assert result.usage.cached_tokens > (100 if turn else -1)
-            for record in records:
-                for slot in record.prefilling:
-                    if slot in starts:
-                        replay.start(slot, *starts.pop(slot))
-                replay.step(record)
+            await replay.check(
+                records,
+                {
+                    slot: (prompt, result, None)
+                    for slot, prompt, result in zip(slots, prompts, results, strict=True)
+                },
+            )
             for messages, result in zip(conversations, results, strict=True):
-                (slot,) = slot_holding(kronk, await prompt_tokens(kronk, messages))
-                assert replay.text[slot].decode() == result.content
-                assert_same_logprobs(result, replay.logprobs[slot])
                 messages.append({"role": "assistant", "content": result.content})
         counters = loaded.engine.cache_counters()
         assert counters.hits + counters.partial_hits == 6 and counters.evictions == 0
     finally:
-        loaded.engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 
@@ -1032,7 +1153,7 @@ async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
     a cold replay running the same seeded sampler chain."""
     kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
     replay = ColdReplay(model_config(model_path))
-    sampling: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "seed": 4242}
+    sampling: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "seed": 4242, "max_tokens": 24}
     try:
         loaded = kronk.load("m")
         assert isinstance(loaded, LoadedModel)
@@ -1045,17 +1166,17 @@ async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
         for turn in range(3):
             messages.append(user_turn(turn))
             result = await kronk.chat(
-                messages, model="m", max_tokens=24, logprobs=True, top_logprobs=5, **sampling
+                messages, model="m", logprobs=True, top_logprobs=5, **sampling
             )
             if turn:
                 assert result.usage.cached_tokens > 100
             replay.prefill(await prompt_tokens(kronk, messages), result.usage.cached_tokens)
-            assert replay.generate(result.usage.completion_tokens, stages) == result.content
+            assert replay.generate(sampling["max_tokens"], stages) == result.content
             assert_same_logprobs(result, replay)
             texts.append(result.content)
             messages.append({"role": "assistant", "content": result.content})
         # A different seed samples a different answer: the seed is what made them equal.
-        other = await kronk.chat(messages[:2], model="m", max_tokens=24, **{**sampling, "seed": 7})
+        other = await kronk.chat(messages[:2], model="m", **{**sampling, "seed": 7})
         assert other.content != texts[0]
     finally:
         replay.close()
