@@ -6,8 +6,8 @@ conversations on model "m" as test_caching.fresh() serves it (one slot), pickles
 to SPEC["answers"], and sends itself SIGKILL at `stage` of the scenario's last disk write:
 
 - scenario "evict": A, then B (A is evicted to disk, whole), then C: B's eviction is cut.
-- scenario "write-through" (`host_cache_shared`: written after every request): A, then A's
-  next turn: the write of the longer conversation, which supersedes A's, is cut.
+- scenario "write-through" (`host_cache_shared`: written after every request): A (written
+  whole), then B: A's eviction writes A again, over its own entry, and is cut.
 
 Stages (HostStore writes each file aside and renames it into place, the tokens file, which
 makes the entry visible, last): "state-half-written" dies with half the state in its
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_caching import AGENT_SYSTEMS, ask, continued, conversation, fresh
+from test_caching import AGENT_SYSTEMS, ask, conversation, fresh
 
 from kronk_core.types import ChatResult
 
@@ -60,20 +60,16 @@ async def main(spec: dict[str, Any]) -> None:
     kronk = fresh(spec["model"], Path(spec["home"]), caching=caching, n_seq_max=1)
     answers: list[ChatResult] = []
 
-    async def turn(messages: list[dict[str, str]]) -> ChatResult:
+    async def turn(messages: list[dict[str, str]]) -> None:
         answers.append(await ask(kronk, "m", messages))
         Path(spec["answers"]).write_bytes(pickle.dumps(answers))
-        return answers[-1]
 
-    a = conversation(AGENT_SYSTEMS[0], 1)
-    first = await turn(a)
+    conversations = [conversation(system, 1) for system in AGENT_SYSTEMS]
     if spec["scenario"] == "evict":
-        await turn(conversation(AGENT_SYSTEMS[1], 1))
-        die_while_writing(Path(caching["host_cache_dir"]), spec["stage"])
-        await turn(conversation(AGENT_SYSTEMS[2], 1))
-    else:
-        die_while_writing(Path(caching["host_cache_dir"]), spec["stage"])
-        await turn(continued(a, first))
+        await turn(conversations.pop(0))
+    await turn(conversations.pop(0))
+    die_while_writing(Path(caching["host_cache_dir"]), spec["stage"])
+    await turn(conversations.pop(0))
     kronk.close()
     sys.exit("the host tier was never written where the process was to die")
 

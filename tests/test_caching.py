@@ -1066,8 +1066,8 @@ async def test_a_server_killed_while_writing_its_disk_tier_restores_what_it_wrot
     """`kill -9` in the middle of writing a conversation to the disk tier (half its state
     written, or its state in place but not the tokens file that makes it an entry): a
     server started anew loads only the entries written whole, and a conversation restored
-    from one is exact. Written through after every request (`host_cache_shared`), the turn
-    before the one whose write was cut is still there to restore."""
+    from one is exact. Written through (`host_cache_shared`), a conversation already on
+    disk is written again when evicted: its entry stays whole until the new one is."""
     disk = tmp_path / "kv"
     caching: dict[str, Any] = {"host_cache_bytes": 0, "host_cache_dir": disk}
     if scenario == "write-through":
