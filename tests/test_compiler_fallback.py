@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import shlex
 import subprocess
@@ -112,7 +113,8 @@ def test_zig_s_scripts_build_a_cxx_library_that_python_loads(tmp_path: Path) -> 
     (tmp_path / "parts.cpp").write_text(CXX_PART)
 
     def run(tool: str, *args: str) -> None:
-        subprocess.run([tools / tool, *args], cwd=tmp_path, check=True, env={"PATH": str(tools)})
+        alone = {**os.environ, "PATH": str(tools)}  # no system compiler, linker or archiver
+        subprocess.run([tools / tool, *args], cwd=tmp_path, check=True, env=alone)
 
     run("cc", "-O2", "-fPIC", "-march=native", "-c", "part.c", "-o", "part.o")
     run("c++", "-O2", "-fPIC", "-march=native", "-std=c++17", "-c", "parts.cpp", "-o", "parts.o")
