@@ -66,17 +66,22 @@ def has_compilers(environ: Mapping[str, str]) -> bool:
 
 def zig_environment(zig: Path, tools: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """What a build adds to `environ` to compile with `zig`: scripts named cc, c++, ar and
-    ranlib in `tools`, first on PATH, where CMake (and `kronk libs`) look for a compiler and,
-    beside it, the archiver; a script each, as CMake takes a program, not `zig cc`. zig has
-    no OpenMP runtime: ggml uses its own thread pool (CMAKE_ARGS; the caller's come last)."""
+    ranlib in `tools` (CMake takes a program, not `zig cc`, and looks for the archiver beside
+    the compiler), named by CC and CXX (else scikit-build-core names the compiler Python was
+    built with) and first on PATH (for what runs `cc`, as the benchmarks do). zig has no
+    OpenMP runtime: ggml then uses its own thread pool (CMAKE_ARGS; the caller's come last,
+    so that theirs win)."""
     tools.mkdir(parents=True, exist_ok=True)
     for name in ("cc", "c++", "ar", "ranlib"):
         script = tools / name
         script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(zig))} {name} "$@"\n')
         script.chmod(0o755)
-    path = f"{tools}{os.pathsep}{environ.get('PATH', os.defpath)}"
-    cmake_args = f"-DGGML_OPENMP=OFF {environ.get('CMAKE_ARGS', '')}".strip()
-    return {"PATH": path, "CMAKE_ARGS": cmake_args}
+    return {
+        "CC": str(tools / "cc"),
+        "CXX": str(tools / "c++"),
+        "PATH": f"{tools}{os.pathsep}{environ.get('PATH', os.defpath)}",
+        "CMAKE_ARGS": f"-DGGML_OPENMP=OFF {environ.get('CMAKE_ARGS', '')}".strip(),
+    }
 
 
 def build_environment(session: nox.Session, *, force_zig: bool = False) -> dict[str, str]:

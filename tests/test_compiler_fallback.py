@@ -68,6 +68,8 @@ def test_the_environment_puts_zig_first_and_keeps_the_caller_s_cmake_args(
     tools = tmp_path / "zig"
     added = noxfile.zig_environment(ZIG, tools, {"PATH": "/usr/bin", "CMAKE_ARGS": "-DX=1"})
     assert added["PATH"] == f"{tools}:/usr/bin"
+    # scikit-build-core, left alone, sets CC and CXX to what Python was built with.
+    assert (added["CC"], added["CXX"]) == (str(tools / "cc"), str(tools / "c++"))
     # zig ships no OpenMP runtime; the caller's arguments come last, so theirs win.
     assert shlex.split(added["CMAKE_ARGS"]) == ["-DGGML_OPENMP=OFF", "-DX=1"]
     version = subprocess.run(
