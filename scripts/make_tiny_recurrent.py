@@ -17,13 +17,12 @@ Usage: python scripts/make_tiny_recurrent.py [--out DIR]
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
-from gguf_output import cached, default_out_dir, gguf_writer
+from gguf_output import gguf_writer, main_all
 from make_tiny_models import copy_tokenizer, gemma_gguf_path
 
 TINY_LFM2 = "tiny-lfm2.gguf"
@@ -171,10 +170,4 @@ MAKERS = {
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, default=default_out_dir(), help="output directory [%(default)s]"
-    )
-    out = parser.parse_args().out
-    for file_name, make in MAKERS.items():
-        print(cached(out / file_name, make))
+    main_all(__doc__, MAKERS)

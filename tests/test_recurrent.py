@@ -33,6 +33,7 @@ from test_caching import (
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.errors import ConfigError, KronkError
 from kronk_core.slots import CacheCounters
+from kronk_core.types import ChatResult
 
 # DRY off: greedy is then a pure argmax, which the cold replays reproduce. Speculation is
 # left to its default, which must be off for these models (the replays decode one token
@@ -64,6 +65,15 @@ def loaded(kronk: Kronk) -> LoadedModel:
 
 def counters(kronk: Kronk) -> CacheCounters:
     return loaded(kronk).engine.cache_counters()
+
+
+def assert_replayed(result: ChatResult, replay: ColdReplay, reference: list[Any]) -> None:
+    """The answer is the replay's token for token: the first token's top-5 log-probs are
+    `reference` (from the replay's last prefill), then every token's as the replay
+    generates greedily."""
+    assert_same_first_token(result, reference)
+    assert replay.generate(result.usage.completion_tokens) == result.content
+    assert_same_logprobs(result, replay)
 
 
 def rebuild(replay: ColdReplay, prompt: Sequence[int], ends: Sequence[int]) -> list[Any]:
@@ -162,9 +172,7 @@ async def test_a_prompt_that_extends_the_state_continues_it_exactly(
         assert second.usage.cached_tokens == len(replay.tokens)
         assert (counters(kronk).hits, counters(kronk).checkpoint_restores) == (1, 0)
         reference = replay.prefill(prompt, second.usage.cached_tokens)
-        assert_same_first_token(second, reference)
-        assert replay.generate(second.usage.completion_tokens) == second.content
-        assert_same_logprobs(second, replay)
+        assert_replayed(second, replay, reference)
     finally:
         replay.close()
         kronk.close()
@@ -189,9 +197,7 @@ async def test_each_turn_goes_back_to_the_snapshot_at_its_last_prompt(
             assert result.usage.cached_tokens == (ends[-1] if ends else 0)
             assert counters(kronk).checkpoint_restores == turn
             reference = rebuild(replay, prompt, ends)
-            assert_same_first_token(result, reference)
-            assert replay.generate(result.usage.completion_tokens) == result.content
-            assert_same_logprobs(result, replay)
+            assert_replayed(result, replay, reference)
             ends.append(len(prompt))
             messages.append({"role": "assistant", "content": f"Answer {turn}: noted."})
         assert counters(kronk).rebuilds == 1
@@ -227,9 +233,7 @@ async def test_edits_go_back_to_an_earlier_snapshot_or_rebuild(
             result = await ask(kronk, "m", messages)
             assert result.usage.cached_tokens == (chunks[-1] if chunks else 0)
             reference = rebuild(replay, await prompt_tokens(kronk, messages), chunks)
-            assert_same_first_token(result, reference)
-            assert replay.generate(result.usage.completion_tokens) == result.content
-            assert_same_logprobs(result, replay)
+            assert_replayed(result, replay, reference)
         done = counters(kronk)
         assert (done.checkpoint_restores, done.rebuilds) == (4, 2)
     finally:
@@ -244,9 +248,8 @@ async def test_a_stored_conversation_comes_back_through_its_snapshot(
     """Evicted to the host tier by another conversation (on disk: then the server
     restarts), the conversation continues with the client's own text for its answer: its
     state is restored and goes back through the snapshot stored with it."""
-    caching: dict[str, Any] = {"host_cache_bytes": 1 << 30}
-    if tier == "disk":
-        caching = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}
+    on_disk = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}  # no copy in RAM
+    caching = on_disk if tier == "disk" else {"host_cache_bytes": 1 << 30}
     kronk = loaded_kronk(recurrent_path, tmp_path, caching=caching)
     replay = ColdReplay(model_config(recurrent_path))
     try:
@@ -271,9 +274,7 @@ async def test_a_stored_conversation_comes_back_through_its_snapshot(
         replay.move_cells()
         assert replay.model.restore_checkpoint(0, first_end, replay.model.checkpoint(0))
         reference = replay.prefill(prompt, first_end)
-        assert_same_first_token(restored, reference)
-        assert replay.generate(restored.usage.completion_tokens) == restored.content
-        assert_same_logprobs(restored, replay)
+        assert_replayed(restored, replay, reference)
     finally:
         replay.close()
         kronk.close()
