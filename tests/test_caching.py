@@ -26,15 +26,16 @@ from waiting import wait_until
 from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
+from kronk_core.chat_stream import collect
 from kronk_core.engine import Engine, StepRecord
 from kronk_core.errors import ContextOverflowError
-from kronk_core.models import default_model_path, gemma_model_path
-from kronk_core.prompts import prepare_chat
+from kronk_core.prompts import PreparedChat, prepare_chat
 from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
 from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import default_model_path, gemma_model_path
 
 # DRY off: greedy is then a pure argmax, which the cold replay below reproduces. Each model
 # renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
@@ -647,9 +648,30 @@ async def test_context_overflow_trim_drops_oldest_messages(gemma_path: str, tmp_
     kronk = fresh(gemma_path, tmp_path, context_window=512, context_overflow="trim")
     try:
         long = conversation("Be brief.", 12)
-        result = await kronk.chat(long, model="m", max_tokens=32, temperature=0)
+        stream = await kronk.start_chat(
+            kronk.chat_request(long, model="m", max_tokens=32, temperature=0)
+        )
+        prompt = stream.prompt_text
+        result = await collect(stream)
         assert result.usage.dropped_tokens > 0
         assert result.usage.prompt_tokens + 32 <= 512
+        # The system message stays, and so does the question; the turns that went are the
+        # oldest ones, and no more of them than had to go.
+        assert prompt.index("Be brief.") < prompt.index(long[-1]["content"])
+        present = [message["content"] in prompt for message in long[1:]]
+        dropped = present.index(True)
+        assert dropped > 0 and all(present[dropped:])
+        loaded = kronk.get_loaded("m")
+        assert loaded is not None
+
+        def prepared(messages: list[dict[str, str]]) -> PreparedChat:
+            request = kronk.chat_request(messages, model="m", max_tokens=32)
+            return prepare_chat(loaded, request, PromptScope())
+
+        kept = prepared([long[0], *long[1 + dropped :]])
+        assert (kept.prompt_text, kept.dropped_tokens) == (prompt, 0)
+        assert len(kept.generation.prompt_tokens) == result.usage.prompt_tokens
+        assert prepared([long[0], *long[dropped:]]).dropped_tokens > 0  # one more: no room
     finally:
         kronk.close()
 
