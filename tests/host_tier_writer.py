@@ -51,8 +51,8 @@ def die_while_writing(directory: Path, stage: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return renamed
 
-    Path.write_bytes = writing  # type: ignore[method-assign]
-    Path.replace = renaming  # type: ignore[method-assign]
+    Path.write_bytes = writing  # type: ignore[method-assign,assignment]
+    Path.replace = renaming  # type: ignore[method-assign,assignment]
 
 
 async def main(spec: dict[str, Any]) -> None:
