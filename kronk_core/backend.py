@@ -60,6 +60,9 @@ class ModelInfo:
     # decode is placed in pieces, and with a sliding window a later piece may take the
     # window cells an earlier piece's sequence still needs to be cut back.
     n_ubatch: int = 0
+    # Recurrent or hybrid models: every token updates a state in place, so a sequence
+    # cannot be cut back at all, whatever attention layers it also has.
+    recurrent: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     capabilities: frozenset[Capability] = frozenset({Capability.chat})
     pooling: Pooling = Pooling.none

@@ -215,7 +215,10 @@ def draft_strategy(host: Host, config: ModelConfig, model: TextModel) -> DraftSt
     none for "none", and where it is unset the default one if this model can use it."""
     name, key = config.draft_strategy, config.section_key("draft_strategy")
     registry = host.registry(DRAFT_STRATEGIES)
-    can_cut = model.info.kv_trimmable or bool(model.info.n_swa)
+    # A sliding window can be cut back near its end; a recurrent state not at all, even
+    # where the model's attention layers have a window (a hybrid such as LFM2).
+    info = model.info
+    can_cut = not info.recurrent and (info.kv_trimmable or bool(info.n_swa))
     if name is None:
         if not can_cut or registry.default is None:
             return None

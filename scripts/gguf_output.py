@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,9 +40,15 @@ def cached(path: Path, make: Callable[[Path], Path]) -> Path:
 
 def main(doc: str | None, file_name: str, make: Callable[[Path], Path]) -> None:
     """`python scripts/<script>.py [--out DIR]`: make the model once, print its path."""
+    main_all(doc, {file_name: make})
+
+
+def main_all(doc: str | None, makers: Mapping[str, Callable[[Path], Path]]) -> None:
+    """`main` for a script that makes several models: each once, by file name."""
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument(
         "--out", type=Path, default=default_out_dir(), help="output directory [%(default)s]"
     )
     args = parser.parse_args()
-    print(cached(args.out / file_name, make))
+    for file_name, make in makers.items():
+        print(cached(args.out / file_name, make))

@@ -42,6 +42,8 @@ from make_tiny_multimodal import (
     VISION_PROJECTOR,
     make_tiny_multimodal,
 )
+from make_tiny_recurrent import MAKERS as RECURRENT_MAKERS
+from make_tiny_recurrent import TINY_LFM2, TINY_LFM2_SWA, TINY_MAMBA2
 from make_tiny_reranker import tiny_reranker_gguf
 
 # Generated test models are cached across sessions, like the default model.
@@ -136,6 +138,23 @@ def other_vocabulary_path(minilm_path: Path) -> Path:
         TEST_MODELS / "tiny-llama-bert-vocab.gguf",
         lambda path: make_tiny_llama(path, tokenizer=minilm_path),
     )
+
+
+@pytest.fixture(scope="session")
+def recurrent_models() -> dict[str, Path]:
+    """Tiny models whose state cannot be cut back, by file name (scripts/make_tiny_recurrent.py,
+    first use): the hybrid LFM2, the same with a sliding window, and Mamba-2."""
+    return {name: cached(TEST_MODELS / name, make) for name, make in RECURRENT_MAKERS.items()}
+
+
+@pytest.fixture(
+    scope="session",
+    params=[TINY_LFM2, TINY_LFM2_SWA, TINY_MAMBA2],
+    ids=["lfm2", "lfm2-swa", "mamba2"],
+)
+def recurrent_path(request: pytest.FixtureRequest, recurrent_models: dict[str, Path]) -> Path:
+    """Each of the tiny recurrent models in turn."""
+    return recurrent_models[request.param]
 
 
 @pytest.fixture(scope="session")

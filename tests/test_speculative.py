@@ -27,11 +27,10 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.backend import Batch, ModelInfo
+from kronk_core.backend import Batch
 from kronk_core.drafts import Draft, DraftRequest, DraftStrategy
 from kronk_core.engine import StepRecord
 from kronk_core.errors import ConfigError, KronkError, ModelLoadError
-from kronk_core.loading import draft_strategy
 from kronk_core.registry import Register
 from kronk_core.sampling import Distribution, SamplerStage
 from kronk_core.types import ChatResult, SamplingParams
@@ -645,41 +644,6 @@ def test_prompt_lookup_is_on_unless_a_model_says_none(tmp_path: Path, gemma_path
         with loading(tmp_path, gemma_path, speculation) as kronk:
             drafter = kronk.load("m").engine.draft_strategy
             assert (drafter and drafter.name) == strategy
-
-
-def test_a_model_whose_state_cannot_be_cut_speculates_only_when_asked(
-    tmp_path: Path, gemma_path: str
-) -> None:
-    """A recurrent model (none is generated here: its facts stand in for it) keeps the
-    default off quietly, and refuses a strategy it was given by name."""
-    recurrent = RecurrentStandIn(ModelInfo(**{**RECURRENT_FACTS, "kv_trimmable": False}))
-    with loading(tmp_path, gemma_path, {}) as kronk:
-        config = ModelConfig(id="m")
-        assert draft_strategy(kronk, config, recurrent) is None  # type: ignore[arg-type]
-        with pytest.raises(ConfigError) as raised:
-            named = config.model_copy(update={"draft_strategy": "lookup"})
-            draft_strategy(kronk, named, recurrent)  # type: ignore[arg-type]
-        assert raised.value.key == "models.m.draft_strategy"
-        assert "recurrent state that cannot be cut back" in raised.value.message
-
-
-RECURRENT_FACTS: dict[str, Any] = {
-    "id": "m",
-    "path": "m.gguf",
-    "architecture": "mamba",
-    "n_ctx_train": 4096,
-    "n_ctx_per_seq": 4096,
-    "n_seq_max": 1,
-    "n_vocab": 256,
-    "bos_token": "",
-    "eos_token": "",
-    "chat_template": None,
-}
-
-
-@dataclass
-class RecurrentStandIn:
-    info: ModelInfo
 
 
 def test_the_manuals_draft_model_block_turns_the_draft_model_on(

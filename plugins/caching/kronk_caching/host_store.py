@@ -132,14 +132,20 @@ class HostStore:
         entry = StoredConversation(
             tuple(tokens), state, None, floor, tuple(c.length for c in ordered), ordered
         )
-        for other in [
+        superseded = [
             k
             for k, e in self._entries.items()
             if _is_prefix(e.tokens, tokens) and entry.keeps(len(e.tokens))
-        ]:
-            self._drop(other)
+        ]
         if self._directory is not None:
+            # Written before what it supersedes leaves the disk: a process killed in
+            # between leaves both there, never neither (a conversation written through
+            # keeps its previous turn until the next one is whole).
             entry.file = self._write(self._directory / hashlib.sha256(key).hexdigest(), entry)
+        for other in superseded:
+            # The same conversation's files were just replaced (or, where the disk
+            # refused, removed) by the write.
+            self._drop(other, unlink=other != key)
         self._entries[key] = entry
         self._bytes += entry.ram_bytes
         self._shrink()
@@ -241,10 +247,10 @@ class HostStore:
             else:  # never written, or removed from the disk since (another server expired it)
                 del self._entries[key]
 
-    def _drop(self, key: bytes) -> None:
+    def _drop(self, key: bytes, *, unlink: bool = True) -> None:
         entry = self._entries.pop(key)
         self._bytes -= entry.ram_bytes
-        if entry.file is not None:
+        if unlink and entry.file is not None:
             _remove(entry.file)
 
     def expire(self) -> None:

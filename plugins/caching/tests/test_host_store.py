@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,6 +91,55 @@ def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     _, entry = restarted.best(range(1000), longest)
     assert entry is not None and entry.checkpoint_lengths == (300,)
     assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
+
+
+def test_a_conversation_stored_again_keeps_its_files_on_disk(tmp_path: Path) -> None:
+    """The same tokens stored twice (written through after each request) replace the
+    entry's files; a longer turn of it replaces them in turn."""
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    store.put(range(100), b"a" * 10)
+    store.put(range(100), b"b" * 10)
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(120), longest)
+    assert keep == 100 and entry is not None and restarted.state_of(entry) == b"b" * 10
+    store.put(range(150), b"c" * 10)
+    assert sorted(path.suffix for path in (tmp_path / "f").iterdir()) == [
+        ".checkpoints", ".state", ".tokens"
+    ]  # fmt: skip
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(160), longest)
+    assert keep == 150 and entry is not None and restarted.state_of(entry) == b"c" * 10
+
+
+# Stores a conversation, then dies by SIGKILL halfway through writing the state of the
+# next turn of it, which supersedes it.
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from kronk_caching.host_store import HostStore
+
+store = HostStore(max_bytes=0, directory=Path(sys.argv[1]), fingerprint="f")
+store.put(range(100), b"a" * 10)
+
+def dying(path, data):
+    with path.open("wb") as file:
+        file.write(data[: len(data) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Path.write_bytes = dying
+store.put(range(150), b"b" * 10)
+"""
+
+
+def test_a_process_killed_writing_a_newer_turn_leaves_the_previous_one(tmp_path: Path) -> None:
+    """The newer turn is written before the entry it supersedes goes: `kill -9` in the
+    middle leaves the previous turn on disk for the next start."""
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(list((tmp_path / "f").glob("*.state.*.partial"))) == 1
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(160), longest)
+    assert keep == 100 and entry is not None and restarted.state_of(entry) == b"a" * 10
 
 
 def test_servers_sharing_a_directory_see_each_others_conversations(tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ class LlamaTextModel:
             kv_trimmable=not (self._recurrent or (n_swa > 0 and not llama.swa_full)),
             n_swa=n_swa,
             n_ubatch=int(llama_cpp.llama_n_ubatch(self._ctx)),
+            recurrent=self._recurrent,
             metadata=found,
             n_embd=llama_cpp.llama_model_n_embd(model),
             memory_bytes=int(
