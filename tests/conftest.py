@@ -24,7 +24,6 @@ from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
 from kronk_core.models import cache_dir
-from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, gemma_model_path
 
 # The generator scripts are not a package: import them from their folder; the tests' own
 # helpers (file_server.py) from theirs.
@@ -77,9 +76,17 @@ def explore(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], No
     return budget.explore
 
 
+def packaged() -> Any:
+    """The llamacpp plugin's packaged models, imported when a fixture needs them: the core
+    session (nox -s core) loads this file without any plugin installed."""
+    from kronk_llamacpp import packaged as models
+
+    return models
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
-    return str(gemma_model_path())
+    return str(packaged().gemma_model_path())
 
 
 # The default model again, with the Incremental Message Cache on (loaded on first use).
@@ -180,8 +187,9 @@ def kronk(
     allowed, for the `dimensions` tests), "minilm-plain" (not allowed) and
     "tiny-reranker", loaded on first use.
     """
+    gemma = packaged()
     imc = {
-        **GEMMA_MODEL_SETTINGS,
+        **gemma.GEMMA_MODEL_SETTINGS,
         "model_path": gemma_path,
         "context_window": 4096,
         "n_seq_max": 2,
@@ -189,15 +197,15 @@ def kronk(
     }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
-        default_model=GEMMA_MODEL_ID,
+        default_model=gemma.GEMMA_MODEL_ID,
         queue_wait_seconds=2.0,
         models_in_cache=5,
         models={
             # A small queue (8 places) that the 429 test can fill; one token per slot and
             # step, which the engine tests count (speculation: tests/test_speculative.py).
-            GEMMA_MODEL_ID: ModelConfig.model_validate(
+            gemma.GEMMA_MODEL_ID: ModelConfig.model_validate(
                 {
-                    **GEMMA_MODEL_SETTINGS,
+                    **gemma.GEMMA_MODEL_SETTINGS,
                     "cache": "none",
                     "queue_depth": 2,
                     "draft_strategy": "none",
