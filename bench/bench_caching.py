@@ -18,9 +18,9 @@ from typing import Any
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import gemma_model_path
 from kronk_core.sampling import Greedy
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import gemma_model_path
 
 Messages = list[dict[str, str]]
 

@@ -20,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 import llama_cpp
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
 from kronk_llamacpp.library import ensure_initialised
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_llamacpp.params import context_params, model_params
 from kronk_llamacpp.sampler import ShortlistTopKSampler
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 
 def free_port() -> int:

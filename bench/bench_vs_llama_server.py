@@ -48,10 +48,11 @@ from llama_server import llama_server_binary, no_amx_environment
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.backend import Batch
-from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path, resolve_model_config
+from kronk_core.models import resolve_model_config
 from kronk_core.sampling import Greedy
 from kronk_core.tokens import common_prefix
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_templates.jinja import bundled_source
 
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
@@ -145,16 +146,28 @@ async def drive(client: Client, w3: bool, fleets: bool) -> Results:
     sampled = [await sampled_chats(client) for _ in range(3)]
     results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, sampled)
     if fleets:
-        results.fleet_wall, results.fleet = await client.agents(
-            FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True
-        )
-        # The same tasks ran before: the fleet's conversations branch from stored ones.
-        earlier = tagged_system("branched")
-        await client.agents(1, W1_TURNS, earlier, distinct=True)
-        await client.agents(W2_AGENTS, W2_TURNS, earlier, distinct=True)
-        results.branched_wall, results.branched = await client.agents(
-            FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True
-        )
+        await drive_fleets(client, results)
+    return results
+
+
+async def drive_fleets(client: Client, results: Results) -> None:
+    """F: the distinct-prompt fleet, then the same after its tasks ran (branches)."""
+    results.fleet_wall, results.fleet = await client.agents(
+        FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True
+    )
+    # The same tasks ran before: the fleet's conversations branch from stored ones.
+    earlier = tagged_system("branched")
+    await client.agents(1, W1_TURNS, earlier, distinct=True)
+    await client.agents(W2_AGENTS, W2_TURNS, earlier, distinct=True)
+    results.branched_wall, results.branched = await client.agents(
+        FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True
+    )
+
+
+async def drive_fleets_only(client: Client) -> Results:
+    nothing = Turn(0.0, 0.0, 0, 0, 0)
+    results = Results([], 0.0, nothing, nothing, 0.0, [], 0.0, [], [])
+    await drive_fleets(client, results)
     return results
 
 
@@ -182,7 +195,7 @@ async def warm_up(client: Client) -> None:
     await client.single([{"role": "user", "content": "Say hello."}], max_tokens=8)
 
 
-def run_llama_server(log_dir: Path, w3: bool, fleets: bool) -> Results:
+def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only_fleets: bool = False) -> Results:
     port = free_port()
     template = log_dir / "gemma.jinja"
     template.write_text(bundled_source("gemma"), encoding="utf-8")
@@ -196,11 +209,17 @@ def run_llama_server(log_dir: Path, w3: bool, fleets: bool) -> Results:
     ready = f"{client.base_url}/health"
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
         asyncio.run(warm_up(client))
+        if only_fleets:
+            return asyncio.run(drive_fleets_only(client))
         return asyncio.run(drive(client, w3, fleets))
 
 
 def run_kronk(
-    log_dir: Path, w3: bool, fleets: bool, model_config: Path | None = None
+    log_dir: Path,
+    w3: bool,
+    fleets: bool,
+    model_config: Path | None = None,
+    only_fleets: bool = False,
 ) -> Results:
     port = free_port()
     command = [
@@ -213,6 +232,8 @@ def run_kronk(
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
+        if only_fleets:
+            return asyncio.run(drive_fleets_only(client))
         return asyncio.run(drive(client, w3, fleets))
 
 
@@ -228,7 +249,7 @@ def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple
         request = kronk.chat_request(messages)
         prompts.append(loaded.render(request.messages, kronk.render_options(request)))
         replies.append(loaded.tokenize_prompt(turn.reply))
-    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID)
+    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID, {}, kronk.model_sources())
     kronk.close()
     model = LlamaTextModel(config)
     try:
@@ -330,18 +351,7 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         _row("W3 TTFT summed", sum(_ttfts(llama.w3)), sum(_ttfts(kronk.w3)), "<= 0.50x")
         print(f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
               f"{'':>9}  kronk: 0")
-    for name, ours, theirs, wall in (
-        ("F", kronk.fleet, llama.fleet, (llama.fleet_wall, kronk.fleet_wall)),
-        ("F after the same tasks", kronk.branched, llama.branched,
-         (llama.branched_wall, kronk.branched_wall)),
-    ):  # fmt: skip
-        if ours is None or theirs is None:
-            continue
-        label = f"{name} ({FLEET_AGENTS} agents x {FLEET_TURNS} turns, 4 slots)"
-        _row(f"{label} wall", wall[0], wall[1], "<= 0.90x")
-        _row(f"{name}: TTFT summed", sum(_ttfts(theirs)), sum(_ttfts(ours)), "-")
-        print(f"{name + ': later turns with nothing cached':<44}{_uncached(theirs):>12}"
-              f"{_uncached(ours):>12}{'':>9}  kronk: 0")
+    report_fleets(llama, kronk)
     _row(
         f"S: {SAMPLED_STREAMS} chats at temperature 0.8, aggregate",
         statistics.median(llama.sampled),
@@ -354,11 +364,31 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         print(f"\nWARNING: {failed} W1/W2 requests failed; see the server logs")
 
 
+def report_fleets(llama: Results, kronk: Results) -> None:
+    for name, ours, theirs, wall in (
+        ("F", kronk.fleet, llama.fleet, (llama.fleet_wall, kronk.fleet_wall)),
+        ("F after the same tasks", kronk.branched, llama.branched,
+         (llama.branched_wall, kronk.branched_wall)),
+    ):  # fmt: skip
+        if ours is None or theirs is None:
+            continue
+        label = f"{name} ({FLEET_AGENTS} agents x {FLEET_TURNS} turns, 4 slots)"
+        _row(f"{label} wall", wall[0], wall[1], "<= 0.90x")
+        _row(f"{name}: TTFT summed", sum(_ttfts(theirs)), sum(_ttfts(ours)), "-")
+        print(f"{name + ': later turns with nothing cached':<44}{_uncached(theirs):>12}"
+              f"{_uncached(ours):>12}{'':>9}  kronk: 0")
+        print(f"{name + ': requests refused or failed':<44}{_errors(theirs):>12}"
+              f"{_errors(ours):>12}{'':>9}  kronk: 0")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-w3", action="store_true", help="skip W3 (the longest workload)")
     parser.add_argument(
         "--no-fleets", action="store_true", help="skip F (the fleets: the longest part)"
+    )
+    parser.add_argument(
+        "--only-fleets", action="store_true", help="run F alone (both fleets, both servers)"
     )
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
     parser.add_argument(
@@ -373,9 +403,15 @@ def main() -> None:
         log_dir = args.logs or Path(scratch)
         log_dir.mkdir(parents=True, exist_ok=True)
         print("running llama-server ...", flush=True)
-        llama = run_llama_server(log_dir, not args.no_w3, not args.no_fleets)
+        llama = run_llama_server(log_dir, not args.no_w3, not args.no_fleets, args.only_fleets)
         print("running kronk ...", flush=True)
-        kronk = run_kronk(log_dir, not args.no_w3, not args.no_fleets, args.kronk_model_config)
+        kronk = run_kronk(
+            log_dir, not args.no_w3, not args.no_fleets, args.kronk_model_config, args.only_fleets
+        )
+    if args.only_fleets:
+        print(f"\n{'figure':<44}{'llama-srv':>12}{'kronk':>12}{'ratio':>9}  target")
+        report_fleets(llama, kronk)
+        return
     print("measuring kronk's own prefill references ...", flush=True)
     cold, refs = kronk_references(kronk.w1)
     report(llama, kronk, cold, refs)

@@ -14,7 +14,6 @@ from litestar.params import FromPath
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
 from kronk_core.memory import estimate_summary
-from kronk_core.models import model_files, unknown_model
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})
@@ -26,7 +25,7 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "data": [
             {
                 "model": loaded.id,
-                "cache": loaded.config.cache,
+                "cache": loaded.cache.name,
                 "counters": asdict(loaded.engine.cache_counters()),
                 # Steps, queued and active requests, tokens generated and prefilled so far.
                 "engine": asdict(loaded.engine.stats()),
@@ -85,9 +84,8 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def unload_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     """Unload a model now; requests still running on it end with an error."""
     kronk: Kronk = request.app.state.kronk
-    known = kronk.model_ids()
-    if model_id not in known:
-        raise unknown_model(model_id, known)
+    if model_id not in kronk.model_ids():
+        raise kronk.unknown_model(model_id)
     return {"id": model_id, "unloaded": await kronk.aunload(model_id)}
 
 
@@ -115,7 +113,7 @@ async def models_ps(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
                 "id": entry.model_id,
                 "owned_by": "kronk",
                 "model_family": info.architecture,
-                "size": sum(part.stat().st_size for part in model_files(Path(info.path))),
+                "size": sum(part.stat().st_size for part in kronk.model_parts(Path(info.path))),
                 "vram_total": info.memory_bytes,
                 "kv_cache": estimate["kv_bytes"] if estimate else None,
                 "slots": info.n_seq_max,
@@ -148,7 +146,7 @@ async def imc_sessions(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
             "last_used": _iso(state.idle_seconds) if state.cached_tokens else None,
         }
         for loaded in kronk.loaded_models()
-        if loaded.config.cache == "imc"
+        if loaded.cache.name == "imc"
         for state in loaded.engine.slot_states()
     ]
 

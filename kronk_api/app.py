@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
+from litestar.config.app import AppConfig
 from litestar.config.cors import CORSConfig
 
 from kronk_api.admin import ADMIN_ROUTES
@@ -46,7 +48,7 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     """
     kronk: Kronk = request.app.state.kronk
     drain: Drain = request.app.state.drain
-    model_id = kronk.canonical(kronk.config.default_model)
+    model_id = kronk.canonical(kronk.default_model)
     state, failure = kronk.pool.state(model_id)
     load = load_of(kronk)
     body: dict[str, Any] = {
@@ -78,10 +80,6 @@ def _engine_running(kronk: Kronk, model_id: str) -> bool:
     return loaded is None or loaded.engine.alive  # an embedding model has no engine
 
 
-def _flatten(results: Iterable[Iterable[Any]]) -> list[Any]:
-    return [item for result in results for item in result]
-
-
 def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = None) -> Litestar:
     """Compose the server.
 
@@ -91,20 +89,18 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     settings = settings or ServerSettings()
     kronk = kronk or Kronk(settings.kronk_config())
     settings = bind_sections(settings, kronk.plugins)
-    hook = kronk.hook
-    handlers = SERVER_DIALECT.exception_handlers()
-    for extra in hook.kronk_exception_handlers(kronk=kronk):
-        handlers.update(extra)
 
-    async def startup() -> None:
-        if settings.preload:
-            # keep: the model readiness reports on does not expire with cache_ttl.
-            await asyncio.to_thread(partial(kronk.load, settings.model, keep=True))
-        hook.kronk_startup(kronk=kronk, app=app)
-
-    async def shutdown() -> None:
-        hook.kronk_shutdown(kronk=kronk, app=app)
-        await asyncio.to_thread(kronk.close)
+    @asynccontextmanager
+    async def models(app: Litestar) -> AsyncIterator[None]:
+        """The server's own lifespan, around every plugin's: models load first (with
+        --preload) and unload last."""
+        try:
+            if settings.preload:
+                # keep: the model readiness reports on does not expire with cache_ttl.
+                await asyncio.to_thread(partial(kronk.load, settings.model, keep=True))
+            yield
+        finally:
+            await asyncio.to_thread(kronk.close)
 
     limits = BodyLimits(
         max_bytes=settings.max_request_bytes,
@@ -114,32 +110,23 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         log_bodies=settings.insecure_logging,
     )
     drain = Drain()
-    app = Litestar(
-        route_handlers=[
-            liveness,
-            readiness,
-            *ADMIN_ROUTES,
-            *_flatten(hook.kronk_routes(kronk=kronk)),
-        ],
-        # The body is read and checked after the plugins' guards (authentication).
-        guards=[*_flatten(hook.kronk_guards(kronk=kronk)), body_guard(limits)],
-        middleware=[
-            drain.middleware,
-            request_ids,
-            affinity(settings.api_host),
-            *_flatten(hook.kronk_middleware(kronk=kronk)),
-        ],
-        exception_handlers=handlers,
+    config = AppConfig(
+        route_handlers=[liveness, readiness, *ADMIN_ROUTES],
+        middleware=[drain.middleware, request_ids, affinity(settings.api_host)],
+        exception_handlers=SERVER_DIALECT.exception_handlers(),
+        lifespan=[models],
         # Without origins, no CORS headers: browsers allow the same origin only.
         cors_config=CORSConfig(allow_origins=settings.cors_origins)
         if settings.cors_origins
         else None,
         request_max_body_size=settings.max_request_bytes,
-        on_startup=[startup],
-        on_shutdown=[shutdown],
         openapi_config=None,
         logging_config=None,  # the CLI (or the embedding program) configures logging
     )
+    kronk.hook.kronk_app(app_config=config, kronk=kronk)
+    # The body is read and checked after the plugins' guards (authentication).
+    config.guards.append(body_guard(limits))
+    app = Litestar.from_config(config)
     app.state.kronk = kronk
     app.state.settings = settings
     app.state.drain = drain

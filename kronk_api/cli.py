@@ -50,7 +50,7 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
 from kronk_core.loading import model_config_for
-from kronk_core.models import delete_model_files, model_files, removable_files
+from kronk_core.models import delete_model_files, removable_files
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +463,7 @@ def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:
         path = model_config_for(kronk, model_id).model_path
         assert path is not None  # resolved
         entry["model_path"] = str(path)
-        entry["size_bytes"] = sum(part.stat().st_size for part in model_files(path))
+        entry["size_bytes"] = sum(part.stat().st_size for part in kronk.model_parts(path))
         facts = kronk.model_facts(model_id)
     except (KronkError, OSError) as exc:
         return {**entry, "error": exc.message if isinstance(exc, KronkError) else str(exc)}
@@ -483,14 +483,14 @@ def model_show(
     context length), its settings, and what loading it would take (memory estimate)."""
     try:
         kronk = Kronk(_local_config(base_path, model_config_file))
-        model_id = model_id or kronk.config.default_model
+        model_id = model_id or kronk.default_model
         config = model_config_for(kronk, model_id)
         facts = kronk.model_facts(model_id)
         estimate = kronk.memory_estimate(model_id)
     except KronkError as exc:
         _fail(exc)
     assert config.model_path is not None  # resolved
-    size = sum(part.stat().st_size for part in model_files(config.model_path))
+    size = sum(part.stat().st_size for part in kronk.model_parts(config.model_path))
     click.echo(f"model:           {model_id}")
     click.echo(f"file:            {config.model_path}")
     click.echo(f"size:            {_size(size)}")
@@ -557,9 +557,11 @@ def model_rm(
     try:
         config = _local_config(base_path, model_config_file)
         with Kronk(config) as kronk:
-            files = removable_files(config, model_id, kronk.provided_models())
+            sources = kronk.model_sources()
+            removed = removable_files(config, model_id, kronk.provided_models(), sources)
     except KronkError as exc:
         _fail(exc)
+    files = removed.parts
     host = api_host or "127.0.0.1:8080"
     pool = call_server(host, "GET", "/v1/kronk/models", token=token, absent_ok=True)
     ours = {path.resolve() for path in files}
@@ -578,7 +580,7 @@ def model_rm(
         call_server(host, "POST", route, token=token)
         click.echo(f"unloaded {loaded_id} from the server at {host}")
     size = sum(path.stat().st_size for path in files)
-    delete_model_files(config, files)
+    delete_model_files(config, removed, sources)
     for path in files:
         click.echo(f"deleted {path}")
     click.echo(f"removed {model_id} ({_size(size)})")

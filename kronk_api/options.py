@@ -28,7 +28,8 @@ from kronk_api.settings import (
     split_list,
 )
 from kronk_core import spellings
-from kronk_core.plugins import PluginManager, create_plugin_manager
+from kronk_core.host import PluginManager
+from kronk_core.plugins import create_plugin_manager
 from kronk_core.sections import warn_deprecated
 
 F = TypeVar("F", bound=Callable[..., Any])

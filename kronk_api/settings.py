@@ -28,7 +28,6 @@ from pydantic.fields import FieldInfo
 from kronk_api.logs import LogFormat
 from kronk_core import spellings
 from kronk_core.config import (
-    DEFAULT_MODEL_ID,
     Duration,
     KronkConfig,
     default_base_path,
@@ -37,8 +36,8 @@ from kronk_core.config import (
     parse_duration,
 )
 from kronk_core.errors import ConfigError
+from kronk_core.host import PluginManager
 from kronk_core.media import MediaConfig
-from kronk_core.plugins import PluginManager
 from kronk_core.sections import (
     ServerSection,
     bind,
@@ -59,7 +58,10 @@ class ServerSettings(BaseModel):
     base_path: Path = Field(
         default_factory=default_base_path, description="Base directory for Kronk data"
     )
-    model: str = Field(default=DEFAULT_MODEL_ID, description="Default model id")
+    model: str | None = Field(
+        default=None,
+        description="Default model id (unset: the default model a plugin's package ships)",
+    )
     model_config_file: Path | None = Field(
         default=None, description="YAML file with per-model settings"
     )

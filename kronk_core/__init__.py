@@ -1,7 +1,7 @@
 """Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
 
 from kronk_core import grammars
-from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.config import KronkConfig, ModelConfig, SamplingConfig
 from kronk_core.media import Media, MediaConfig
 from kronk_core.plugins import hookimpl
 from kronk_core.sdk import ChatStream, Kronk, LoadedModel
@@ -10,7 +10,6 @@ from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, Fi
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_MODEL_ID",
     "ChatDelta",
     "ChatMessage",
     "ChatRequest",

@@ -56,6 +56,10 @@ class ModelInfo:
     kv_trimmable: bool = True
     # Sliding-window size of the SWA layers (0: none).
     n_swa: int = 0
+    # The most tokens a decode places in the KV cache at once (0: all of them). A larger
+    # decode is placed in pieces, and with a sliding window a later piece may take the
+    # window cells an earlier piece's sequence still needs to be cut back.
+    n_ubatch: int = 0
     # Recurrent or hybrid models: every token updates a state in place, so a sequence
     # cannot be cut back at all, whatever attention layers it also has.
     recurrent: bool = False

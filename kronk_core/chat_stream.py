@@ -9,16 +9,9 @@ from dataclasses import dataclass, replace
 from kronk_core.engine import GenerationStream
 from kronk_core.errors import KronkError
 from kronk_core.events import ChatRecord, RequestRecord
+from kronk_core.generation import Finished
 from kronk_core.templates import OutputParser
-from kronk_core.types import (
-    ChatDelta,
-    ChatResult,
-    Finished,
-    FinishReason,
-    TokenLogprob,
-    ToolCall,
-    Usage,
-)
+from kronk_core.types import ChatDelta, ChatResult, FinishReason, TokenLogprob, ToolCall, Usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,6 @@ from kronk_core.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
 
-# SmolLM2-135M-Instruct (Q4_1), shipped on PyPI (kronk_core.models.PACKAGED_MODELS).
-DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct-Q4_1"
-
-
 class ContextOverflow(StrEnum):
     error = "error"
     trim = "trim"
@@ -94,13 +90,14 @@ class ModelConfig(BaseModel):
     # Waiting requests per slot before new ones are refused (429): sized for agent fleets,
     # so sixteen agents on four slots all wait their turn.
     queue_depth: Annotated[int, Field(ge=1)] = 16
-    # Names from the registries (kronk_register_cache_strategies / _template_processors).
-    # Message caching is on by default: every client worth serving resends its history.
-    cache: str = "imc"
-    template_processor: str = "jinja"
+    # Names from the registries (kronk_register_cache_strategies / _template_processors);
+    # unset: the registry's default (the built-ins make message caching the default: every
+    # client worth serving resends its history).
+    cache: str | None = None
+    template_processor: str | None = None
     # Speculative decoding: a name from kronk_register_draft_strategies, or "none". Unset:
-    # "lookup" (prompt lookup, free where it misses) if a plugin registers it and the model
-    # can drop rejected tokens; agents resend text the answer repeats.
+    # the registry's default (the built-ins: prompt lookup, free where it misses) if the
+    # model can drop rejected tokens; agents resend text the answer repeats.
     draft_strategy: str | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
     # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an
@@ -176,7 +173,8 @@ class KronkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_path: Path = Field(default_factory=default_base_path)
-    default_model: str = DEFAULT_MODEL_ID
+    # Unset: the default model a plugin's package ships (`kronk_packaged_models`).
+    default_model: str | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     plugins: PluginSelection = Field(default_factory=PluginSelection)
     queue_wait_seconds: Annotated[float, Field(ge=0.0)] = 30.0

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from kronk_core.backend import ModelInfo, TextModel
 from kronk_core.config import ModelConfig
+from kronk_core.registry import RegistryKind
 from kronk_core.types import SamplingParams, TokenDistribution
 
 
@@ -69,3 +70,6 @@ class DraftStrategyFactory(Protocol):
     def __call__(
         self, *, model_config: ModelConfig, model_info: ModelInfo, model: TextModel
     ) -> DraftStrategy: ...
+
+
+DRAFT_STRATEGIES: RegistryKind[DraftStrategyFactory] = RegistryKind("draft_strategies")

@@ -31,23 +31,15 @@ from dataclasses import dataclass, field, replace
 from kronk_core.backend import Batch, MediaModel, Sampler, TextModel
 from kronk_core.detok import StopMatcher, Utf8Stream
 from kronk_core.drafts import Draft, DraftStrategy
-from kronk_core.errors import EngineClosedError, KronkError, QueueFullError
+from kronk_core.errors import BackendLostError, EngineClosedError, KronkError, QueueFullError
 from kronk_core.events import RequestRecord, new_request_id, request_scope
+from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
 from kronk_core.media import MediaSpan, cut_point
 from kronk_core.media_encoder import Encoding, MediaEncoder
 from kronk_core.sampling import SamplerStage
 from kronk_core.slots import CacheCounters, CacheStrategy, Slot
 from kronk_core.speculation import Speculating, Speculation
-from kronk_core.types import (
-    EngineEvent,
-    Finished,
-    FinishReason,
-    GenerationRequest,
-    SamplingParams,
-    TextChunk,
-    TokenLogprob,
-    Usage,
-)
+from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +267,7 @@ class Engine:
         self._overlap = model.info.overlap_decode
         self._delivering: list[_Job] = []  # jobs with undelivered tokens, in order
         self._stopping = False
+        self._lost: BackendLostError | None = None  # why the engine stopped on its own
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
         self._generated = 0
@@ -294,7 +287,8 @@ class Engine:
         `request_id` names it in log lines and its RequestRecord (default: a new id).
         """
         if not self.alive:
-            raise EngineClosedError(f"the engine of {self.model.info.id} is not running")
+            closed = EngineClosedError(f"the engine of {self.model.info.id} is not running")
+            raise self._lost or closed
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
         job.request_id = request_id or job.request_id
@@ -425,6 +419,12 @@ class Engine:
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                 self._outbox.flush()
+        except BackendLostError as exc:
+            log.error("engine for %s stopped: %s", self.model.info.id, exc.message)
+            self._lost = exc
+            for job in self._active:
+                job.slot = None  # its cache strategy must not touch the model's memory now
+            self._shutdown_jobs(exc)
         except Exception:
             log.exception("engine for %s crashed", self.model.info.id)
             self._shutdown_jobs(KronkError("the inference engine failed; see the server log"))
@@ -535,7 +535,10 @@ class Engine:
                 draft = drafts.get(job.slot.id)
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
                 parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
-        budget = self.n_batch - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
+        # A step with drafts stays within what speculation allows (one placement with a
+        # sliding window); drafts are only made when the waiting prompts fit beside them.
+        limit = self._speculation.step_cap if drafts and self._speculation else self.n_batch
+        budget = limit - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         generated = len(parts)
         media: list[_MediaPart] = []
         failed: list[_Job] = []
@@ -602,6 +605,8 @@ class Engine:
                 model.decode_media(
                     part.encoding.embeddings, part.offset, part.count, part.start, slot.seq_id
                 )
+            except BackendLostError:
+                raise
             except Exception as exc:
                 self.model.seq_remove(slot.seq_id, len(slot.tokens), -1)
                 self._fail(job, self._unexpected(exc, "decoding media"))
@@ -625,6 +630,8 @@ class Engine:
             if self._speculation is not None:
                 device = time.perf_counter() - started - delivering
                 self._speculation.decoded(*_rows(parts), device)
+        except BackendLostError:
+            raise  # nothing more can run on this model: the engine stops
         except Exception as caught:
             self._deliver_all()
             exc = self._unexpected(caught, "a decode")
@@ -678,7 +685,7 @@ class Engine:
                 generating.append(item)
             elif job.prefilling:
                 prefill += len(job.request.prompt_tokens) - job.next_prompt_index
-        return self._speculation.drafts(generating, min(prefill, self.n_batch - len(generating)))
+        return self._speculation.drafts(generating, prefill)
 
     def _decode(self, parts: Sequence[_Part]) -> None:
         batch = Batch()

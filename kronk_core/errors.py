@@ -81,6 +81,14 @@ class InsufficientMemoryError(ModelLoadError):
     code = "insufficient_memory"
 
 
+class BackendUnavailableError(ModelLoadError):
+    """A device the model is placed on cannot be reached now (a llama.cpp RPC worker that is
+    down or serving another client): the load is refused; it may succeed once it runs."""
+
+    status = 503
+    code = "backend_unavailable"
+
+
 class TemplateError(InvalidRequestError):
     """The chat template failed to render these messages."""
 
@@ -152,6 +160,13 @@ class UnavailableError(KronkError):
 
 class EngineClosedError(UnavailableError):
     """The engine was shut down while the request was queued or running."""
+
+
+class BackendLostError(UnavailableError):
+    """A device the model runs on is gone (a llama.cpp RPC worker stopped): its engine stops,
+    and the model cannot run again in this process."""
+
+    code = "backend_lost"
 
 
 class KVCacheFullError(KronkError):

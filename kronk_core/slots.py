@@ -8,7 +8,9 @@ from typing import Protocol
 
 from kronk_core.backend import ModelInfo, TextModel
 from kronk_core.config import ModelConfig
-from kronk_core.types import ChatMessage, GenerationRequest
+from kronk_core.generation import GenerationRequest
+from kronk_core.registry import RegistryKind
+from kronk_core.types import ChatMessage
 
 
 @dataclass(slots=True)
@@ -129,3 +131,6 @@ class CacheStrategyFactory(Protocol):
     """What `kronk_register_cache_strategies` registers: one strategy per model load."""
 
     def __call__(self, *, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy: ...
+
+
+CACHE_STRATEGIES: RegistryKind[CacheStrategyFactory] = RegistryKind("cache_strategies")

@@ -101,6 +101,12 @@ class Speculation:
         self._model = model
         self._strategy = strategy
         self._n_batch = n_batch
+        info = model.info
+        # The most tokens a step with drafts may decode. With a sliding window, a decode
+        # placed in pieces lets a later piece take window cells that a drafted sequence
+        # needs to drop its rejected tokens exactly (llama.cpp reuses a cell that left the
+        # window of its sequence's newest position): such a step is one piece.
+        self.step_cap = min(n_batch, info.n_ubatch) if info.n_swa and info.n_ubatch else n_batch
         self._requests = [_Request() for _ in range(model.info.n_seq_max)]
         self.policy = DraftPolicy(
             model.info.n_seq_max, strategy.ndraft, adaptive=strategy.adaptive
@@ -114,13 +120,16 @@ class Speculation:
     # ---- before the decode -------------------------------------------------------
 
     def drafts(self, generating: Sequence[Speculating], prefill: int) -> dict[int, Draft]:
-        """Draft tokens by slot id for this step; `prefill` prompt tokens join the decode."""
+        """Draft tokens by slot id for this step; `prefill` prompt tokens wait to join the
+        decode. Where `step_cap` is below n_batch, none when the prompts would not leave
+        room for a draft: they go first, in a step as large as ever."""
         for item in generating:
             self._track(item)
-        if not self.enabled:
+        room = self.step_cap - len(generating)
+        if not self.enabled or (self.step_cap < self._n_batch and prefill >= room):
             return {}
         wishes = [Wish(item.slot.id, item.room) for item in generating]
-        lengths = self.policy.plan(wishes, prefill, self._n_batch)
+        lengths = self.policy.plan(wishes, min(prefill, room), self.step_cap)
         requests = [
             DraftRequest(
                 slot_id=item.slot.id,

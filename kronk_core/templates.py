@@ -8,6 +8,7 @@ from typing import Protocol
 
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
+from kronk_core.registry import RegistryKind
 from kronk_core.types import ChatDelta, ChatMessage, StructuredOutput, ToolChoice, ToolSpec
 
 TemplateValue = str | int | float | bool | None
@@ -80,3 +81,8 @@ class TemplateProcessorFactory(Protocol):
     def __call__(
         self, *, model_config: ModelConfig, model_info: ModelInfo
     ) -> TemplateProcessor: ...
+
+
+TEMPLATE_PROCESSORS: RegistryKind[TemplateProcessorFactory] = RegistryKind(
+    "template_processors"
+)

@@ -14,8 +14,6 @@ from pathlib import Path
 
 from gguf_output import main
 
-from kronk_core.models import gemma_model_path
-
 GEMMA_DRAFT = "gemma-3-270m-q4_0.gguf"
 
 
@@ -25,6 +23,7 @@ def make_gemma_draft(path: Path, ftype: int | None = None) -> Path:
     import llama_cpp
 
     from kronk_llamacpp.library import ensure_initialised
+    from kronk_llamacpp.packaged import gemma_model_path
 
     ensure_initialised()
     path = Path(path)

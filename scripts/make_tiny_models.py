@@ -17,8 +17,6 @@ import gguf
 import numpy as np
 from gguf_output import gguf_writer, main
 
-from kronk_core.models import gemma_model_path
-
 TINY_LLAMA = "tiny-llama.gguf"
 
 # Small enough that the 262,144-token embedding (f16) stays around 32 MB.
@@ -35,7 +33,10 @@ def gemma_gguf_path() -> Path:
 
     Kronk's own default-model helper is reused so the script shares its cache
     (~/.cache/kronk/models) and assembles the file from its PyPI package only on first use.
+    Imported here: the test suite's core session imports this script without any plugin.
     """
+    from kronk_llamacpp.packaged import gemma_model_path
+
     return gemma_model_path()
 
 

@@ -23,13 +23,14 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS, cache_dir, gemma_model_path
+from kronk_core.models import cache_dir
 
 # The generator scripts are not a package: import them from their folder; the tests' own
 # helpers (file_server.py) from theirs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_minilm import minilm_gguf
+from fuzzing import FuzzBudget, fuzz_seconds
 from gguf_output import cached
 from make_draft_model import GEMMA_DRAFT, make_gemma_draft
 from make_tiny_models import make_tiny_llama, make_tiny_llama_split
@@ -47,10 +48,45 @@ from make_tiny_reranker import tiny_reranker_gguf
 # Generated test models are cached across sessions, like the default model.
 TEST_MODELS = cache_dir() / "test-models"
 
+FUZZ_BUDGET = pytest.StashKey[FuzzBudget]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Exploring (KRONK_FUZZ_SECONDS set): share the budget among the selected fuzz tests."""
+    seconds = fuzz_seconds()
+    tests = sum(1 for item in session.items if item.get_closest_marker("fuzz"))
+    if seconds is not None and tests:
+        session.config.stash[FUZZ_BUDGET] = FuzzBudget(seconds, tests)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    budget = config.stash.get(FUZZ_BUDGET, None)
+    if budget is not None:
+        terminalreporter.write_line(budget.summary())
+
+
+@pytest.fixture
+def explore(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], None]:
+    """Runs a fuzz test's Hypothesis test: once (its corpus), or, when exploring, round after
+    round until the test's share of KRONK_FUZZ_SECONDS is spent (tests/fuzzing.py)."""
+    assert request.node.get_closest_marker("fuzz"), "explore is for tests marked fuzz"
+    budget = request.config.stash.get(FUZZ_BUDGET, None)
+    if budget is None:
+        return lambda run: run()
+    return budget.explore
+
+
+def packaged() -> Any:
+    """The llamacpp plugin's packaged models, imported when a fixture needs them: the core
+    session (nox -s core) loads this file without any plugin installed."""
+    from kronk_llamacpp import packaged as models
+
+    return models
+
 
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
-    return str(gemma_model_path())
+    return str(packaged().gemma_model_path())
 
 
 # The default model again, with the Incremental Message Cache on (loaded on first use).
@@ -151,8 +187,9 @@ def kronk(
     allowed, for the `dimensions` tests), "minilm-plain" (not allowed) and
     "tiny-reranker", loaded on first use.
     """
+    gemma = packaged()
     imc = {
-        **GEMMA_MODEL_SETTINGS,
+        **gemma.GEMMA_MODEL_SETTINGS,
         "model_path": gemma_path,
         "context_window": 4096,
         "n_seq_max": 2,
@@ -160,15 +197,15 @@ def kronk(
     }
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-home"),
-        default_model=GEMMA_MODEL_ID,
+        default_model=gemma.GEMMA_MODEL_ID,
         queue_wait_seconds=2.0,
         models_in_cache=5,
         models={
             # A small queue (8 places) that the 429 test can fill; one token per slot and
             # step, which the engine tests count (speculation: tests/test_speculative.py).
-            GEMMA_MODEL_ID: ModelConfig.model_validate(
+            gemma.GEMMA_MODEL_ID: ModelConfig.model_validate(
                 {
-                    **GEMMA_MODEL_SETTINGS,
+                    **gemma.GEMMA_MODEL_SETTINGS,
                     "cache": "none",
                     "queue_depth": 2,
                     "draft_strategy": "none",

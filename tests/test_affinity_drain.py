@@ -15,7 +15,8 @@ import httpx
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.affinity import derive_session
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer, Serve

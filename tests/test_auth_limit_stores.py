@@ -19,15 +19,17 @@ import pytest
 import redis
 from click.testing import CliRunner
 from litestar import get
+from litestar.config.app import AppConfig
+from litestar.testing import TestClient
 
 from kronk_api import ServerSettings, create_app
+from kronk_api.auth import TOKEN_CHECKER
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.errors import ConfigError
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RedisServer, Serve
@@ -101,8 +103,8 @@ class CountedRoute:
     """A limited endpoint that needs no model."""
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> list[Any]:
-        return [counted]
+    def kronk_app(self, app_config: AppConfig) -> None:
+        app_config.route_handlers.append(counted)
 
 
 def test_sqlite_store_at_a_path_of_its_own(tmp_path: Path, serve: Serve) -> None:
@@ -308,8 +310,8 @@ class MemoryStorePlugin:
         register("memory", self.open)
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> list[Any]:
-        return [counted]
+    def kronk_app(self, app_config: AppConfig) -> None:
+        app_config.route_handlers.append(counted)
 
 
 def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> None:
@@ -324,7 +326,7 @@ def test_a_plugin_store_answers_for_its_scheme(tmp_path: Path, serve: Serve) -> 
     app = create_app(settings, kronk=kronk)
     with serve(app) as base_url:
         # One month for all three calls, whenever the test runs.
-        app.state[STATE_KEY].clock = lambda: datetime(2031, 3, 31, 23, 59, tzinfo=UTC)
+        app.state[TOKEN_CHECKER].clock = lambda: datetime(2031, 3, 31, 23, 59, tzinfo=UTC)
         statuses = [
             httpx.get(f"{base_url}/probe/counted", headers=bearer(token)).status_code
             for _ in range(3)
@@ -343,7 +345,7 @@ def test_an_unregistered_store_scheme_stops_the_server(tmp_path: Path) -> None:
         base_path=tmp_path, sections={"auth-jwt": {"enabled": True, "limit_store": "nope://x"}}
     )
     app = create_app(settings, kronk=kronk)
-    with pytest.raises(ConfigError) as info:  # raised from startup, the server does not start
-        kronk.hook.kronk_startup(kronk=kronk, app=app)
-    assert info.value.key == "auth-jwt.limit_store"
-    assert "'nope'" in str(info.value) and "redis" in str(info.value)
+    # Raised from the plugin's lifespan: the server does not start.
+    with pytest.raises(BaseExceptionGroup) as info, TestClient(app):
+        pass
+    assert info.group_contains(ConfigError, match=r"^auth-jwt\.limit_store: .*'nope'.*redis")

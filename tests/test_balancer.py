@@ -1,4 +1,5 @@
-"""Two Kronk servers behind HAProxy (deploy/haproxy.cfg as shipped), on loopback.
+"""Two Kronk servers behind HAProxy (deploy/haproxy.cfg) or nginx (deploy/nginx.conf), as
+shipped, on loopback.
 
 One auth service (its limit store on Redis) checks both replicas' tokens; the
 replicas share one host_cache_dir. A conversation that sends X-Kronk-Session stays
@@ -24,16 +25,42 @@ import httpx
 import pytest
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import Serve
 
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
-pytestmark = pytest.mark.skipif(
-    HAPROXY is None, reason="haproxy is not installed (nox -s tests installs Debian's haproxy)"
-)
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+BALANCERS = [
+    pytest.param(
+        "haproxy",
+        marks=pytest.mark.skipif(
+            HAPROXY is None, reason="haproxy is not installed (nox -s tests installs Debian's)"
+        ),
+    ),
+    pytest.param(
+        "nginx",
+        marks=pytest.mark.skipif(
+            NGINX is None, reason="nginx is not installed (nox -s tests installs Debian's)"
+        ),
+    ),
+]
+# nginx's main context around the shipped http-context file, with every path in the
+# test's folder (Debian's nginx.conf has the same shape: logs, temp files, an include).
+NGINX_MAIN = """worker_processes 1;
+error_log {root}/error.log;
+pid {root}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+    access_log {root}/access.log;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    include {config};
+}}
+"""
 
 CHAT = "/v1/chat/completions"
 # Longer than cache_min_tokens (100), so the conversation is worth storing and restoring.
@@ -103,8 +130,43 @@ def _start_replica(base: Path, models_file: Path, service_host: str, port: int) 
     return Replica(f"http://{host}", host, process, log)
 
 
-@pytest.fixture(scope="module")
+def _shipped(name: str, listen: str, replicas: list[Replica]) -> str:
+    config = (ROOT / "deploy" / name).read_text(encoding="utf-8")
+    for placeholder, value in (
+        ("LISTEN", listen),
+        ("REPLICA_A", replicas[0].host),
+        ("REPLICA_B", replicas[1].host),
+    ):
+        config = config.replace("{{" + placeholder + "}}", value)
+    return config
+
+
+def _start_balancer(
+    kind: str, root: Path, listen: str, replicas: list[Replica]
+) -> subprocess.Popen[bytes]:
+    """HAProxy or nginx in the foreground, with the shipped configuration."""
+    folder = root / kind
+    folder.mkdir()
+    if kind == "haproxy":
+        config_file = folder / "haproxy.cfg"
+        config_file.write_text(_shipped("haproxy.cfg", listen, replicas), encoding="utf-8")
+        assert HAPROXY is not None
+        command = [HAPROXY, "-db", "-f", str(config_file)]
+    else:
+        shipped = folder / "kronk.conf"
+        shipped.write_text(_shipped("nginx.conf", listen, replicas), encoding="utf-8")
+        main = folder / "nginx.conf"
+        main.write_text(NGINX_MAIN.format(root=folder, config=shipped), encoding="utf-8")
+        assert NGINX is not None
+        command = [NGINX, "-p", str(folder), "-e", str(folder / "error.log"), "-c", str(main)]
+        command += ["-g", "daemon off;"]
+    with (folder / "output.log").open("wb") as sink:
+        return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module", params=BALANCERS)
 def cluster(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     serve: Serve,
     redis_url: str,
@@ -134,34 +196,21 @@ def cluster(
             _start_replica(root / name, models_file, service_host, port_finder())
             for name in ("r1", "r2")
         ]
-        haproxy = None
+        balancer_process = None
         try:
             for replica in replicas:
                 _wait(lambda r=replica: _status(r.url + "/v1/readiness") == 200, r"readiness")
             listen = f"127.0.0.1:{port_finder()}"
-            config = (ROOT / "deploy" / "haproxy.cfg").read_text(encoding="utf-8")
-            for name, value in (
-                ("LISTEN", listen),
-                ("REPLICA_A", replicas[0].host),
-                ("REPLICA_B", replicas[1].host),
-            ):
-                config = config.replace("{{" + name + "}}", value)
-            config_file = root / "haproxy.cfg"
-            config_file.write_text(config, encoding="utf-8")
-            assert HAPROXY is not None
-            with (root / "haproxy.log").open("wb") as sink:
-                haproxy = subprocess.Popen(
-                    [HAPROXY, "-db", "-f", str(config_file)], stdout=sink, stderr=subprocess.STDOUT
-                )
+            balancer_process = _start_balancer(request.param, root, listen, replicas)
             balancer = f"http://{listen}"
-            _wait(lambda: _status(balancer + "/v1/readiness") == 200, "haproxy")
-            time.sleep(2.5)  # both replicas pass `rise 2` health checks
+            _wait(lambda: _status(balancer + "/v1/readiness") == 200, request.param)
+            time.sleep(2.5)  # HAProxy: both replicas pass `rise 2` health checks
             admin = (service_base / "keys" / "master.jwt").read_text()
             yield Cluster(service, admin, balancer, {r.host: r for r in replicas}, shared)
         finally:
-            if haproxy is not None:
-                haproxy.terminate()
-                haproxy.wait(timeout=10)
+            if balancer_process is not None:
+                balancer_process.terminate()
+                balancer_process.wait(timeout=10)
             for replica in replicas:
                 if replica.process.poll() is None:
                     replica.process.kill()
@@ -213,7 +262,9 @@ def test_a_conversation_sticks_to_a_replica_and_survives_its_death(cluster: Clus
     assert list(cluster.shared_dir.rglob("*.tokens"))
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(timeout=30)
-    time.sleep(2.5)  # HAProxy's health check (inter 1s, fall 1) marks it down
+    # HAProxy's health check (inter 1s, fall 1) marks it down; nginx finds it out when the
+    # next request's connection is refused, and passes it to the other replica.
+    time.sleep(2.5)
 
     messages.append({"role": "user", "content": QUESTIONS[2]})
     answer = _chat(cluster.balancer, messages, headers)

@@ -1,33 +1,45 @@
-"""Message caching on the real default model: correctness against cold runs, and the scenarios."""
+"""Message caching on the real chat models: correctness against cold runs, and the scenarios.
+
+What is about the cache runs on both Gemma 3 270M (a base model with a sliding window) and
+SmolLM2-135M-Instruct (the default: instruction-tuned, no window, ChatML from its GGUF);
+what is about a sliding window runs on Gemma.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import pickle
 import resource
 import signal
-from collections.abc import Iterator, Sequence
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from kronk_caching.host_store import HostStore, StoredConversation
-from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.engine import StepRecord
+from kronk_core.chat_stream import collect
+from kronk_core.engine import Engine, StepRecord
 from kronk_core.errors import ContextOverflowError
-from kronk_core.prompts import prepare_chat
+from kronk_core.prompts import PreparedChat, prepare_chat
 from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
 from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import default_model_path, gemma_model_path
 
-# DRY off: greedy is then a pure argmax, which the cold replay below reproduces.
+# DRY off: greedy is then a pure argmax, which the cold replay below reproduces. Each model
+# renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
 BASE = {
-    "templates": {"template": "gemma"},
     "context_window": 4096,
     "sampling": {"dry_multiplier": 0.0},
     # The cold replays decode what each engine step decoded: one token per generating slot
@@ -60,19 +72,34 @@ def user_turn(index: int) -> dict[str, str]:
 NO_HOST_TIER = {"host_cache_bytes": 0}
 
 
-def model_config(path: Path, **settings: Any) -> ModelConfig:
+def model_config(path: str | Path, **settings: Any) -> ModelConfig:
     return ModelConfig.model_validate({"model_path": path, **BASE, **settings})
 
 
+CHAT_MODELS: dict[str, Callable[[], Path]] = {
+    "gemma": gemma_model_path,
+    "smollm2": default_model_path,
+}
+
+
 @pytest.fixture(scope="module")
-def models(gemma_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
-    path = Path(gemma_path)
+def model_path(request: pytest.FixtureRequest) -> Path:
+    """The file of the model named by the test's `on_both_models` parameter."""
+    return CHAT_MODELS[request.param]()
+
+
+# A test about the cache, not the model: it runs on each of CHAT_MODELS.
+on_both_models = pytest.mark.parametrize("model_path", list(CHAT_MODELS), indirect=True)
+
+
+@pytest.fixture(scope="module")
+def models(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("kronk-caching"),
         models={
-            "cold": model_config(path, cache="none"),
-            "imc": model_config(path, n_seq_max=2, caching={"host_cache_bytes": 0}),
-            "spc": model_config(path, cache="spc", n_seq_max=2),
+            "cold": model_config(model_path, cache="none"),
+            "imc": model_config(model_path, n_seq_max=2, caching={"host_cache_bytes": 0}),
+            "spc": model_config(model_path, cache="spc", n_seq_max=2),
         },
     )
     kronk = Kronk(config)
@@ -80,9 +107,19 @@ def models(gemma_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     kronk.close()
 
 
+# Each answer's length at most (an instruction-tuned model often ends sooner).
+MAX_TOKENS = 12
+
+
 async def ask(kronk: Kronk, model: str, messages: list[dict[str, str]], **extra: Any) -> ChatResult:
     return await kronk.chat(
-        messages, model=model, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5, **extra
+        messages,
+        model=model,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        **extra,
     )
 
 
@@ -116,19 +153,23 @@ class ColdReplay:
         first = self.model.logprobs(self._index, 0, 5).top_logprobs
         return [(t.token, t.logprob) for t in first]
 
-    def generate(self, count: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
-        """Sample with `stages` (greedy unless given), one token per decode as the engine
-        does; the last token is not decoded."""
+    def generate(self, max_tokens: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
+        """Sample with `stages` (greedy unless given) as the engine does for a request of
+        `max_tokens`, one token per decode: up to an end-of-generation token (not text; the
+        token before it was decoded to sample it) or `max_tokens` tokens (the last one is
+        not decoded)."""
         sampler = self.model.new_sampler(stages)
         text = b""
         self.logprobs = []
         try:
-            for produced in range(count):
+            for produced in range(max_tokens):
                 token = sampler.sample(self._index)
+                if self.model.is_end_of_generation(token):
+                    break
                 top = self.model.logprobs(self._index, token, 5).top_logprobs
                 self.logprobs.append([(t.token, t.logprob) for t in top])
                 text += self.model.token_bytes(token)
-                if produced == count - 1:
+                if produced == max_tokens - 1:
                     break
                 batch = Batch()
                 self._index = batch.add(token, len(self.tokens), 0, True)
@@ -157,11 +198,18 @@ class ColdReplay:
         self.model.close()
 
 
+# A request BatchReplay replays: its prompt, its result, and the slot it copied its cached
+# tokens from (None: they were its own slot's).
+Start = tuple[Sequence[int], ChatResult, int | None]
+
+
 class BatchReplay:
     """A cache-less context shaped like the engine's (same slots, same KV layout) that
     decodes the batches the engine's steps decoded, built from each request's own prompt and
     its own greedy tokens. Sequences decoded in one batch round differently than alone (up
-    to ~1 nat on this model), so requests that ran at once are checked against this.
+    to ~1 nat on Gemma), and where a sequence's cells lie in the pool changes rounding too
+    (a prefix copied from another slot: up to 0.4 nats on SmolLM2 against one sequence cut
+    back), so requests that ran at once, or copied a prefix, are checked against this.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -176,12 +224,18 @@ class BatchReplay:
         self.text: dict[int, bytes] = {}
         self._greedy = self.model.new_sampler([Greedy()])
 
-    def start(self, slot: int, prompt: Sequence[int], keep: int) -> None:
-        """A request starts in `slot`: its sequence keeps `keep` tokens, as the cache said."""
+    def start(self, slot: int, prompt: Sequence[int], keep: int, donor: int | None = None) -> None:
+        """A request starts in `slot`: its sequence keeps `keep` tokens of its own, or holds
+        the first `keep` of slot `donor`'s, copied as the engine copies a shared prefix."""
         tokens = self.tokens.setdefault(slot, [])
-        assert tokens[:keep] == list(prompt[:keep])
-        self.model.seq_remove(slot, keep, -1)
-        del tokens[keep:]
+        if donor is None:
+            self.model.seq_remove(slot, keep, -1)
+            del tokens[keep:]
+        else:
+            self.model.seq_remove(slot, 0, -1)
+            self.model.seq_copy(donor, slot, 0, keep)
+            tokens[:] = self.tokens[donor][:keep]
+        assert tokens == list(prompt[:keep])
         self._prompt[slot], self._prefilled[slot] = prompt, keep
         self._pending.pop(slot, None)
         self.logprobs[slot], self.text[slot] = [], b""
@@ -214,9 +268,51 @@ class BatchReplay:
             self.text[slot] += self.model.token_bytes(token)
             self._pending[slot] = token
 
+    async def check(self, records: list[StepRecord], requests: dict[int, Start]) -> None:
+        """Decode the engine's steps, each request (by its slot) starting right before its
+        slot's first prefill, where the engine admitted it, keeping what the cache said;
+        then every answer and log-prob is the replay's."""
+        # The engine reports a step after it handed out the answers the step finished.
+        await wait_until(
+            lambda: all(
+                recorded(records, slot) >= decoded_tokens(result)
+                for slot, (_, result, _) in requests.items()
+            )
+        )
+        starts = dict(requests)
+        for record in records:
+            for slot in record.prefilling:
+                if slot in starts:
+                    prompt, result, donor = starts.pop(slot)
+                    self.start(slot, prompt, result.usage.cached_tokens, donor)
+            self.step(record)
+        assert not starts, starts
+        for slot, (_, result, _) in requests.items():
+            assert self.text[slot].decode() == result.content
+            assert_same_logprobs(result, self.logprobs[slot])
+
     def close(self) -> None:
         self._greedy.close()
         self.model.close()
+
+
+def decoded_tokens(result: ChatResult) -> int:
+    """What a request decoded into its slot (no drafts): the prompt past what was cached,
+    and its answer, but for the last token of an answer cut at max_tokens."""
+    answer = result.usage.completion_tokens - (result.finish_reason is FinishReason.length)
+    return result.usage.prompt_tokens - result.usage.cached_tokens + answer
+
+
+def recorded(records: Sequence[StepRecord], slot: int) -> int:
+    return sum(r.generating.get(slot, 0) + r.prefilling.get(slot, 0) for r in records)
+
+
+def step_records(engine: Engine) -> list[StepRecord]:
+    """The records of the engine's steps from now on, for as long as it runs (it reports a
+    step after handing out the answers the step finished: BatchReplay.check waits)."""
+    records: list[StepRecord] = []
+    engine.add_step_listener(records.append)
+    return records
 
 
 def assert_same_first_token(
@@ -249,6 +345,51 @@ def assert_same_logprobs(
             assert abs(mine[token] - other[token]) < tolerance, (position, mine, other)
 
 
+# How close a one-chunk cold run's two best picks may be where a cached answer parts from
+# it. Other decode layouts moved SmolLM2's log-probs by up to 0.42 nats (the cells a copied
+# prefix's rest lands in); where its answers parted, the cold run's picks were 0.03 to 0.18
+# nats apart (batched with other requests, copied, ten turns).
+NEAR_TIE = 0.5
+
+
+def assert_same_text_or_a_near_tie(
+    kronk: Kronk, model: str, result: ChatResult, cold: ChatResult
+) -> None:
+    """The greedy answer is a one-chunk cold run's, or parts from it only where the cold
+    run nearly ties: there it ranks the cached answer's pick (an end of the answer, where
+    that ended first) within NEAR_TIE nats of its own. A cache that kept or placed wrong
+    tokens parts where the cold run is sure. (The cache's exactness is the replays' to
+    prove: this checks that a replay and the cache are not wrong alike.)"""
+    loaded = kronk.get_loaded(model)
+    assert loaded is not None
+
+    def ends(piece: str) -> bool:
+        tokens = loaded.model.tokenize(piece, add_special=False, parse_special=True)
+        return len(tokens) == 1 and loaded.model.is_end_of_generation(tokens[0])
+
+    for position in range(max(len(result.logprobs), len(cold.logprobs))):
+        ours = result.logprobs[position] if position < len(result.logprobs) else None
+        theirs = cold.logprobs[position] if position < len(cold.logprobs) else None
+        if ours is not None and theirs is not None and ours.token == theirs.token:
+            continue
+        # Where they part, by the log-probs of the run that went on (the cold one if both).
+        went_on = theirs or ours
+        assert went_on is not None
+        picks = {t.token: t.logprob for t in went_on.top_logprobs}
+        other = ours if went_on is theirs else theirs
+        if other is not None:
+            rival = picks.get(other.token)
+        else:  # the other answer ended here
+            rival = max((lp for token, lp in picks.items() if ends(token)), default=None)
+        assert rival is not None and went_on.logprob - rival < NEAR_TIE, (
+            position,
+            result.content,
+            cold.content,
+            picks,
+        )
+        return
+
+
 def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
     loaded = kronk.get_loaded(model)
     assert loaded is not None
@@ -256,6 +397,7 @@ def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[
     return loaded.render(request.messages, kronk.render_options(request))
 
 
+@on_both_models
 @pytest.mark.parametrize("strategy", ["imc", "spc"])
 async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     messages = [{"role": "system", "content": SYSTEM}]
@@ -273,9 +415,9 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
                 replay.prefill(prompt_of(models, strategy, messages[:2]), 0)
             reference = replay.prefill(prompt, cached.usage.cached_tokens)
             assert_same_first_token(cached, reference)
-            assert replay.generate(cached.usage.completion_tokens) == cached.content
+            assert replay.generate(MAX_TOKENS) == cached.content
             assert_same_logprobs(cached, replay)
-            assert cached.content == cold.content
+            assert_same_text_or_a_near_tie(models, strategy, cached, cold)
             assert cold.usage.cached_tokens == 0
             if turn == 0:
                 assert cached.usage.cached_tokens == 0
@@ -289,14 +431,15 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     finally:
         replay.close()
     counters = models.load(strategy).engine.cache_counters()
-    assert counters.hits >= 9 and counters.rebuilds >= 1
+    # A partial hit cut only the last answer, re-rendered by the client into other tokens
+    # (everything up to the previous prompt was kept, as checked each turn).
+    assert counters.hits + counters.partial_hits >= 9 and counters.rebuilds >= 1
 
 
-def fresh(gemma_path: str, tmp_path: Path, **settings: Any) -> Kronk:
+def fresh(path: str | Path, tmp_path: Path, **settings: Any) -> Kronk:
+    """A Kronk serving the model at `path` as "m" (two slots unless `settings` say)."""
     settings = {"n_seq_max": 2, **settings}
-    config = KronkConfig(
-        base_path=tmp_path, models={"m": model_config(Path(gemma_path), **settings)}
-    )
+    config = KronkConfig(base_path=tmp_path, models={"m": model_config(path, **settings)})
     kronk = Kronk(config)
     kronk.load("m")
     return kronk
@@ -322,8 +465,9 @@ def continued(messages: list[dict[str, str]], answer: ChatResult) -> list[dict[s
     return [*messages, {"role": "assistant", "content": answer.content}, user_turn(turn)]
 
 
-async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path) -> None:
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
+@on_both_models
+async def test_build_extend_hit_edit_and_rebuild(model_path: Path, tmp_path: Path) -> None:
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER)
     try:
         first = await ask(kronk, "m", conversation(SYSTEM, 1))
         assert first.usage.cached_tokens == 0
@@ -350,6 +494,13 @@ async def test_build_extend_hit_edit_and_rebuild(gemma_path: str, tmp_path: Path
 def slot_holding(kronk: Kronk, prefix_of: list[int]) -> list[int]:
     engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
     return [slot.id for slot in engine.slots if slot.tokens[:50] == prefix_of[:50]]
+
+
+def slot_of(kronk: Kronk, prompt: list[int]) -> int:
+    """The slot that answered this prompt last (its tokens begin with all of it)."""
+    engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+    (slot,) = [slot.id for slot in engine.slots if slot.tokens[: len(prompt)] == prompt]
+    return slot
 
 
 async def prompt_tokens(kronk: Kronk, messages: list[dict[str, str]]) -> list[int]:
@@ -418,6 +569,7 @@ async def test_simultaneous_new_conversations_get_different_slots(
         kronk.close()
 
 
+@on_both_models
 async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: Kronk) -> None:
     """The "tart" case: what the client sends back is not what the model generated."""
     # A system prompt of its own: sharing the other tests' prefix would copy it from their
@@ -429,23 +581,24 @@ async def test_rerendered_assistant_turn_differs_from_generated_tokens(models: K
     messages.append(user_turn(1))
     cached = await ask(models, "imc", messages)
     cold = await ask(models, "cold", messages)
-    assert cached.content == cold.content
+    assert_same_text_or_a_near_tie(models, "imc", cached, cold)
     assert 100 < cached.usage.cached_tokens < cached.usage.prompt_tokens
     # The slot was cut where the re-rendered answer left the generated tokens.
     assert cached.usage.cached_tokens < first.usage.prompt_tokens + first.usage.completion_tokens
 
 
-async def test_a_cut_conversation_matches_a_cold_replay(gemma_path: str, tmp_path: Path) -> None:
+@on_both_models
+async def test_a_cut_conversation_matches_a_cold_replay(model_path: Path, tmp_path: Path) -> None:
     """The slot is cut where the re-rendered answer leaves the generated tokens; a replay of
     the slot's decodes (the first turn, its answer token by token), cut at the same place,
     gives the same log-probs at every position."""
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
-    replay = ColdReplay(model_config(Path(gemma_path)))
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
+    replay = ColdReplay(model_config(model_path))
     try:
         messages = [{"role": "system", "content": AGENT_SYSTEMS[2]}, user_turn(0)]
         first = await ask(kronk, "m", messages)
         replay.prefill(await prompt_tokens(kronk, messages), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         assert_same_logprobs(first, replay)
         messages.append({"role": "assistant", "content": "  " + first.content.upper() + "\n\n"})
         messages.append(user_turn(1))
@@ -458,31 +611,32 @@ async def test_a_cut_conversation_matches_a_cold_replay(gemma_path: str, tmp_pat
         )
         reference = replay.prefill(await prompt_tokens(kronk, messages), cut.usage.cached_tokens)
         assert_same_first_token(cut, reference)
-        assert replay.generate(cut.usage.completion_tokens) == cut.content
+        assert replay.generate(MAX_TOKENS) == cut.content
         assert_same_logprobs(cut, replay)
     finally:
         replay.close()
         kronk.close()
 
 
+@on_both_models
 async def test_host_tier_on_disk_survives_restart_and_checks_config(
-    gemma_path: str, tmp_path: Path
+    model_path: Path, tmp_path: Path
 ) -> None:
     disk = tmp_path / "kv"
     settings = {"caching": {"host_cache_dir": disk, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
-    kronk = fresh(gemma_path, tmp_path, **settings)
+    kronk = fresh(model_path, tmp_path, **settings)
     try:
         await ask(kronk, "m", conversation(AGENT_SYSTEMS[0], 1))
         await ask(kronk, "m", conversation(AGENT_SYSTEMS[1], 1))  # evicts agent 0 to disk
     finally:
         kronk.close()
-    restarted = fresh(gemma_path, tmp_path, **settings)
+    restarted = fresh(model_path, tmp_path, **settings)
     try:
         back = await ask(restarted, "m", conversation(AGENT_SYSTEMS[0], 2))
         assert back.usage.cached_tokens > 100
     finally:
         restarted.close()
-    other_layout = fresh(gemma_path, tmp_path, **settings, context_window=2048)
+    other_layout = fresh(model_path, tmp_path, **settings, context_window=2048)
     try:
         back = await ask(other_layout, "m", conversation(AGENT_SYSTEMS[0], 2))
         assert back.usage.cached_tokens == 0
@@ -494,9 +648,30 @@ async def test_context_overflow_trim_drops_oldest_messages(gemma_path: str, tmp_
     kronk = fresh(gemma_path, tmp_path, context_window=512, context_overflow="trim")
     try:
         long = conversation("Be brief.", 12)
-        result = await kronk.chat(long, model="m", max_tokens=32, temperature=0)
+        stream = await kronk.start_chat(
+            kronk.chat_request(long, model="m", max_tokens=32, temperature=0)
+        )
+        prompt = stream.prompt_text
+        result = await collect(stream)
         assert result.usage.dropped_tokens > 0
         assert result.usage.prompt_tokens + 32 <= 512
+        # The system message stays, and so does the question; the turns that went are the
+        # oldest ones, and no more of them than had to go.
+        assert prompt.index("Be brief.") < prompt.index(long[-1]["content"])
+        present = [message["content"] in prompt for message in long[1:]]
+        dropped = present.index(True)
+        assert dropped > 0 and all(present[dropped:])
+        loaded = kronk.get_loaded("m")
+        assert loaded is not None
+
+        def prepared(messages: list[dict[str, str]]) -> PreparedChat:
+            request = kronk.chat_request(messages, model="m", max_tokens=32)
+            return prepare_chat(loaded, request, PromptScope())
+
+        kept = prepared([long[0], *long[1 + dropped :]])
+        assert (kept.prompt_text, kept.dropped_tokens) == (prompt, 0)
+        assert len(kept.generation.prompt_tokens) == result.usage.prompt_tokens
+        assert prepared([long[0], *long[dropped:]]).dropped_tokens > 0  # one more: no room
     finally:
         kronk.close()
 
@@ -532,6 +707,7 @@ async def test_context_overflow_trim_keeps_the_turn_a_continued_message_answers(
         kronk.close()
 
 
+@on_both_models
 async def test_spc_reuses_the_only_system_prompt_for_requests_without_one(models: Kronk) -> None:
     # The first request leaves SYSTEM as the only system prompt known to "spc".
     with_system = await ask(models, "spc", [{"role": "system", "content": SYSTEM}, user_turn(3)])
@@ -580,7 +756,7 @@ def replay_turns(
     for turn_prompt, turn_result in history:
         replay.prefill(turn_prompt, turn_result.usage.cached_tokens)
         if len(turn_prompt) < up_to:
-            assert replay.generate(turn_result.usage.completion_tokens) == turn_result.content
+            assert replay.generate(MAX_TOKENS) == turn_result.content
 
 
 async def test_sliding_window_cut_back_through_a_checkpoint(
@@ -616,7 +792,7 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
-        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert replay.generate(MAX_TOKENS) == result.content
         assert result.content == (await ask(cold, "m", edited)).content
     finally:
         replay.close()
@@ -655,7 +831,7 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
                 replay.move_cells()  # restored: its cells lie elsewhere, as in the slot
             reference = replay.prefill(prompt, result.usage.cached_tokens)
             assert_same_first_token(result, reference)
-            assert replay.generate(result.usage.completion_tokens) == result.content
+            assert replay.generate(MAX_TOKENS) == result.content
             assert_same_logprobs(result, replay)
             previous = len(prompt)
             b.append({"role": "assistant", "content": result.content})
@@ -698,56 +874,63 @@ async def test_a_stored_conversation_is_cut_back_through_its_stored_checkpoint(
         replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
-        assert replay.generate(result.usage.completion_tokens) == result.content
+        assert replay.generate(MAX_TOKENS) == result.content
         assert_same_logprobs(result, replay)
     finally:
         replay.close()
         restarted.close()
 
 
-@pytest.mark.parametrize("repeats", [1, 5], ids=["short-prefix", "prefix-beyond-window"])
+@on_both_models
+@pytest.mark.parametrize("repeats", [1, 5], ids=["short-prefix", "long-prefix"])
 async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
-    gemma_path: str, tmp_path: Path, repeats: int
+    model_path: Path, tmp_path: Path, repeats: int
 ) -> None:
     """Two agents of one tool: the second one's system prompt comes from the first one's slot.
 
-    A prefix of ~1,500 tokens outgrows the two slots' window cache (1,536
-    cells): the copy must bring the window cells the next token attends to.
+    On Gemma a prefix of ~1,500 tokens outgrows the two slots' window cache (1,536
+    cells): the copy must bring the window cells the next token attends to. Both answers
+    are a cache-less replay's of the engine's batches, the second one's after a copy of
+    the first one's prefix (where the copy's cells lie changes rounding).
     """
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER)
-    replay = ColdReplay(model_config(Path(gemma_path)))
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER)
+    loaded = kronk.load("m")
+    assert isinstance(loaded, LoadedModel)
+    replay = BatchReplay(loaded.config)
     try:
         first = [{"role": "system", "content": SYSTEM * repeats}, user_turn(0)]
         second = [{"role": "system", "content": SYSTEM * repeats}, user_turn(5)]
-        await ask(kronk, "m", first)
+        records = step_records(loaded.engine)
+        answer = await ask(kronk, "m", first)
         copied = await ask(kronk, "m", second)
-        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
+        engine = loaded.engine
         assert sum(1 for slot in engine.slots if slot.tokens) == 2  # the first agent kept its slot
         assert engine.cache_counters().shared_prefixes == 1
         first_prompt = await prompt_tokens(kronk, first)
-        shared = common_prefix(first_prompt, await prompt_tokens(kronk, second))
+        second_prompt = await prompt_tokens(kronk, second)
+        shared = common_prefix(first_prompt, second_prompt)
         assert copied.usage.cached_tokens == shared > 100
-        # The copied cells are the first prompt's: replay that prefill, then the rest. The
-        # copy gets window cells of its own, which moves them: move the replay's the same way.
-        replay.prefill(first_prompt, 0)
-        replay.model.restore_checkpoint(0, shared, replay.model.checkpoint(0))
-        reference = replay.prefill(await prompt_tokens(kronk, second), shared)
-        # Beyond the window the copies land in other cells than the replay's (the donor's
-        # own window holds the first ones): that rounding differs by up to ~0.2 nats.
-        assert_same_first_token(copied, reference, 0.02 if repeats == 1 else 0.3)
-        assert replay.generate(copied.usage.completion_tokens) == copied.content
+        donor = slot_of(kronk, first_prompt)
+        await replay.check(
+            records,
+            {
+                donor: (first_prompt, answer, None),
+                slot_of(kronk, second_prompt): (second_prompt, copied, donor),
+            },
+        )
     finally:
         replay.close()
         kronk.close()
 
 
+@on_both_models
 async def test_split_kv_streams_copy_a_shared_prefix_exactly(
-    gemma_path: str, tmp_path: Path
+    model_path: Path, tmp_path: Path
 ) -> None:
     """`kv_unified: false`: one KV stream per slot; a shared prefix is copied as a whole
     stream, then cut back, and the copy sits in the same cells as in a cold context."""
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, llamacpp={"kv_unified": False})
-    replay = ColdReplay(model_config(Path(gemma_path)))
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, llamacpp={"kv_unified": False})
+    replay = ColdReplay(model_config(model_path))
     try:
         first = [{"role": "system", "content": SYSTEM}, user_turn(0)]
         second = [{"role": "system", "content": SYSTEM}, user_turn(5)]
@@ -763,7 +946,8 @@ async def test_split_kv_streams_copy_a_shared_prefix_exactly(
         replay.prefill(first_prompt, 0)
         reference = replay.prefill(second_prompt, shared)
         assert_same_first_token(copied, reference)
-        assert replay.generate(copied.usage.completion_tokens) == copied.content
+        assert replay.generate(MAX_TOKENS) == copied.content
+        assert_same_logprobs(copied, replay)
         # The donor's own conversation is intact: it continues from its slot.
         again = await ask(
             kronk, "m", [*first, {"role": "assistant", "content": "ok"}, user_turn(1)]
@@ -798,118 +982,210 @@ async def test_agents_sharing_a_long_prefix_keep_the_window_cache_usable(
         kronk.close()
 
 
+@on_both_models
 async def test_simultaneous_agents_prefill_their_shared_prefix_once(
-    gemma_path: str, tmp_path: Path
+    model_path: Path, tmp_path: Path
 ) -> None:
-    """Requests that arrive together wait for the one prefilling their common prefix."""
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
-    cold = fresh(gemma_path, tmp_path, cache="none", n_seq_max=1)
+    """Requests that arrive together wait for the one prefilling their common prefix, then
+    copy it: each answer is a cache-less replay's of the engine's batches and copies.
+
+    On SmolLM2 the second agent's first token is a near tie ("The" and "I", 0.18 nats
+    apart in a one-chunk cold run, 0.005 batched): in 5 of 12 runs it answered "I'm
+    glad you're here, ..." instead of the forecast, exactly as its replay does.
+    """
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
+    cold = fresh(model_path, tmp_path, cache="none", n_seq_max=1)
+    loaded = kronk.load("m")
+    assert isinstance(loaded, LoadedModel)
+    replay = BatchReplay(loaded.config)
     try:
         agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in range(3)]
+        records = step_records(loaded.engine)
         results = await asyncio.gather(*(ask(kronk, "m", agent) for agent in agents))
-        engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
-        assert engine.cache_counters().shared_prefixes == 2
+        assert loaded.engine.cache_counters().shared_prefixes == 2
         assert sorted(r.usage.cached_tokens > 100 for r in results) == [False, True, True]
+        prompts = [await prompt_tokens(kronk, agent) for agent in agents]
+        slots = [slot_of(kronk, prompt) for prompt in prompts]
+        (donor,) = [s for s, r in zip(slots, results, strict=True) if not r.usage.cached_tokens]
+        await replay.check(
+            records,
+            {
+                slot: (prompt, result, None if slot == donor else donor)
+                for slot, prompt, result in zip(slots, prompts, results, strict=True)
+            },
+        )
         for agent, result in zip(agents, results, strict=True):
-            assert result.content == (await ask(cold, "m", agent)).content
+            assert_same_text_or_a_near_tie(cold, "m", result, await ask(cold, "m", agent))
     finally:
+        replay.close()
         kronk.close()
         cold.close()
 
 
-@pytest.mark.parametrize("tier", ["ram", "disk"])
+@on_both_models
+@pytest.mark.parametrize("tier", ["ram", "disk", "disk-after-restart"])
 async def test_a_conversation_restored_from_the_host_tier_matches_a_cold_replay(
-    gemma_path: str, tmp_path: Path, tier: str
+    model_path: Path, tmp_path: Path, tier: str
 ) -> None:
-    """Evicted by two other conversations, then continued: restored from RAM, or from disk
-    (no RAM copy kept), cut where the client's re-rendered answer differs, and exact."""
+    """Evicted by two other conversations, then continued: restored from RAM, from disk (no
+    RAM copy kept), or from disk by a server started anew, cut where the client's
+    re-rendered answer differs, and exact."""
     caching: dict[str, Any] = {"host_cache_bytes": 1 << 30}
-    if tier == "disk":
+    if tier != "ram":
         caching = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}
-    kronk = fresh(gemma_path, tmp_path, caching=caching, n_seq_max=1)
-    replay = ColdReplay(model_config(Path(gemma_path)))
+    kronk = fresh(model_path, tmp_path, caching=caching, n_seq_max=1)
+    replay = ColdReplay(model_config(model_path))
     try:
         first_turn = conversation(AGENT_SYSTEMS[0], 1)
         first = await ask(kronk, "m", first_turn)
         replay.prefill(await prompt_tokens(kronk, first_turn), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         for system in AGENT_SYSTEMS[1:]:  # each evicts the one before
             await ask(kronk, "m", conversation(system, 1))
-        store = kronk.get_loaded("m").cache.store  # type: ignore[union-attr]
+        store = host_store(kronk)
         assert len(store) == 2  # the first two conversations; the third is in the slot
-        assert (store.ram_bytes == 0) == (tier == "disk")
-        if tier == "disk":
+        assert (store.ram_bytes == 0) == (tier != "ram")
+        if tier != "ram":
             assert len(list((tmp_path / "kv").glob("*/*.state"))) == 2
+        if tier == "disk-after-restart":
+            kronk.close()
+            kronk = fresh(model_path, tmp_path, caching=caching, n_seq_max=1)
+            assert len(host_store(kronk)) == 2
         second_turn = continued(first_turn, first)
         restored = await ask(kronk, "m", second_turn)
         counters = kronk.get_loaded("m").engine.cache_counters()  # type: ignore[union-attr]
-        assert counters.restores == 1 and counters.evictions == 3
-        assert 100 < restored.usage.cached_tokens < restored.usage.prompt_tokens
-        # A restored state's cells lie elsewhere than where they were computed: move the
-        # replay's the same way, then cut and prefill as the slot did.
-        replay.move_cells()
-        reference = replay.prefill(
-            await prompt_tokens(kronk, second_turn), restored.usage.cached_tokens
-        )
-        assert_same_first_token(restored, reference)
-        assert replay.generate(restored.usage.completion_tokens) == restored.content
-        assert_same_logprobs(restored, replay)
+        assert counters.restores == 1
+        assert counters.evictions == (0 if tier == "disk-after-restart" else 3)
+        await assert_restored_exactly(kronk, replay, second_turn, restored)
     finally:
         replay.close()
         kronk.close()
 
 
+async def assert_restored_exactly(
+    kronk: Kronk, replay: ColdReplay, messages: list[dict[str, str]], restored: ChatResult
+) -> None:
+    """`restored` continued a conversation from the host tier, cut where the client's
+    re-rendered answer left it: every token is the replay's (which holds the conversation
+    as it was stored) decoded the same way."""
+    assert 100 < restored.usage.cached_tokens < restored.usage.prompt_tokens
+    # A restored state's cells lie elsewhere than where they were computed: move the
+    # replay's the same way, then cut and prefill as the slot did.
+    replay.move_cells()
+    prompt = await prompt_tokens(kronk, messages)
+    reference = replay.prefill(prompt, restored.usage.cached_tokens)
+    assert_same_first_token(restored, reference)
+    assert replay.generate(MAX_TOKENS) == restored.content
+    assert_same_logprobs(restored, replay)
+
+
+# Kills itself (SIGKILL) midway through writing its host tier: see its docstring.
+HOST_TIER_WRITER = Path(__file__).with_name("host_tier_writer.py")
+
+
+@on_both_models
+@pytest.mark.parametrize(
+    ("scenario", "stage"),
+    [
+        ("evict", "state-half-written"),
+        ("evict", "index-unwritten"),
+        ("write-through", "state-half-written"),
+    ],
+)
+async def test_a_server_killed_while_writing_its_disk_tier_restores_what_it_wrote_whole(
+    model_path: Path, tmp_path: Path, scenario: str, stage: str
+) -> None:
+    """`kill -9` in the middle of writing a conversation to the disk tier (half its state
+    written, or its state in place but not the tokens file that makes it an entry): a
+    server started anew loads only the entries written whole, and a conversation restored
+    from one is exact. Written through (`host_cache_shared`), a conversation already on
+    disk is written again when evicted: its entry stays whole until the new one is."""
+    disk = tmp_path / "kv"
+    caching: dict[str, Any] = {"host_cache_bytes": 0, "host_cache_dir": disk}
+    if scenario == "write-through":
+        caching["host_cache_shared"] = True
+    answers = tmp_path / "answers.pickle"
+    spec = {"model": model_path, "home": tmp_path, "caching": caching, "answers": answers}
+    spec |= {"scenario": scenario, "stage": stage}
+    writer = subprocess.run(
+        [sys.executable, HOST_TIER_WRITER, json.dumps(spec, default=str)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    first: ChatResult = pickle.loads(answers.read_bytes())[0]
+    # Where it died: a partial state file, or a state file no tokens file indexes.
+    states = {path.stem for path in disk.rglob("*.state")}
+    indexed = {path.stem for path in disk.rglob("*.tokens")}
+    if stage == "state-half-written":
+        assert len(list(disk.rglob("*.state.*.partial"))) == 1 and states == indexed
+    else:
+        assert len(states - indexed) == 1
+    kronk = fresh(model_path, tmp_path, caching=caching, n_seq_max=1)
+    replay = ColdReplay(model_config(model_path))
+    try:
+        first_turn = conversation(AGENT_SYSTEMS[0], 1)
+        assert len(host_store(kronk)) == 1  # the first conversation's first turn, whole
+        replay.prefill(await prompt_tokens(kronk, first_turn), 0)
+        assert replay.generate(MAX_TOKENS) == first.content
+        second_turn = continued(first_turn, first)
+        restored = await ask(kronk, "m", second_turn)
+        assert kronk.get_loaded("m").engine.cache_counters().restores == 1  # type: ignore[union-attr]
+        await assert_restored_exactly(kronk, replay, second_turn, restored)
+    finally:
+        replay.close()
+        kronk.close()
+
+
+@on_both_models
 async def test_conversations_running_at_once_match_cold_replays(
-    gemma_path: str, tmp_path: Path
+    model_path: Path, tmp_path: Path
 ) -> None:
     """Three conversations whose turns run at once, each extended in its own slot: every
     token of every turn is a cold replay's that decodes the same batches."""
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=3)
     loaded = kronk.load("m")
     assert isinstance(loaded, LoadedModel)
     replay = BatchReplay(loaded.config)
-    records: list[StepRecord] = []
-    loaded.engine.add_step_listener(records.append)
+    records = step_records(loaded.engine)
     try:
         conversations = [[{"role": "system", "content": system}] for system in AGENT_SYSTEMS]
         for turn in range(3):
             for index, messages in enumerate(conversations):
                 messages.append(user_turn(turn * 3 + index))
-            records.clear()
+            records.clear()  # the last turn's were all in when it was checked
             results = await asyncio.gather(*(ask(kronk, "m", m) for m in conversations))
             assert any(len(r.generating) + len(r.prefilling) == 3 for r in records)
-            starts = {}
-            for messages, result in zip(conversations, results, strict=True):
-                prompt = await prompt_tokens(kronk, messages)
-                (slot,) = slot_holding(kronk, prompt)
-                starts[slot] = (prompt, result.usage.cached_tokens)
+            prompts = [await prompt_tokens(kronk, messages) for messages in conversations]
+            slots = [slot_of(kronk, prompt) for prompt in prompts]
+            for result in results:
                 assert result.usage.cached_tokens > (100 if turn else -1)
-            for record in records:
-                for slot in record.prefilling:
-                    if slot in starts:
-                        replay.start(slot, *starts.pop(slot))
-                replay.step(record)
+            await replay.check(
+                records,
+                {
+                    slot: (prompt, result, None)
+                    for slot, prompt, result in zip(slots, prompts, results, strict=True)
+                },
+            )
             for messages, result in zip(conversations, results, strict=True):
-                (slot,) = slot_holding(kronk, await prompt_tokens(kronk, messages))
-                assert replay.text[slot].decode() == result.content
-                assert_same_logprobs(result, replay.logprobs[slot])
                 messages.append({"role": "assistant", "content": result.content})
         counters = loaded.engine.cache_counters()
         assert counters.hits + counters.partial_hits == 6 and counters.evictions == 0
     finally:
-        loaded.engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 
 
+@on_both_models
 async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
-    gemma_path: str, tmp_path: Path
+    model_path: Path, tmp_path: Path
 ) -> None:
     """Not greedy: temperature 0.9 with a seed. The cached turns sample the same tokens as
     a cold replay running the same seeded sampler chain."""
-    kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
-    replay = ColdReplay(model_config(Path(gemma_path)))
-    sampling: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "seed": 4242}
+    kronk = fresh(model_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
+    replay = ColdReplay(model_config(model_path))
+    sampling: dict[str, Any] = {"temperature": 0.9, "top_k": 40, "seed": 4242, "max_tokens": 24}
     try:
         loaded = kronk.load("m")
         assert isinstance(loaded, LoadedModel)
@@ -922,17 +1198,17 @@ async def test_seeded_sampling_on_a_cached_conversation_matches_a_cold_replay(
         for turn in range(3):
             messages.append(user_turn(turn))
             result = await kronk.chat(
-                messages, model="m", max_tokens=24, logprobs=True, top_logprobs=5, **sampling
+                messages, model="m", logprobs=True, top_logprobs=5, **sampling
             )
             if turn:
                 assert result.usage.cached_tokens > 100
             replay.prefill(await prompt_tokens(kronk, messages), result.usage.cached_tokens)
-            assert replay.generate(result.usage.completion_tokens, stages) == result.content
+            assert replay.generate(sampling["max_tokens"], stages) == result.content
             assert_same_logprobs(result, replay)
             texts.append(result.content)
             messages.append({"role": "assistant", "content": result.content})
         # A different seed samples a different answer: the seed is what made them equal.
-        other = await kronk.chat(messages[:2], model="m", max_tokens=24, **{**sampling, "seed": 7})
+        other = await kronk.chat(messages[:2], model="m", **{**sampling, "seed": 7})
         assert other.content != texts[0]
     finally:
         replay.close()

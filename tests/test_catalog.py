@@ -23,7 +23,8 @@ from kronk_catalog.catalog import Catalog
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import parse_model_config
 from kronk_core.loading import model_config_for
-from kronk_core.models import GEMMA_MODEL_ID, PACKAGED_MODELS, resolve_model_config
+from kronk_core.models import resolve_model_config
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, PACKAGED_MODELS
 
 TINY_CATALOG = """\
 catalog: Tests
@@ -129,7 +130,9 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     small = parse_model_config(GEMMA_MODEL_ID, {"context_window": 512, "n_seq_max": 1})
     config = KronkConfig(base_path=tmp_path, models={GEMMA_MODEL_ID: small})
     with Kronk(config) as kronk:
-        resolved = resolve_model_config(kronk.config, GEMMA_MODEL_ID, kronk.provided_models())
+        resolved = resolve_model_config(
+            kronk.config, GEMMA_MODEL_ID, kronk.provided_models(), kronk.model_sources()
+        )
         assert (resolved.model_path, resolved.n_seq_max) == (pulled, 1)
         assert resolved.sections["templates"] == {"template": "gemma"}
 

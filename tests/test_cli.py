@@ -27,8 +27,8 @@ from kronk_api.settings import (
     other_spellings,
     server_sections,
 )
-from kronk_core import DEFAULT_MODEL_ID
 from kronk_core.errors import ConfigError
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 

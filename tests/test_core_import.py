@@ -13,10 +13,18 @@ def test_core_imports_without_llama_cpp() -> None:
         import sys
         sys.modules["llama_cpp"] = None  # any import of it now raises ImportError
         import kronk_core, kronk_core.engine, kronk_core.sdk, kronk_core.hookspecs
-        from kronk_core import Kronk, KronkConfig
+        from kronk_core import Kronk, KronkConfig, ModelConfig
         from kronk_core.config import PluginSelection
-        kronk = Kronk(KronkConfig(plugins=PluginSelection(disabled=["llamacpp"])))
-        assert kronk.model_ids()
+        from kronk_core.errors import ConfigError
+        models = {"m": ModelConfig(model_path="/m.gguf")}
+        kronk = Kronk(KronkConfig(plugins=PluginSelection(disabled=["llamacpp"]), models=models))
+        assert kronk.model_ids() == ["m"]
+        try:
+            kronk.default_model
+        except ConfigError as exc:  # the default model is a backend plugin's
+            assert "no active plugin ships a default model" in str(exc), exc
+        else:
+            raise AssertionError("a default model without a backend")
         assert "llama_cpp" not in {name for name in sys.modules if sys.modules[name]}
         print("ok")
         """

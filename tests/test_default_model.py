@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 # What an answer about the sea mentions (a base model continues the prompt's text instead).

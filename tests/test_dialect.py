@@ -4,13 +4,13 @@ one Retry-After, one SSE framing and keep-alive."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from litestar import Router, get
+from litestar.config.app import AppConfig
 from litestar.testing import TestClient
-from litestar.types import ControllerRouterHandler
 from openai._streaming import SSEDecoder
 
 from kronk_anthropic.errors import ANTHROPIC
@@ -34,14 +34,14 @@ class Boom:
     """A route in Anthropic's router shape that fails unexpectedly, quoting the request."""
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-        return [
+    def kronk_app(self, app_config: AppConfig) -> None:
+        app_config.route_handlers.append(
             Router(
                 path="/",
                 route_handlers=[anthropic_boom],
                 exception_handlers=ANTHROPIC.exception_handlers(),
             )
-        ]
+        )
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from file_server import FileServer, Served
 
 from kronk_api.cli import main
 from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_core import Kronk, KronkConfig
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 
 
 def sha256(path: Path) -> str:

@@ -26,9 +26,9 @@ from test_caching import (
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.engine import StepRecord
-from kronk_core.models import gemma_model_path
 from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
+from kronk_llamacpp.packaged import gemma_model_path
 from kronk_llamacpp.sampler import GreedySampler
 
 MODEL = os.environ.get("KRONK_OVERLAP_MODEL")

@@ -50,7 +50,7 @@ def test_it_is_installed_as_a_distribution_with_its_entry_point() -> None:
         "name": "example",
         "distribution": "kronk-example-plugin 0.1.0",
         "active": True,
-        "hooks": ["kronk_register_cache_strategies", "kronk_routes", "kronk_settings"],
+        "hooks": ["kronk_app", "kronk_register_cache_strategies", "kronk_settings"],
         "registered": {"cache_strategies": ["extend-only"]},
         "settings": {"server": ["example"], "model": ["example"]},
     }

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 

@@ -10,17 +10,20 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from kronk_debug import hookspecs as debug_hookspecs
 
-from kronk_auth_jwt import hookspecs as auth_jwt_hookspecs
-from kronk_core import hookspecs as core_hookspecs
-from kronk_templates import hookspecs as templates_hookspecs
+from kronk_core.plugins import create_plugin_manager
 
 DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
-# The core's hooks, and those the built-in plugins define for other plugins.
-SPEC_MODULES: list[ModuleType] = [
-    core_hookspecs, templates_hookspecs, auth_jwt_hookspecs, debug_hookspecs
-]
+# The core's hooks, and those the installed plugins define for other plugins (added in their
+# kronk_addhooks): found through the plugin manager, never listed here.
+SPEC_MODULES: list[ModuleType] = sorted(
+    {
+        caller.spec.namespace
+        for caller in vars(create_plugin_manager().hook).values()
+        if caller.spec is not None and isinstance(caller.spec.namespace, ModuleType)
+    },
+    key=lambda module: module.__name__,
+)
 DOCUMENTED = re.compile(r"^### `(kronk_\w+)\(", re.MULTILINE)
 
 
@@ -48,6 +51,11 @@ def test_every_hook_spec_is_documented_with_its_signature(
     expected = heading(function)
     documented = [line for line in DOCS.splitlines() if line.startswith(f"### `{name}(")]
     assert documented == [expected], f"docs/plugins.md must have exactly: {expected}"
+
+
+def test_the_spec_modules_are_found() -> None:
+    names = {module.__name__ for module in SPEC_MODULES}
+    assert {"kronk_core.hookspecs", "kronk_templates.hookspecs", "kronk_debug.hookspecs"} <= names
 
 
 def test_every_documented_hook_has_a_spec() -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner
 from litestar import Litestar, Request, Response, get
+from litestar.config.app import AppConfig
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
@@ -20,7 +22,7 @@ from kronk_api.cli import KronkGroup
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.events import ChatRecord, RequestRecord, current_request_id
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 
 class Teapot(Exception):
@@ -61,32 +63,22 @@ class Probe:
         self.logged_ids: list[str | None] = []
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> Sequence[Any]:
-        return [teapot]
-
-    @hookimpl
-    def kronk_guards(self, kronk: Kronk) -> Sequence[Any]:
-        return [no_forbidden_header]
-
-    @hookimpl
-    def kronk_middleware(self, kronk: Kronk) -> Sequence[Any]:
-        return [stamp]
-
-    @hookimpl
-    def kronk_exception_handlers(self, kronk: Kronk) -> Mapping[type[Exception], Any]:
+    def kronk_app(self, app_config: AppConfig, kronk: Kronk) -> None:
         def handle(_: Request[Any, Any, Any], __: Teapot) -> Response[Any]:
             return Response({"error": {"message": "short and stout"}}, status_code=418)
 
-        return {Teapot: handle}
+        app_config.route_handlers.append(teapot)
+        app_config.guards.append(no_forbidden_header)
+        app_config.middleware.append(stamp)
+        app_config.exception_handlers[Teapot] = handle
+        app_config.lifespan.append(self.lifespan)
 
-    @hookimpl
-    def kronk_startup(self, kronk: Kronk, app: Litestar) -> None:
+    @asynccontextmanager
+    async def lifespan(self, app: Litestar) -> AsyncIterator[None]:
         # The app carries the server settings and room for the plugin's own state.
         app.state["probe_started_on"] = app.state.settings.api_host
         self.events.append("startup")
-
-    @hookimpl
-    def kronk_shutdown(self, kronk: Kronk, app: Litestar) -> None:
+        yield
         assert app.state["probe_started_on"] == app.state.settings.api_host
         self.events.append("shutdown")
 

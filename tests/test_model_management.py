@@ -14,8 +14,8 @@ import pytest
 from test_server_logging import _cli as kronk
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig
-from kronk_core.models import default_model_path
+from kronk_core import Kronk, KronkConfig
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 
 
 def parameters(*files: Path) -> int:

@@ -11,7 +11,7 @@ import pytest
 from conftest import IMC_MODEL_ID, RunningServer, Serve
 from test_server_auth import AuthServer, bearer, mint, running_auth_server
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 ROUTES = [
     "/v1/kronk/models/ps",

@@ -9,10 +9,10 @@ import pytest
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig, PluginSelection
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_core.plugins import create_plugin_manager, registered_plugins
 from kronk_core.sampling import Greedy, SamplerStage
 from kronk_core.types import SamplingParams
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 BUILT_IN = {"caching", "llamacpp", "sampling", "templates", "openai", "anthropic"}
 

@@ -13,8 +13,8 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import ModelConfig
-from kronk_core.models import GEMMA_MODEL_SETTINGS
 from kronk_core.sdk import collect
+from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 THINKING_GEMMA = """{{- bos_token -}}
 {%- for message in messages -%}

@@ -1,14 +1,20 @@
-"""Sampling: grammars, seeds, precedence, the default stage order, native samplers, bad values."""
+"""Sampling: grammars, seeds, precedence, the default stage order, stage effects, bad values."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import llama_cpp
 import pytest
 
-from kronk_core import FinishReason, Kronk, SamplingConfig
+from kronk_core import FinishReason, Kronk, ModelConfig, SamplingConfig
 from kronk_core.errors import InvalidRequestError, KronkError
 from kronk_core.sampling import (
     RANDOM_SEED,
@@ -27,6 +33,8 @@ from kronk_core.sampling import (
     resolve_sampling,
 )
 from kronk_core.types import SamplingParams
+from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.sampler import NativeSampler
 from kronk_sampling.plugin import default_stages
 
 
@@ -209,26 +217,350 @@ def test_seed_is_masked_to_32_bits() -> None:
     assert stages[-1] == Distribution(7)
 
 
-# ---- native samplers -------------------------------------------------------------------
+# ---- each stage's effect, on llama.cpp's own samplers ----------------------------------
+#
+# The chain is the one a request gets: its sampling keys, the default stages (the sampling
+# plugin), the llamacpp backend's native chain (llama.cpp's samplers). It runs on a
+# hand-made candidate array (llama_sampler_apply needs no decode), and what each stage must
+# leave is worked out here from the manual's and llama.cpp's definitions, never through the
+# code under test. The keys not under test turn their stages off (top_k 0, top_p 1, DRY 0)
+# or make them change nothing (temperature 1).
+
+NEUTRAL: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "dry_multiplier": 0.0,
+    "seed": 1234,
+}
+NEWLINE = "\n"  # one of DRY's default sequence breakers
+# Gemma's tokens for these words (each one token, with its leading space), and their logits
+# in no particular order: llama.cpp sorts where a stage needs it.
+LOGITS = {
+    "fig": 1.0,
+    "apple": 3.0,
+    "kiwi": 0.0,
+    "plum": 2.0,
+    "grape": -2.0,
+    "pear": 2.5,
+    "date": -0.5,
+    "lime": 0.5,
+}
+
+
+@pytest.fixture(scope="module")
+def text_model(gemma_path: str) -> Iterator[LlamaTextModel]:
+    config = ModelConfig.model_validate(
+        {"model_path": gemma_path, "context_window": 256, "n_seq_max": 1}
+    )
+    model = LlamaTextModel(config)
+    yield model
+    model.close()
+
+
+@dataclass
+class Applied:
+    """What a chain left: each remaining candidate's logit and probability, and its pick."""
+
+    logits: dict[str, float]
+    probs: dict[str, float]
+    picked: str
+
+
+class Chain:
+    """The native sampler a request with these sampling keys gets, over the words above."""
+
+    def __init__(self, model: LlamaTextModel, keys: dict[str, Any]) -> None:
+        self.ids = {NEWLINE: model.tokenize(NEWLINE, add_special=False, parse_special=False)[0]}
+        for word in LOGITS:
+            [token] = model.tokenize(" " + word, add_special=False, parse_special=False)
+            self.ids[word] = token
+        self._words = {token: word for word, token in self.ids.items()}
+        keys = {**NEUTRAL, **keys}
+        if "logit_bias" in keys:
+            keys["logit_bias"] = tuple((self.ids[w], bias) for w, bias in keys["logit_bias"])
+        sampler = model.new_sampler(default_stages(SamplingParams(**keys)))
+        assert isinstance(sampler, NativeSampler)
+        self.sampler = sampler
+
+    def accept(self, *words: str) -> None:
+        for word in words:
+            self.sampler.accept(self.ids[word])
+
+    def apply(self, logits: Mapping[str, float] = LOGITS) -> Applied:
+        array = (llama_cpp.llama_token_data * len(logits))(
+            *(
+                llama_cpp.llama_token_data(self.ids[word], logit, 0.0)
+                for word, logit in logits.items()
+            )
+        )
+        candidates = llama_cpp.llama_token_data_array(array, len(logits), -1, False)
+        llama_cpp.llama_sampler_apply(self.sampler._chain, ctypes.byref(candidates))
+        # Through the array's own pointer: XTC moves it past the tokens it cuts.
+        left = [candidates.data[index] for index in range(candidates.size)]
+        return Applied(
+            {self._words[data.id]: data.logit for data in left},
+            {self._words[data.id]: data.p for data in left},
+            self._words[candidates.data[candidates.selected].id],
+        )
+
+
+@pytest.fixture
+def chain(text_model: LlamaTextModel) -> Iterator[Callable[..., Chain]]:
+    made: list[Chain] = []
+
+    def make(**keys: Any) -> Chain:
+        made.append(Chain(text_model, keys))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.sampler.close()
+
+
+def softmax(logits: Mapping[str, float]) -> dict[str, float]:
+    top = max(logits.values())
+    weights = {word: math.exp(logit - top) for word, logit in logits.items()}
+    total = sum(weights.values())
+    return {word: weight / total for word, weight in weights.items()}
+
+
+def most_likely_first(probs: Mapping[str, float]) -> list[str]:
+    return sorted(probs, key=lambda word: -probs[word])
+
+
+PROBS = softmax(LOGITS)  # apple .44, pear .27, plum .16, fig .059, lime .036, kiwi .022, ...
+
+
+def test_top_k_keeps_the_k_most_likely(chain: Callable[..., Chain]) -> None:
+    applied = chain(top_k=3).apply()
+    assert applied.logits == pytest.approx(
+        {word: LOGITS[word] for word in ("apple", "pear", "plum")}
+    )
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.8, 0.9])
+def test_top_p_keeps_the_fewest_most_likely_tokens_that_reach_p(
+    chain: Callable[..., Chain], top_p: float
+) -> None:
+    kept: list[str] = []
+    for word in most_likely_first(PROBS):
+        kept.append(word)
+        if sum(PROBS[each] for each in kept) >= top_p:
+            break
+    applied = chain(top_p=top_p).apply()
+    assert set(applied.logits) == set(kept)
+    assert applied.probs == pytest.approx(softmax({word: LOGITS[word] for word in kept}))
+
+
+@pytest.mark.parametrize("min_p", [0.1, 0.3, 0.5])
+def test_min_p_drops_exactly_the_tokens_below_min_p_times_the_top_probability(
+    chain: Callable[..., Chain], min_p: float
+) -> None:
+    kept = {word for word, p in PROBS.items() if p >= min_p * max(PROBS.values())}
+    assert 1 < len(kept) < len(LOGITS)
+    applied = chain(min_p=min_p).apply()
+    assert applied.logits == pytest.approx({word: LOGITS[word] for word in kept})
+
+
+def xtc_leaves(logits: Mapping[str, float], threshold: float, min_keep: int) -> set[str]:
+    """XTC's cut, by hand: of the tokens at or above the threshold all but the least likely
+    go, unless fewer than min_keep tokens would be left."""
+    probs = softmax(logits)
+    ranked = most_likely_first(probs)
+    cut = [word for word in ranked if probs[word] >= threshold][:-1]
+    return set(ranked) if len(ranked) - len(cut) < min_keep else set(ranked) - set(cut)
 
 
 @pytest.mark.parametrize(
-    "params",
+    ("logits", "threshold", "min_keep", "left"),
     [
-        {"xtc_probability": 0.5},
-        {"adaptive_p_target": 0.5, "adaptive_p_decay": 0.9},
-        {"repeat_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5},
-        {"min_p": 0.1},
+        (LOGITS, 0.05, 1, 5),
+        (LOGITS, 0.1, 1, 6),
+        (LOGITS, 0.2, 1, 7),
+        (LOGITS, 0.3, 1, 8),  # one token above the threshold: it stays
+        (LOGITS, 0.1, 6, 6),
+        (LOGITS, 0.1, 7, 8),  # the cut would leave fewer than min_keep
+        ({"apple": 1.0, "pear": 0.0}, 0.1, 1, 1),  # every token above: the last one stays
     ],
-    ids=["xtc", "adaptive_p", "penalties", "min_p"],
 )
-async def test_each_sampler_runs_natively(kronk: Kronk, params: dict[str, Any]) -> None:
-    result = await kronk.chat(user("Tell me a story."), max_tokens=8, seed=7, **params)
-    assert result.finish_reason is FinishReason.length
-    assert result.usage.completion_tokens == 8
-    assert result.content
-    again = await kronk.chat(user("Tell me a story."), max_tokens=8, seed=7, **params)
-    assert again.content == result.content  # seeded: the native chain is deterministic
+def test_xtc_removes_the_top_choices_above_its_threshold(
+    chain: Callable[..., Chain],
+    logits: dict[str, float],
+    threshold: float,
+    min_keep: int,
+    left: int,
+) -> None:
+    xtc = chain(xtc_probability=1.0, xtc_threshold=threshold, xtc_min_keep=min_keep)
+    expected = xtc_leaves(logits, threshold, min_keep)
+    assert len(expected) == left
+    assert xtc.apply(logits).logits == pytest.approx({word: logits[word] for word in expected})
+
+
+@pytest.mark.parametrize("probability", [0.3, 0.7])
+def test_xtc_cuts_with_its_probability(chain: Callable[..., Chain], probability: float) -> None:
+    xtc = chain(xtc_probability=probability, xtc_threshold=0.1)
+    draws = 2000
+    cut = sum("apple" not in xtc.apply().logits for _ in range(draws))
+    # Seeded, so the count is the same every run; 4.5 standard deviations of a binomial.
+    assert abs(cut / draws - probability) < 4.5 * math.sqrt(probability * (1 - probability) / draws)
+
+
+def test_temperature_divides_the_logits_and_the_draw_takes_their_softmax(
+    chain: Callable[..., Chain],
+) -> None:
+    applied = chain(temperature=0.5).apply()
+    scaled = {word: logit / 0.5 for word, logit in LOGITS.items()}
+    assert applied.logits == pytest.approx(scaled)
+    assert applied.probs == pytest.approx(softmax(scaled))
+
+
+def test_logit_bias_adds_each_bias(chain: Callable[..., Chain]) -> None:
+    applied = chain(logit_bias=(("kiwi", 4.0), ("apple", -1.5))).apply()
+    assert applied.logits == pytest.approx({**LOGITS, "kiwi": 4.0, "apple": 1.5})
+
+
+HISTORY = ("date", "apple", "pear", "apple", "grape", "apple")
+
+
+def penalised(
+    window: Sequence[str], repeat: float, frequency: float, presence: float
+) -> dict[str, float]:
+    """llama.cpp's penalties, by hand: a token seen c times in the window has its logit
+    divided by `repeat` (multiplied where it is not positive), then lowered by
+    c × frequency + presence."""
+    counts = Counter(window)
+    logits = dict(LOGITS)
+    for word, count in counts.items():
+        logit = logits[word]
+        logit = logit * repeat if logit <= 0 else logit / repeat
+        logits[word] = logit - count * frequency - presence
+    return logits
+
+
+@pytest.mark.parametrize(
+    ("last_n", "window", "apple"),
+    [
+        (4, HISTORY[-4:], 3.0 / 1.5 - 2 * 0.25 - 0.5),  # apple twice in the last 4
+        (-1, HISTORY, 3.0 / 1.5 - 3 * 0.25 - 0.5),
+        (0, (), 3.0),
+    ],
+    ids=["last_4", "whole_context", "off"],
+)
+def test_penalties_lower_the_repeated_tokens_logits(
+    chain: Callable[..., Chain], last_n: int, window: tuple[str, ...], apple: float
+) -> None:
+    penalties = chain(
+        repeat_penalty=1.5, frequency_penalty=0.25, presence_penalty=0.5, repeat_last_n=last_n
+    )
+    penalties.accept(*HISTORY)
+    applied = penalties.apply()
+    assert applied.logits == pytest.approx(penalised(window, 1.5, 0.25, 0.5))
+    assert applied.logits["apple"] == pytest.approx(apple)
+
+
+REPEATED = ("apple", "pear", "plum", "fig", "lime", "apple", "pear", "plum", "fig")
+
+
+@pytest.mark.parametrize(
+    ("history", "last_n", "penalty"),
+    [
+        # "apple pear plum fig" came before, followed by lime: lime would repeat 4 + 1 tokens.
+        (REPEATED, 0, {"lime": 0.8 * 1.5 ** (4 - 2)}),
+        # The last 5 tokens hold no earlier "fig": nothing repeats.
+        (REPEATED, 5, {}),
+        # A repeat reaches back to the last sequence breaker only: "plum fig", 2 tokens.
+        (
+            (
+                "apple",
+                "pear",
+                NEWLINE,
+                "plum",
+                "fig",
+                "lime",
+                "apple",
+                "pear",
+                NEWLINE,
+                "plum",
+                "fig",
+            ),
+            0,
+            {"lime": 0.8},
+        ),
+    ],
+    ids=["whole_context", "last_5", "breaker"],
+)
+def test_dry_penalises_the_token_that_would_extend_a_repeat(
+    chain: Callable[..., Chain], history: tuple[str, ...], last_n: int, penalty: dict[str, float]
+) -> None:
+    """DRY: a token that would make the last n tokens (n ≥ allowed_length) repeat once more
+    loses multiplier × base^(n − allowed_length)."""
+    dry = chain(dry_multiplier=0.8, dry_base=1.5, dry_allowed_length=2, dry_penalty_last_n=last_n)
+    dry.accept(*history)
+    expected = {word: logit - penalty.get(word, 0.0) for word, logit in LOGITS.items()}
+    assert dry.apply().logits == pytest.approx(expected)
+
+
+def adapted(probs: Mapping[str, float], target: float) -> dict[str, float]:
+    """adaptive-p's logits (llama.cpp PR 17927): 5 at the target probability, falling off
+    quadratically near it and linearly far from it, distances in units of 0.3."""
+    logits = {}
+    for word, p in probs.items():
+        distance = abs(p - target) / 0.3
+        logits[word] = 5.0 - 10.0 * distance * distance / (1.0 + distance)
+    return logits
+
+
+def test_adaptive_p_favours_tokens_near_its_target_and_adapts(
+    chain: Callable[..., Chain],
+) -> None:
+    target, decay = 0.25, 0.5
+    sampler = chain(adaptive_p_target=target, adaptive_p_decay=decay)
+    first = sampler.apply()
+    assert first.logits == pytest.approx(adapted(PROBS, target), abs=1e-4)
+    assert first.probs == pytest.approx(softmax(adapted(PROBS, target)), abs=1e-5)
+    # pear (p = 0.27, the nearest to 0.25) is now the likeliest, not apple (0.44).
+    assert most_likely_first(first.probs)[0] == "pear"
+    # The picks' original probabilities, averaged with weights decay^age (the average starts
+    # as if every earlier pick had been on target), steer the target: 2·target − average.
+    sampler.accept(first.picked)
+    weight = 1 / (1 - decay)
+    average = (PROBS[first.picked] + decay * target * weight) / (1 + decay * weight)
+    steered = min(max(2 * target - average, 0.0), 1.0)
+    assert sampler.apply().logits == pytest.approx(adapted(PROBS, steered), abs=1e-4)
+
+
+def test_adaptive_p_draws_mostly_near_its_target(chain: Callable[..., Chain]) -> None:
+    sampler = chain(adaptive_p_target=0.25)
+    picks = Counter(sampler.apply().picked for _ in range(1000))  # no accept: no steering
+    assert most_likely_first(dict(picks))[0] == "pear"
+    assert picks["pear"] > 2 * picks["apple"]
+
+
+async def test_the_request_keys_reach_the_engines_chain(kronk: Kronk) -> None:
+    """Through the engine, on the model's own distributions: min_p 1 keeps only the top
+    token, so a hot seeded draw gives the greedy answer; XTC with threshold 0 behind top-k 2
+    cuts the top token, so every token is the runner-up of the model's log-probs."""
+    greedy = await kronk.chat(user("Tell me a story."), temperature=0, max_tokens=8)
+    hot = await kronk.chat(
+        user("Tell me a story."), temperature=1.5, seed=7, min_p=1.0, max_tokens=8
+    )
+    assert hot.content == greedy.content
+    runner_up = await kronk.chat(
+        user("Tell me a story."),
+        temperature=1.0,
+        seed=7,
+        top_k=2,
+        xtc_probability=1.0,
+        xtc_threshold=0.0,
+        dry_multiplier=0.0,
+        max_tokens=8,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert len(runner_up.logprobs) == 8
+    for step in runner_up.logprobs:
+        assert step.bytes == step.top_logprobs[1].bytes != step.top_logprobs[0].bytes
 
 
 # ---- bad values ------------------------------------------------------------------------

@@ -32,16 +32,18 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 from jwt.algorithms import RSAAlgorithm
 from litestar import Litestar, Request, Response, Router, get
+from litestar.config.app import AppConfig
 from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
+from kronk_api.auth import TOKEN_CHECKER
 from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, utc_now
+from kronk_auth_jwt.guard import Authenticator, utc_now
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection
 from kronk_core.errors import ConfigError, KronkError
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -69,12 +71,12 @@ class ProbeDialect:
     """A second dialect with its own error shape, as the Anthropic one will have."""
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> list[Any]:
-        return [
+    def kronk_app(self, app_config: AppConfig) -> None:
+        app_config.route_handlers.append(
             Router(
                 path="/", route_handlers=[probe_ping], exception_handlers={KronkError: _probe_error}
             )
-        ]
+        )
 
 
 @dataclass
@@ -706,7 +708,7 @@ class SettableClock:
 
 @pytest.fixture
 def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
-    auth: Authenticator = auth_server.app.state[STATE_KEY]
+    auth: Authenticator = auth_server.app.state[TOKEN_CHECKER]
     settable = SettableClock(datetime(2031, 1, 31, 23, 59, 59, tzinfo=UTC))
     auth.clock = settable
     try:

@@ -11,7 +11,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from litestar import get
+from litestar.config.app import AppConfig
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import gated
@@ -26,7 +27,7 @@ from waiting import gated
 from kronk_api import ServerSettings, create_app
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve
@@ -51,7 +52,7 @@ class LoopBlocker:
         self.release = threading.Event()
 
     @hookimpl
-    def kronk_routes(self, kronk: Kronk) -> Sequence[Any]:
+    def kronk_app(self, app_config: AppConfig) -> None:
         blocker = self
 
         @get("/probe/block-loop", opt={ENDPOINT_OPT: PUBLIC})
@@ -60,7 +61,7 @@ class LoopBlocker:
             blocker.release.wait(60)  # synchronous on purpose: nothing else runs on the loop
             return "released"
 
-        return [block_the_loop]
+        app_config.route_handlers.append(block_the_loop)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.engine import Engine, StepRecord
 from kronk_core.events import ChatRecord, RequestRecord
-from kronk_core.models import GEMMA_MODEL_SETTINGS
+from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve

@@ -15,8 +15,8 @@ import pytest
 from waiting import gated
 
 from kronk_core.errors import InvalidRequestError
-from kronk_core.models import GEMMA_MODEL_ID
 from kronk_core.types import ChatMessage, ChatRequest
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,14 +15,15 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from file_server import FileServer, Served
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from litestar import Litestar
 from litestar.routes import HTTPRoute
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer, Serve
@@ -562,11 +564,52 @@ HEADER_TEXT = st.text(
 
 
 @dataclass(frozen=True)
-class Credentials:
-    """What a request carries, and who the server must take it for."""
+class Sender:
+    """Who a fuzzed request says it is: a description that the fuzz server's tokens turn into
+    headers when the request is sent, so that a falsifying example, as Hypothesis prints it,
+    can be written into FOUND and replayed by later runs (the tokens are new every run).
 
-    who: Literal["user", "admin", "nobody"]
-    headers: dict[str, str]
+    `text` is the header's text for the raw kinds and the replacement character for
+    "altered" (the user's token with one character of its claims changed at `position`).
+    """
+
+    kind: Literal[
+        "user", "user-key", "admin", "none", "forged-admin", "altered", "basic", "raw",
+        "raw-bearer", "raw-key",
+    ]  # fmt: skip
+    text: str = ""
+    position: int = 0
+
+    @property
+    def who(self) -> Literal["user", "admin", "nobody"]:
+        """Whom the server must take the request for."""
+        if self.kind in ("user", "user-key"):
+            return "user"
+        return "admin" if self.kind == "admin" else "nobody"
+
+    def headers(self, server: FuzzServer) -> dict[str, str]:
+        match self.kind:
+            case "user":
+                return {"Authorization": f"Bearer {server.user}"}
+            case "user-key":
+                return {"x-api-key": server.user}
+            case "admin":
+                return {"Authorization": f"Bearer {server.admin}"}
+            case "none":
+                return {}
+            case "forged-admin":
+                return {"Authorization": f"Bearer {server.forged_admin}"}
+            case "altered":
+                altered = _altered(server.user, self.position, self.text)
+                return {"Authorization": f"Bearer {altered}"}
+            case "basic":
+                return {"Authorization": f"Basic {server.user}"}
+            case "raw":
+                return {"Authorization": self.text}
+            case "raw-bearer":
+                return {"Authorization": f"Bearer {self.text}"}
+            case "raw-key":
+                return {"x-api-key": self.text}
 
 
 def _altered(token: str, position: int, replacement: str) -> str:
@@ -578,28 +621,43 @@ def _altered(token: str, position: int, replacement: str) -> str:
     return f"{header}.{claims[:index]}{replacement}{claims[index + 1 :]}.{signature}"
 
 
-def credentials(user: str, admin: str, forged_admin: str) -> st.SearchStrategy[Credentials]:
-    valid = st.one_of(
-        st.just(Credentials("user", {"Authorization": f"Bearer {user}"})),
-        st.just(Credentials("user", {"x-api-key": user})),
-        st.just(Credentials("admin", {"Authorization": f"Bearer {admin}"})),
-    )
-    refused = st.one_of(
-        st.just(Credentials("nobody", {})),
-        st.just(Credentials("nobody", {"Authorization": f"Bearer {forged_admin}"})),
-        st.builds(
-            lambda position, char: Credentials(
-                "nobody", {"Authorization": f"Bearer {_altered(user, position, char)}"}
-            ),
-            st.integers(0, 10_000),
-            st.sampled_from("ABCxyz019-_"),
-        ),
-        HEADER_TEXT.map(lambda text: Credentials("nobody", {"Authorization": text})),
-        HEADER_TEXT.map(lambda text: Credentials("nobody", {"Authorization": f"Bearer {text}"})),
-        HEADER_TEXT.map(lambda text: Credentials("nobody", {"x-api-key": text})),
-        st.just(Credentials("nobody", {"Authorization": f"Basic {user}"})),
-    )
-    return st.one_of(valid, valid, refused)
+VALID_SENDER = st.sampled_from([Sender("user"), Sender("user-key"), Sender("admin")])
+REFUSED_SENDER = st.one_of(
+    st.sampled_from([Sender("none"), Sender("forged-admin"), Sender("basic")]),
+    st.builds(
+        lambda position, char: Sender("altered", char, position),
+        st.integers(0, 10_000),
+        st.sampled_from("ABCxyz019-_"),
+    ),
+    st.builds(Sender, st.sampled_from(["raw", "raw-bearer", "raw-key"]), HEADER_TEXT),
+)
+SENDERS = st.one_of(VALID_SENDER, VALID_SENDER, REFUSED_SENDER)
+
+
+def _unsigned_jwt(header: dict[str, Any]) -> str:
+    parts = (json.dumps(header), json.dumps({"sub": "x"}), "sig")
+    return ".".join(base64.urlsafe_b64encode(part.encode()).rstrip(b"=").decode() for part in parts)
+
+
+# The corpus beyond the derandomized examples: requests that a fuzz run (`nox -s fuzz`) or a
+# probe found wanting, as (model_id, body, sender), replayed on every run of the route's
+# fuzz. A falsifying example goes in as Hypothesis printed it (docs/install.md, "Fuzzing").
+SURROGATE = chat_body(messages=[{"role": "user", "content": "\ud800"}], max_tokens=1)
+TOKENIZE = {"model": MODEL, "input": "hi"}
+FOUND: dict[str, list[tuple[str, bytes, Sender]]] = {
+    # A lone surrogate was a 500 from the tokenizer (issue 24's probe).
+    CHAT: [("", json.dumps(SURROGATE).encode(), Sender("user"))],
+    # A token whose header's kid is not a string, or that carries crit, was a 500 (the same).
+    "/v1/tokenize": [
+        ("", json.dumps(TOKENIZE).encode(), Sender("raw-bearer", _unsigned_jwt(header)))
+        for header in (
+            {"alg": "RS256", "kid": 1},
+            {"alg": "RS256", "kid": None},
+            {"alg": "RS256", "kid": ["a"]},
+            {"alg": "RS256", "kid": "a", "crit": ["exp"]},
+        )
+    ],
+}
 
 
 @dataclass
@@ -668,33 +726,31 @@ def test_the_fuzz_knows_every_post_route(fuzz_server: FuzzServer) -> None:
     assert set(post_paths(fuzz_server.app)) == set(KNOWN_BODIES)
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("route", sorted(KNOWN_BODIES))
 def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
-    fuzz_server: FuzzServer, route: str
+    fuzz_server: FuzzServer, route: str, explore: Callable[[Callable[[], None]], None]
 ) -> None:
-    """Near-valid bodies with valid and broken credentials; seeded (derandomize), so a failure
-    comes back on the next run."""
-    who = credentials(fuzz_server.user, fuzz_server.admin, fuzz_server.forged_admin)
+    """Near-valid bodies with valid and broken credentials: the corpus (FOUND and examples
+    derived from this code, so a failure comes back on the next run), or random ones under
+    `nox -s fuzz`."""
     statuses: list[int] = []
 
     with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as client:
 
-        @settings(
+        @fuzz_settings(
+            f"post {route}",
             max_examples=60,
             deadline=None,
-            database=None,
-            derandomize=True,
             suppress_health_check=[HealthCheck.too_slow],
         )
-        @given(data=st.data())
-        def post(data: st.DataObject) -> None:
-            path = route.replace("{model_id}", data.draw(PATH_VALUES))
-            body = data.draw(bodies(route))
-            sent = data.draw(who)
-            headers = {"content-type": "application/json", **sent.headers}
+        @given(model_id=PATH_VALUES, body=bodies(route), sent=SENDERS)
+        def post(model_id: str, body: bytes, sent: Sender) -> None:
+            path = route.replace("{model_id}", model_id)
+            headers = {"content-type": "application/json", **sent.headers(fuzz_server)}
             response = client.post(path, content=body, headers=headers)
             statuses.append(response.status_code)
-            where = (path, sent.who, body, response.text)
+            where = (path, sent, body, response.text)
             assert response.status_code < 500, where
             assert "Traceback" not in response.text, where
             if sent.who == "nobody":
@@ -704,7 +760,9 @@ def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
             if sent.who == "admin":
                 assert response.status_code != 403, where
 
-        post()
+        for model_id, body, sent in FOUND.get(route, []):
+            post = example(model_id=model_id, body=body, sent=sent)(post)
+        explore(post)
         if not route.startswith("/v1/kronk/"):  # the near-valid bodies reached the handler
             assert any(200 <= status < 300 for status in statuses), statuses
         assert client.get("/v1/liveness").status_code == 200

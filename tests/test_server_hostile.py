@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.errors import InvalidRequestError
-from kronk_core.models import DEFAULT_MODEL_SETTINGS
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, DEFAULT_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import RunningServer, Serve

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from kronk_api.logs import JsonFormatter, request_id
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from kronk_core import DEFAULT_MODEL_ID
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import RunningServer

@@ -17,10 +17,12 @@ import jsonschema
 import ollama
 import pytest
 from media_samples import image as image_bytes
+from tool_results import MORE, tokens_of_more
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import DEFAULT_MODEL_ID, Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.media import Media
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
     from conftest import MultimodalPaths, Serve
@@ -231,7 +233,9 @@ def test_named_tool_choice_comes_back_as_a_call_with_object_arguments(base_url: 
     assert answer.done_reason == "stop"
 
 
-def test_tool_calls_and_results_in_history_are_accepted(client: ollama.Client) -> None:
+def test_tool_calls_and_results_in_history_reach_the_prompt(
+    client: ollama.Client, base_url: str
+) -> None:
     messages = [
         {"role": "user", "content": "What is the weather in Paris?"},
         {
@@ -243,6 +247,13 @@ def test_tool_calls_and_results_in_history_are_accepted(client: ollama.Client) -
     ]
     answer = client.chat(model=MODEL, messages=messages, tools=[WEATHER_TOOL], options=GREEDY)
     assert answer.done
+    # The result reached the prompt: a longer one makes it longer by the tokens added.
+    longer = [*messages[:-1], {**messages[-1], "content": "18 C, sunny" + MORE}]
+    options = {**GREEDY, "num_predict": 1}
+    again = client.chat(model=MODEL, messages=longer, tools=[WEATHER_TOOL], options=options)
+    assert again.prompt_eval_count is not None and answer.prompt_eval_count is not None
+    added = again.prompt_eval_count - answer.prompt_eval_count
+    assert added == tokens_of_more(base_url, DEFAULT_MODEL_ID)
 
 
 def test_keep_alive_zero_unloads_after_the_answer(client: ollama.Client) -> None:

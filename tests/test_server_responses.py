@@ -10,8 +10,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from tool_results import MORE, tokens_of_more
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -108,7 +109,7 @@ def test_stream_events_in_order(client: openai.OpenAI) -> None:
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
 
 
-def test_function_call_round_trip(client: openai.OpenAI) -> None:
+def test_function_call_round_trip(client: openai.OpenAI, server: Any) -> None:
     question = "What is the weather in Oslo?"
     first = _create(
         client,
@@ -150,6 +151,17 @@ def test_function_call_round_trip(client: openai.OpenAI) -> None:
     assert explicit.output[0].type == "message"
     assert chained.output_text == explicit.output_text
     assert chained.usage.input_tokens == explicit.usage.input_tokens
+    # The output reached the prompt: a longer one makes it longer by the tokens added.
+    longer = _create(
+        client,
+        input=[{**output, "output": output["output"] + MORE}],
+        previous_response_id=first.id,
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        max_output_tokens=1,
+    )
+    added = longer.usage.input_tokens - chained.usage.input_tokens
+    assert added == tokens_of_more(server.base_url, GEMMA_MODEL_ID)
 
 
 def test_streamed_function_call(client: openai.OpenAI) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID, default_model_path
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, default_model_path
 from kronk_templates.formats import FORMATS
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from waiting import reached
 from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 PROMPT = "Write a very long story about a lighthouse keeper and the sea."
 

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -167,10 +167,22 @@ def test_tool_result_round_trip(client: openai.OpenAI) -> None:
         },
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees."},
     ]
-    answer = _chat(client, messages=messages, tool_choice="none", max_tokens=12).choices[0]
+    result = _chat(
+        client,
+        messages=messages,
+        tool_choice="none",
+        max_tokens=12,
+        extra_body={"return_prompt": True},
+    )
+    answer = result.choices[0]
     assert answer.finish_reason in ("stop", "length")
     assert answer.message.tool_calls is None
     assert answer.message.content
+    # The model read the call and its result: both are in the prompt, in order.
+    prompt = (result.model_extra or {})["prompt"]
+    question, city = QUESTION[0]["content"], json.loads(call.function.arguments)["city"]
+    called_at = prompt.index('"get_weather"', prompt.index(question))
+    assert prompt.index(city, called_at) < prompt.index("Sunny, 21 degrees.")
 
 
 def test_tool_choice_none_gives_text(client: openai.OpenAI) -> None:

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from kronk_tempo.middleware import STATE_KEY
-from kronk_tempo.tracing import Tracing
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_tempo.middleware import STATE_KEY
+from kronk_tempo.tracing import Tracing
 
 if TYPE_CHECKING:
     from conftest import Serve

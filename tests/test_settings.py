@@ -14,10 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_api.settings import all_settings, server_sections
+from kronk_caching.plugin import no_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.config import PluginSelection, load_model_config_file
 from kronk_core.errors import ConfigError
+from kronk_core.registry import Register
 from kronk_core.sections import ModelSection, Section, ServerSection
+from kronk_core.slots import CacheStrategyFactory
 from kronk_llamacpp.settings import SETTINGS as LLAMACPP
 from kronk_llamacpp.settings import CacheType
 
@@ -206,3 +209,33 @@ def test_a_name_no_plugin_registers_fails_the_load(
         assert kronk.get_loaded("m") is None
     finally:
         kronk.close()
+
+
+class DefaultNoCache:
+    """A third party's cache strategy made the default: what an unset `cache:` selects."""
+
+    @staticmethod
+    @hookimpl
+    def kronk_register_cache_strategies(register: Register[CacheStrategyFactory]) -> None:
+        register("mine", no_cache, default=True)
+
+
+def test_a_plugin_s_default_is_what_an_unset_key_selects(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    model = ModelConfig.model_validate({"model_path": tiny_llama_path, "context_window": 256})
+    config = KronkConfig(base_path=tmp_path, models={"m": model})
+    with Kronk(config) as kronk:
+        cache = kronk.registry("cache_strategies")
+        assert (cache.default, kronk.registry("template_processors").default) == ("imc", "jinja")
+        assert kronk.registry("draft_strategies").default == "lookup"
+        assert kronk.load("m").cache.name == "imc"
+    with Kronk(config, plugins={"mine": DefaultNoCache}) as kronk:
+        assert kronk.registry("cache_strategies").default == "mine"
+        assert kronk.load("m").cache.name == "none"
+    off = config.model_copy(update={"plugins": PluginSelection(disabled=["caching"])})
+    with Kronk(off) as kronk:
+        with pytest.raises(ConfigError) as info:
+            kronk.load("m")
+        assert info.value.key == "models.m.cache"
+        assert "not set, and no active plugin registers a default" in str(info.value)

@@ -13,7 +13,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import GEMMA_MODEL_SETTINGS
+from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
     from conftest import Serve

@@ -105,11 +105,13 @@ def test_a_key_written_two_ways_is_an_error(tmp_path: Path) -> None:
         ({"system-prompt-cache": True}, "spc"),
         ({"incremental_cache": False}, "none"),
         ({"system_prompt_cache": True, "incremental_cache": False}, "spc"),
-        ({"system_prompt_cache": False}, "imc"),  # the default stays
+        ({"system_prompt_cache": False}, None),  # unset: the registry's default (imc)
         ({"incremental_cache": True, "cache": "imc"}, "imc"),
     ],
 )
-def test_the_manual_s_cache_switches(tmp_path: Path, entry: dict[str, Any], cache: str) -> None:
+def test_the_manual_s_cache_switches(
+    tmp_path: Path, entry: dict[str, Any], cache: str | None
+) -> None:
     assert bound(tmp_path, entry)["cache"] == cache
 
 
@@ -139,6 +141,19 @@ def test_the_manual_s_device_and_gpu_keys(tmp_path: Path) -> None:
         "tensor_split": [3.0, 1.0],
         "swa_full": True,
     }
+
+
+def test_rpc_servers_as_a_list_or_as_llama_server_s_comma_string(tmp_path: Path) -> None:
+    servers = ["10.0.0.2:50052", "gpu-box:50052"]
+    assert bound(tmp_path, {"rpc_servers": servers})["llamacpp"] == {"rpc_servers": servers}
+    assert bound(tmp_path, {"rpc": "10.0.0.2:50052, gpu-box:50052"})["llamacpp"] == {
+        "rpc_servers": servers
+    }
+    assert "10.0.0.2" in str(bind_error(tmp_path, {"rpc_servers": ["10.0.0.2"]}))
+    twice = bind_error(tmp_path, {"rpc_servers": ["a:1", "a:1"]})
+    assert "names a server twice" in str(twice)
+    pinned = bind_error(tmp_path, {"device": "CUDA0", "rpc_servers": ["a:1"]})
+    assert "set device or rpc_servers" in str(pinned)
 
 
 def test_an_unknown_flat_key_is_refused(tmp_path: Path) -> None:

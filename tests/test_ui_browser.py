@@ -22,7 +22,7 @@ from test_reasoning import THINKING_GEMMA
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
 from kronk_core.config import parse_model_config
-from kronk_core.models import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_ui.plugin import CONTENT_SECURITY_POLICY
 
 # Chromium as the tests run it: no sandbox (root in a container), no network of its own.

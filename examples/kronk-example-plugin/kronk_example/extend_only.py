@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kronk_core.backend import TextModel
+from kronk_core.generation import GenerationRequest
 from kronk_core.slots import CacheCounters, CachePlan, PromptScope, Slot
-from kronk_core.types import ChatMessage, GenerationRequest
+from kronk_core.types import ChatMessage
 
 
 class ExtendOnly:

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from litestar import Request, get
-from litestar.types import ControllerRouterHandler
+from litestar.config.app import AppConfig
 
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.registry import Register
@@ -39,5 +39,5 @@ def kronk_register_cache_strategies(register: Register[CacheStrategyFactory]) ->
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [greeting]
+def kronk_app(app_config: AppConfig) -> None:
+    app_config.route_handlers.append(greeting)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
+from litestar.config.app import AppConfig
 from litestar.connection import ASGIConnection
 from litestar.testing import TestClient
 from pydantic import ValidationError
@@ -368,8 +369,8 @@ def _messages_need_a_key(connection: ASGIConnection[Any, Any, Any, Any], handler
 
 class GuardPlugin:
     @hookimpl
-    def kronk_guards(self, kronk: Kronk) -> Sequence[Any]:
-        return [_messages_need_a_key]
+    def kronk_app(self, app_config: AppConfig) -> None:
+        app_config.guards.append(_messages_need_a_key)
 
 
 def test_guard_errors_come_out_in_anthropic_shape(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from kronk_api.auth import TOKEN_CHECKER, Checked, TokenChecker
 from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, SUBJECT_STATE
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.limits import LimitStore
@@ -18,31 +19,6 @@ from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import Claims, Grant, verify
 from kronk_auth_jwt.windows import window_bounds
 from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
-
-STATE_KEY = "kronk_auth"
-
-
-@dataclass(frozen=True)
-class Checked:
-    """Who a checked token belongs to."""
-
-    subject: str
-    admin: bool
-
-
-class TokenChecker(Protocol):
-    """Checks a request's credentials for an endpoint: this server's keys (Authenticator),
-    or another server's (RemoteAuthenticator, auth-jwt.host)."""
-
-    async def check(self, credentials: str | None, endpoint: str, times: int = 1) -> Checked:
-        """Authenticate; for a named endpoint, check its grant and charge `times` requests
-        (0: only the grant). `endpoint` may be ADMIN (admin tokens only) or AUTHENTICATED
-        (any valid token). Raises AuthenticationError, PermissionDeniedError, RateLimitError,
-        or UnavailableError when the checker cannot answer."""
-        ...
-
-    def close(self) -> None:
-        """Release stores and connections (the server is stopping)."""
 
 
 def utc_now() -> datetime:
@@ -132,6 +108,6 @@ async def authorize(
     endpoint = handler.opt.get(ENDPOINT_OPT, ADMIN)
     if endpoint == PUBLIC:
         return
-    checker: TokenChecker = connection.app.state[STATE_KEY]
+    checker: TokenChecker = connection.app.state[TOKEN_CHECKER]
     checked = await checker.check(credentials_of(connection), endpoint)
     connection.state[SUBJECT_STATE] = checked.subject

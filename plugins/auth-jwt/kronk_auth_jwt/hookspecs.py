@@ -7,21 +7,19 @@ loads when auth-jwt is disabled.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pluggy
 
 from kronk_auth_jwt.limits import LimitStoreFactory
-from kronk_core.registry import Register
-
-if TYPE_CHECKING:
-    from kronk_core.sdk import Kronk
+from kronk_core.host import Host
+from kronk_core.registry import Register, RegistryKind
 
 hookspec = pluggy.HookspecMarker("kronk")
 
+LIMIT_STORES: RegistryKind[LimitStoreFactory] = RegistryKind("limit_stores")
+
 
 @hookspec
-def kronk_register_limit_stores(register: Register[LimitStoreFactory], kronk: Kronk) -> None:
+def kronk_register_limit_stores(register: Register[LimitStoreFactory], kronk: Host) -> None:
     """Register rate-limit counter stores by URL scheme: `register("redis", factory)`.
 
     The server's `auth-jwt.limit_store` URL selects one by its scheme (`sqlite`

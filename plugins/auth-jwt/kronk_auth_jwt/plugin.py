@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 import pluggy
 from litestar import Litestar
-from litestar.types import ControllerRouterHandler, Guard
+from litestar.config.app import AppConfig
 
+from kronk_api.auth import TOKEN_CHECKER, TokenChecker, expect_token_checker
 from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, TokenChecker, authorize
+from kronk_auth_jwt.guard import Authenticator, authorize
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.redis_store import RedisLimitStore
 from kronk_auth_jwt.remote import RemoteAuthenticator
@@ -21,8 +23,9 @@ from kronk_auth_jwt.routes import router
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.errors import ConfigError
+from kronk_core.host import Host
 from kronk_core.registry import Register
 from kronk_core.sections import Section
 
@@ -38,36 +41,38 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_guards(kronk: Kronk) -> Sequence[Guard]:
-    return [authorize]
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+    app_config.guards.append(authorize)
+    app_config.route_handlers.append(router())
+    expect_token_checker(app_config)
+
+    @asynccontextmanager
+    async def token_checker(app: Litestar) -> AsyncIterator[None]:
+        """The token checker on app.state while the server runs: None with auth off."""
+        checker = app.state[TOKEN_CHECKER] = _token_checker(kronk, app)
+        if checker is None:
+            yield
+            return
+        try:
+            yield
+        finally:
+            checker.close()
+
+    app_config.lifespan.append(token_checker)
 
 
-@hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [router()]
-
-
-@hookimpl
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
+def _token_checker(kronk: Host, app: Litestar) -> TokenChecker | None:
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:
-        return
+        return None
     if settings.host:
-        app.state[STATE_KEY] = RemoteAuthenticator(settings.host)
-        return
+        return RemoteAuthenticator(settings.host)
     base = app.state.settings.base_path.expanduser()
     keys = open_key_store(base / "keys", settings.issuer)
     scheme = settings.limit_store.partition("://")[0]
-    factory = kronk.registry("limit_stores").get(scheme, f"{SETTINGS.name}.limit_store")
+    factory = kronk.registry(hookspecs.LIMIT_STORES).get(scheme, f"{SETTINGS.name}.limit_store")
     store = factory(settings.limit_store, base)
-    app.state[STATE_KEY] = Authenticator(keys=keys, issuer=settings.issuer, store=store)
-
-
-@hookimpl
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    checker: TokenChecker | None = app.state.get(STATE_KEY)
-    if checker is not None:
-        checker.close()
+    return Authenticator(keys=keys, issuer=settings.issuer, store=store)
 
 
 def sqlite_store(url: str, base_path: Path) -> LimitStore:

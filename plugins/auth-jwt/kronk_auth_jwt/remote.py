@@ -14,7 +14,7 @@ import contextlib
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kronk_auth_jwt.guard import Checked
+from kronk_api.auth import Checked
 from kronk_core.errors import (
     AuthenticationError,
     KronkError,

@@ -9,8 +9,9 @@ from litestar import Request, Router, delete, get, post
 from litestar.params import FromPath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kronk_api.auth import TOKEN_CHECKER, TokenChecker
 from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT
-from kronk_auth_jwt.guard import STATE_KEY, Authenticator, TokenChecker, credentials_of
+from kronk_auth_jwt.guard import Authenticator, credentials_of
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
 from kronk_core.errors import InvalidRequestError, KronkError
@@ -42,7 +43,7 @@ def _checker(request: Request[Any, Any, Any]) -> TokenChecker:
     settings = SETTINGS.of(request.app.state.settings)
     if not settings.enabled:
         raise AuthDisabledError("authentication is not enabled on this server")
-    checker: TokenChecker = request.app.state[STATE_KEY]
+    checker: TokenChecker = request.app.state[TOKEN_CHECKER]
     return checker
 
 

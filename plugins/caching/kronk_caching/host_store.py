@@ -5,6 +5,13 @@ model file and the KV-shaping config, so a different model or layout never
 restores a wrong state. The disk is an addition, never a condition: when its
 directory cannot be written (gone, read-only, full), conversations are kept in
 RAM only and a warning is logged; no request fails for it.
+
+The directory is bounded too, by age (since an entry was last written) and by bytes
+(least recently written first). Any server sharing it removes what is past the bounds,
+other servers' entries included: the tokens file (the index) goes first, so nobody
+starts reading an entry being removed, and a reader that opened a file before keeps
+reading all of it (an unlinked file lives on while open). A reader that comes too late
+finds no file and rebuilds; nobody reads half an entry.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import logging
 import os
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +33,11 @@ from kronk_caching.prefix import token_key
 from kronk_core.tokens import common_prefix
 
 log = logging.getLogger(__name__)
+
+_SUFFIXES = (".tokens", ".checkpoints", ".state")  # the order an entry is removed in
+# A writer renames an entry's files into place within moments: files of an entry without
+# its tokens file, or partial files, this much older are a dead writer's leftovers.
+LEFTOVER_SECONDS = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +73,22 @@ class StoredConversation:
 
 class HostStore:
     def __init__(
-        self, *, max_bytes: int, directory: Path | None, fingerprint: str, shared: bool = False
+        self,
+        *,
+        max_bytes: int,
+        directory: Path | None,
+        fingerprint: str,
+        shared: bool = False,
+        disk_max_bytes: int = 0,
+        disk_max_age: float = 0.0,
+        expire_every: float = 60.0,
     ) -> None:
         self._max_bytes = max_bytes
+        # The directory's bounds (0: none), checked at most every `expire_every` seconds.
+        self._disk_max_bytes = disk_max_bytes
+        self._disk_max_age = disk_max_age
+        self._expire_every = expire_every
+        self._expired_at = 0.0
         # Shared with other servers: their entries are picked up when the directory changes.
         self._shared = shared
         self._scanned_at = 0
@@ -77,6 +103,7 @@ class HostStore:
             except OSError as exc:
                 self._disk_failed(exc)
             else:
+                self.expire()
                 self._load_index()
 
     @property
@@ -105,17 +132,25 @@ class HostStore:
         entry = StoredConversation(
             tuple(tokens), state, None, floor, tuple(c.length for c in ordered), ordered
         )
-        for other in [
+        superseded = [
             k
             for k, e in self._entries.items()
             if _is_prefix(e.tokens, tokens) and entry.keeps(len(e.tokens))
-        ]:
-            self._drop(other)
+        ]
         if self._directory is not None:
+            # Written before what it supersedes leaves the disk: a process killed in
+            # between leaves both there, never neither (a conversation written through
+            # keeps its previous turn until the next one is whole).
             entry.file = self._write(self._directory / hashlib.sha256(key).hexdigest(), entry)
+        for other in superseded:
+            # The same conversation's files were just replaced (or, where the disk
+            # refused, removed) by the write.
+            self._drop(other, unlink=other != key)
         self._entries[key] = entry
         self._bytes += entry.ram_bytes
         self._shrink()
+        if time.monotonic() - self._expired_at >= self._expire_every:
+            self.expire()
 
     def _write(self, file: Path, entry: StoredConversation) -> Path | None:
         """Write an entry's files; None (and nothing on disk) when the disk refuses.
@@ -207,17 +242,64 @@ class HostStore:
             if entry.state is None:
                 continue
             self._bytes -= entry.ram_bytes
-            if entry.file is not None:
+            if entry.file is not None and entry.file.with_suffix(".tokens").exists():
                 entry.state = entry.checkpoints = None  # still on disk
-            else:
+            else:  # never written, or removed from the disk since (another server expired it)
                 del self._entries[key]
 
-    def _drop(self, key: bytes) -> None:
+    def _drop(self, key: bytes, *, unlink: bool = True) -> None:
         entry = self._entries.pop(key)
         self._bytes -= entry.ram_bytes
-        if entry.file is not None:
-            for suffix in (".tokens", ".checkpoints", ".state"):
-                _unlink(entry.file.with_suffix(suffix))
+        if unlink and entry.file is not None:
+            _remove(entry.file)
+
+    def expire(self) -> None:
+        """Remove the directory's entries past its bounds (whoever wrote them) and dead
+        writers' leftovers; this server's RAM copies of removed entries stay in RAM."""
+        self._expired_at = time.monotonic()
+        if self._directory is None or not (self._disk_max_bytes or self._disk_max_age):
+            return
+        now = time.time()
+        entries: list[tuple[float, int, Path]] = []  # (written at, bytes, entry)
+        try:
+            listing = list(self._directory.iterdir())
+        except OSError:
+            return
+        indexed = {path.with_suffix("") for path in listing if path.suffix == ".tokens"}
+        for path in listing:
+            try:
+                status = path.stat()
+            except OSError:
+                continue  # removed meanwhile
+            stem = path.with_suffix("")
+            if path.suffix == ".tokens":
+                size = status.st_size + sum(_size(stem.with_suffix(s)) for s in _SUFFIXES[1:])
+                entries.append((status.st_mtime, size, stem))
+            elif stem not in indexed and now - status.st_mtime > LEFTOVER_SECONDS:
+                _unlink(path)  # a partial file, or the rest of an entry never indexed
+        entries.sort()
+        total = sum(size for _, size, _ in entries)
+        removed = set()
+        for written, size, stem in entries:
+            too_old = self._disk_max_age and now - written > self._disk_max_age
+            too_big = self._disk_max_bytes and total > self._disk_max_bytes
+            if not (too_old or too_big):
+                break  # the rest are younger, and they fit
+            _remove(stem)
+            removed.add(stem)
+            total -= size
+        if not removed:
+            return
+        for key, entry in list(self._entries.items()):
+            if entry.file in removed:
+                entry.file = None
+                if entry.state is None:
+                    del self._entries[key]
+        log.info(
+            "host cache: removed %d conversations past its bounds from %s",
+            len(removed),
+            self._directory,
+        )
 
     def _refresh(self) -> None:
         """Pick up the entries other servers wrote since the last look, and forget the
@@ -306,6 +388,19 @@ def _checkpoint_lengths(path: Path) -> tuple[int, ...]:
 
 def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:
     return len(short) <= len(long) and common_prefix(short, long) == len(short)
+
+
+def _remove(stem: Path) -> None:
+    """An entry's files, its index first."""
+    for suffix in _SUFFIXES:
+        _unlink(stem.with_suffix(suffix))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _unlink(path: Path) -> None:

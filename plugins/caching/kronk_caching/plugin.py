@@ -74,6 +74,8 @@ def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> Ca
             directory=settings.host_cache_dir,
             fingerprint=state_fingerprint(model_config, model_info),
             shared=settings.host_cache_shared and settings.host_cache_dir is not None,
+            disk_max_bytes=settings.host_cache_disk_bytes,
+            disk_max_age=settings.host_cache_max_age,
         )
     if not model_info.kv_trimmable:
         log.info(
@@ -99,4 +101,5 @@ def kronk_settings() -> Sequence[Section[Any]]:
 def kronk_register_cache_strategies(register: Register[CacheStrategyFactory]) -> None:
     register("none", no_cache)
     register("spc", system_prompt_cache)
-    register("imc", incremental_cache)
+    # Message caching is the default: every client worth serving resends its history.
+    register("imc", incremental_cache, default=True)

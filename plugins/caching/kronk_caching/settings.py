@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kronk_core.config import Duration
 from kronk_core.memory import available_ram
 from kronk_core.sections import ModelSection, Switch
 
@@ -39,6 +40,11 @@ class CachingSettings(BaseModel):
     # conversation there after each request, not only when evicted, and restores what the
     # others wrote, so a conversation whose server died continues on another one.
     host_cache_shared: bool = False
+    # host_cache_dir's bounds, per model: a conversation not written for this long goes,
+    # and past this many bytes the least recently written go first (0: no bound). With
+    # host_cache_shared every server applies them to all the entries there.
+    host_cache_max_age: Duration = 24 * 3600.0
+    host_cache_disk_bytes: Annotated[int, Field(ge=0)] = 16 << 30
     # SPC: whose remembered system prompt a request without one gets.
     spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation
+from kronk_caching.host_store import LEFTOVER_SECONDS, Checkpoint, HostStore, StoredConversation
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
 from kronk_core.backend import ModelInfo
@@ -87,6 +93,55 @@ def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
 
 
+def test_a_conversation_stored_again_keeps_its_files_on_disk(tmp_path: Path) -> None:
+    """The same tokens stored twice (written through after each request) replace the
+    entry's files; a longer turn of it replaces them in turn."""
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    store.put(range(100), b"a" * 10)
+    store.put(range(100), b"b" * 10)
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(120), longest)
+    assert keep == 100 and entry is not None and restarted.state_of(entry) == b"b" * 10
+    store.put(range(150), b"c" * 10)
+    assert sorted(path.suffix for path in (tmp_path / "f").iterdir()) == [
+        ".checkpoints", ".state", ".tokens"
+    ]  # fmt: skip
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(160), longest)
+    assert keep == 150 and entry is not None and restarted.state_of(entry) == b"c" * 10
+
+
+# Stores a conversation, then dies by SIGKILL halfway through writing the state of the
+# next turn of it, which supersedes it.
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from kronk_caching.host_store import HostStore
+
+store = HostStore(max_bytes=0, directory=Path(sys.argv[1]), fingerprint="f")
+store.put(range(100), b"a" * 10)
+
+def dying(path, data):
+    with path.open("wb") as file:
+        file.write(data[: len(data) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Path.write_bytes = dying
+store.put(range(150), b"b" * 10)
+"""
+
+
+def test_a_process_killed_writing_a_newer_turn_leaves_the_previous_one(tmp_path: Path) -> None:
+    """The newer turn is written before the entry it supersedes goes: `kill -9` in the
+    middle leaves the previous turn on disk for the next start."""
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(list((tmp_path / "f").glob("*.state.*.partial"))) == 1
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    keep, entry = restarted.best(range(160), longest)
+    assert keep == 100 and entry is not None and restarted.state_of(entry) == b"a" * 10
+
+
 def test_servers_sharing_a_directory_see_each_others_conversations(tmp_path: Path) -> None:
     """host_cache_shared: an entry one server writes is restorable by another that started
     before it; one it drops is forgotten by the other."""
@@ -128,3 +183,103 @@ def test_two_writers_of_one_conversation_never_leave_half_an_entry(tmp_path: Pat
     state = reader.state_of(entry)
     assert state in (bytes([1]) * size, bytes([2]) * size)
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def age(directory: Path, tokens: range, seconds: float) -> None:
+    """Make the entry of `tokens` look last written `seconds` ago."""
+    (tokens_file,) = [
+        path
+        for path in directory.rglob("*.tokens")
+        if tuple(np.fromfile(path, dtype=np.int32)[1:]) == tuple(tokens)
+    ]
+    then = time.time() - seconds
+    for path in tokens_file.parent.glob(tokens_file.stem + ".*"):
+        os.utime(path, (then, then))
+
+
+def on_disk(directory: Path) -> int:
+    return len(list(directory.rglob("*.tokens")))
+
+
+def test_a_shared_directory_forgets_what_is_past_its_age_or_size(tmp_path: Path) -> None:
+    """Any server sharing the directory removes entries past its bounds, the others'
+    included; a server that held a removed entry in RAM keeps it there, one that only knew
+    it on disk forgets it."""
+    shared = {"directory": tmp_path, "fingerprint": "f", "shared": True, "expire_every": 0.0}
+    old = HostStore(max_bytes=1 << 20, **shared)  # bounds off: it writes, never removes
+    old.put(range(100), b"a" * 1000)
+    old.put(range(1000, 1100), b"b" * 1000)
+    age(tmp_path, range(100), 3 * 3600)
+    reader = HostStore(max_bytes=0, **shared)
+    assert len(reader) == 2
+    bounded = HostStore(max_bytes=1 << 20, disk_max_age=3600, **shared)  # removes at start
+    assert on_disk(tmp_path) == 1 and len(bounded) == 1
+    assert reader.best(list(range(120)), longest) == (0, None)  # gone from the disk: forgotten
+    keep, entry = old.best(list(range(120)), longest)  # still in the writer's RAM
+    assert keep == 100 and entry is not None and old.state_of(entry) == b"a" * 1000
+
+    # Past 3 entries' bytes, the least recently written go first, whoever wrote them.
+    size = sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+    sized = HostStore(max_bytes=1 << 20, disk_max_bytes=3 * size, **shared)
+    for start in range(2000, 6000, 1000):
+        old.put(range(start, start + 100), b"c" * 1000)
+        age(tmp_path, range(start, start + 100), (6000 - start) / 100)
+    age(tmp_path, range(1000, 1100), 3600)  # the oldest of all
+    sized.put(range(9000, 9100), b"d" * 1000)
+    left = {tuple(np.fromfile(p, dtype=np.int32)[1:3]) for p in tmp_path.rglob("*.tokens")}
+    assert left == {(4000, 4001), (5000, 5001), (9000, 9001)}
+
+
+def test_leftovers_of_a_dead_writer_go_and_a_fresh_write_stays(tmp_path: Path) -> None:
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f", disk_max_age=3600)
+    store.put(range(100), b"a" * 100)
+    folder = tmp_path / "f"
+    dead = [folder / "abc.state.1-aa.partial", folder / "abc.state", folder / "abc.checkpoints"]
+    for path in dead:
+        path.write_bytes(b"x")
+    fresh = folder / "def.state.2-bb.partial"  # a writer at work now
+    fresh.write_bytes(b"x")
+    then = time.time() - LEFTOVER_SECONDS - 60
+    for path in dead:
+        os.utime(path, (then, then))
+    store.expire()
+    assert not any(path.exists() for path in dead)
+    assert fresh.exists() and on_disk(tmp_path) == 1
+
+
+def test_readers_never_see_half_an_entry_while_another_server_removes(tmp_path: Path) -> None:
+    """One server writes conversations into a shared directory with a tight size bound, so
+    it removes entries all the time; another keeps picking them up and reading them. Every
+    state it reads is whole: its entry's own bytes, or nothing (then it would rebuild)."""
+    size = 256 << 10
+    bounded = {"directory": tmp_path, "fingerprint": "f", "shared": True, "expire_every": 0.0}
+    stop = threading.Event()
+    seen: list[int] = []
+    wrong: list[str] = []
+
+    def read() -> None:
+        reader = HostStore(max_bytes=0, **bounded)
+        while not stop.is_set():
+            for marker in range(1, 40):
+                prompt = [marker * 1000 + t for t in range(110)]
+                _, entry = reader.best(prompt, longest)
+                if entry is None:
+                    continue
+                state = reader.state_of(entry)
+                if state is not None and state != bytes([entry.tokens[0] // 1000]) * size:
+                    wrong.append(f"{entry.tokens[0]}: {len(state)} bytes")
+                seen.append(state is not None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writer = HostStore(max_bytes=0, disk_max_bytes=3 * size, **bounded)
+    try:
+        for _ in range(5):
+            for marker in range(1, 40):
+                writer.put(range(marker * 1000, marker * 1000 + 100), bytes([marker]) * size)
+    finally:
+        stop.set()
+        reader.join()
+    assert not wrong
+    assert any(seen)  # it did read entries while they were being removed
+    assert on_disk(tmp_path) <= 3

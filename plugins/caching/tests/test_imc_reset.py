@@ -15,10 +15,11 @@ import pytest
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
+from kronk_core.generation import GenerationRequest
 from kronk_core.slots import CacheStrategy, Slot
-from kronk_core.types import GenerationRequest, SamplingParams
+from kronk_core.types import SamplingParams
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 
 
 @pytest.fixture(scope="module")

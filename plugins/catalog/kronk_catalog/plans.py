@@ -11,7 +11,7 @@ from kronk_catalog.hub import repo_files
 from kronk_catalog.references import parse_reference, without_hub_host
 from kronk_catalog.sources import remote_file, with_split_parts
 from kronk_core.errors import InvalidRequestError
-from kronk_core.models import model_file_id
+from kronk_llamacpp.files import model_file_id
 
 
 def models_dir(base_path: Path) -> Path:

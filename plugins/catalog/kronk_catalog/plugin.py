@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import click
 from litestar import Litestar
-from litestar.types import ControllerRouterHandler
+from litestar.config.app import AppConfig
 
 from kronk_catalog.catalog import Catalog, templates_dir
 from kronk_catalog.cli import add_commands
@@ -16,7 +17,8 @@ from kronk_catalog.pulls import Pulls
 from kronk_catalog.resolve import resolve_model
 from kronk_catalog.routes import STATE_KEY, router
 from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, SETTINGS
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
+from kronk_core.host import Host
 from kronk_core.sections import Section
 
 
@@ -26,7 +28,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
+def kronk_models(kronk: Host) -> Mapping[str, Mapping[str, Any]]:
     """The pulled catalog models, with their catalog settings."""
     base = kronk.config.base_path
     root, templates = models_dir(base), templates_dir(base)
@@ -39,22 +41,36 @@ def kronk_models(kronk: Kronk) -> Mapping[str, Mapping[str, Any]]:
 
 
 @hookimpl
-def kronk_resolve_model(kronk: Kronk, reference: str, pull: bool) -> str | None:
+def kronk_pull_hint() -> str:
+    return (
+        "Get another with `kronk model pull REFERENCE` (org/repo:QUANT, a GGUF file's URL or "
+        "HF-REPO/FILE) or `kronk catalog pull ID` (`kronk catalog list` lists them)."
+    )
+
+
+@hookimpl
+def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
     """A Hugging Face reference (`org/repo:Q4_K_M`) or a model file's URL: the model pulled
     from there, pulled now if `pull`."""
     return resolve_model(kronk.config.base_path, reference, pull)
 
 
-@hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [router()]
+@asynccontextmanager
+async def cancel_pulls(app: Litestar) -> AsyncIterator[None]:
+    """Pulls still running when the server stops are cancelled (their partial files kept
+    for a resume)."""
+    try:
+        yield
+    finally:
+        pulls: Pulls | None = app.state.get(STATE_KEY)
+        if pulls is not None:
+            pulls.cancel()
 
 
 @hookimpl
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    pulls: Pulls | None = app.state.get(STATE_KEY)
-    if pulls is not None:
-        pulls.cancel()
+def kronk_app(app_config: AppConfig) -> None:
+    app_config.route_handlers.append(router())
+    app_config.lifespan.append(cancel_pulls)
 
 
 @hookimpl

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
 from kronk_core.errors import ModelNotFoundError
-from kronk_core.models import PROJECTOR_MARK
+from kronk_llamacpp.files import PROJECTOR_MARK
 
 # What llama-server's -hf takes when no quantization is named.
 DEFAULT_QUANT = "Q4_K_M"

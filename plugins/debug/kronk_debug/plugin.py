@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 from litestar import Litestar
-from litestar.types import Middleware
+from litestar.config.app import AppConfig
 
 from kronk_core import Kronk, hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.events import ChatRecord
+from kronk_core.host import Host
 from kronk_core.sections import Section
 from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
@@ -66,19 +68,35 @@ def kronk_settings() -> Sequence[Section[Any]]:
     return [SETTINGS]
 
 
-@hookimpl
-def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
-    return [count_requests]
-
-
-# Last: once every other plugin has started (a failing one stops the server first).
+# Last: its lifespan starts once every other plugin's has (a failing one stops the server
+# first), and stops first.
 @hookimpl(trylast=True)
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+    app_config.middleware.append(count_requests)
+
+    @asynccontextmanager
+    async def debug_server(app: Litestar) -> AsyncIterator[None]:
+        state = _start(kronk, app)
+        try:
+            yield
+        finally:
+            if state is not None:
+                state.monitor.stop()
+                state.server.stop()
+                kronk.plugins.unregister(state.observer)
+
+    app_config.lifespan.append(debug_server)
+
+
+def _start(kronk: Host, app: Litestar) -> DebugState | None:
+    """The metrics, the loop-lag monitor and the debug server, when the plugin is on."""
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:
-        return
-    metrics = Metrics(kronk)
-    for collectors in kronk.hook.kronk_debug_collectors(kronk=kronk):
+        return None
+    # The metrics read the loaded models' engines: the server's SDK facade.
+    sdk: Kronk = app.state.kronk
+    metrics = Metrics(sdk)
+    for collectors in kronk.hook.kronk_debug_collectors(kronk=sdk):
         for collector in collectors:
             metrics.registry.register(collector)
     # Models loaded before the server started (--preload) count as loads too.
@@ -87,7 +105,7 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     host, _, port = settings.host.rpartition(":")
     guards: list[Any] = []
     if not is_loopback(host):
-        guards = [guard for found in kronk.hook.kronk_guards(kronk=kronk) for guard in found]
+        guards = list(app.guards)
         log.warning(
             "the debug server listens on %s, off loopback: with auth on it needs admin "
             "tokens, without auth anyone who reaches it can read stacks and profiles",
@@ -100,14 +118,5 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
     monitor = LagMonitor(metrics.event_loop_lag.observe)
     monitor.start()
     server.start()
-    app.state[STATE_KEY] = DebugState(metrics, observer, monitor, server)
-
-
-@hookimpl
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    state: DebugState | None = app.state.pop(STATE_KEY, None)
-    if state is None:
-        return
-    state.monitor.stop()
-    state.server.stop()
-    kronk.plugins.unregister(state.observer)
+    state = app.state[STATE_KEY] = DebugState(metrics, observer, monitor, server)
+    return state

@@ -9,6 +9,12 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from kronk_core import Kronk, KronkConfig
+from kronk_core.events import ChatRecord
+from kronk_core.types import Usage
 from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
     Exclusive,
@@ -19,12 +25,6 @@ from kronk_debug.profiling import (
 )
 from kronk_debug.server import is_loopback
 from kronk_debug.settings import DebugSettings
-from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
-
-from kronk_core import Kronk, KronkConfig
-from kronk_core.events import ChatRecord
-from kronk_core.types import Usage
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from litestar.config.app import AppConfig
 
-from litestar.types import ControllerRouterHandler
-
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_embeddings.routes import router
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [router()]
+def kronk_app(app_config: AppConfig) -> None:
+    app_config.route_handlers.append(router())

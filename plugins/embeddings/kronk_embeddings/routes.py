@@ -8,9 +8,9 @@ from typing import Any
 
 from litestar import Request, Router, post
 
+from kronk_api.dialect import Dialect
 from kronk_api.http import kronk_of, parse_body
 from kronk_embeddings.schemas import EmbeddingsRequest, RerankRequest
-from kronk_openai.errors import OPENAI
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -69,5 +69,6 @@ def router() -> Router:
     return Router(
         path="/",
         route_handlers=[embeddings, rerank],
-        exception_handlers=OPENAI.exception_handlers(),
+        # The server's own error shape, which is OpenAI's (the embeddings API is OpenAI's).
+        exception_handlers=Dialect().exception_handlers(),
     )

@@ -13,6 +13,8 @@ from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
 from kronk_llamacpp.estimate import choose_context, estimate, refuse_if_too_large
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.rpc import add_servers
+from kronk_llamacpp.settings import SETTINGS
 from kronk_llamacpp.weights import load_weights, metadata
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,9 @@ class LlamaCppBackend:
     name = "llamacpp"
 
     def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+        servers = SETTINGS.of(config).rpc_servers
+        if servers:
+            add_servers(servers)  # their devices join the list the estimate places on
         devices = list_devices()
         if config.context_window is None:
             assert config.model_path is not None

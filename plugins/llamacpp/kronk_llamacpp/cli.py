@@ -1,19 +1,23 @@
-"""The llamacpp plugin's command: `kronk libs`."""
+"""The llamacpp plugin's commands: `kronk libs`, `kronk rpc start`."""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import click
 
+from kronk_api.listen import listen as listen_socket
 from kronk_api.options import add_server_start_option
-from kronk_core.errors import ConfigError
+from kronk_core.errors import ConfigError, KronkError
 from kronk_llamacpp import native
 from kronk_llamacpp.detect import detect
-from kronk_llamacpp.libs import LibsBuilder, LibsError
+from kronk_llamacpp.endpoint import Endpoint
+from kronk_llamacpp.libs import LibsBuilder, LibsError, worker_name
 from kronk_llamacpp.native import PROCESSORS, libraries_root
+from kronk_llamacpp.worker import worker_command
 
 # CMake variables naming the GPU architectures to build for: detected ones go in unless
 # the user names their own.
@@ -101,6 +105,13 @@ def add_commands(group: click.Group) -> None:
         multiple=True,
         help="Extra CMake argument, repeatable (e.g. -DCMAKE_CUDA_ARCHITECTURES=90)",
     )
+    @click.option(
+        "--rpc",
+        is_flag=True,
+        envvar="KRONK_LIBS_RPC",
+        help="Also build llama.cpp's RPC backend and its worker, ggml-rpc-server (models split "
+        "over rpc_servers; kronk rpc start)",
+    )
     @click.option("--force", is_flag=True, help="Rebuild even when the installed build matches")
     @click.option(
         "--local",
@@ -113,6 +124,7 @@ def add_commands(group: click.Group) -> None:
         source: Path | None,
         jobs: int | None,
         cmake_args: tuple[str, ...],
+        rpc: bool,
         force: bool,
         local: bool,
     ) -> None:
@@ -129,13 +141,104 @@ def add_commands(group: click.Group) -> None:
             cmake_args = (*detected.cmake_args, *cmake_args)
         try:
             target = LibsBuilder(
-                processor, root, source=source, jobs=jobs, cmake_args=cmake_args, say=click.echo
+                processor,
+                root,
+                source=source,
+                jobs=jobs,
+                cmake_args=cmake_args,
+                rpc=rpc,
+                say=click.echo,
             ).run(force=force)
         except LibsError as exc:
             raise click.ClickException(str(exc)) from None
         where = "" if lib_path is None else f"KRONK_LIB_PATH={root} "
         click.echo(f"libraries: {target}")
+        if rpc:
+            click.echo(f"RPC worker: {target / worker_name()} (kronk rpc start --listen HOST:PORT)")
         click.echo(
             f"kronk loads them from now on ({where}kronk server start); "
             "KRONK_PROCESSOR chooses another build"
         )
+
+    @group.group("rpc")
+    def rpc() -> None:
+        """llama.cpp RPC workers: one model's layers spread over several machines."""
+
+    @rpc.command("start")
+    @click.option(
+        "--listen",
+        envvar="KRONK_RPC_LISTEN",
+        default="127.0.0.1:50052",
+        show_default=True,
+        help="HOST:PORT the worker listens on. It has no authentication: private networks only",
+    )
+    @click.option(
+        "--threads",
+        "-t",
+        type=click.IntRange(min=1),
+        envvar="KRONK_RPC_THREADS",
+        help="CPU threads the worker computes with [half the cores]",
+    )
+    @click.option(
+        "--device",
+        "-d",
+        "devices",
+        multiple=True,
+        help="A device to offer (CUDA0, Vulkan1, CPU: `kronk devices` lists them), repeatable "
+        "[every GPU, else the CPU]",
+    )
+    @click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar="KRONK_RPC_CACHE_DIR",
+        help="Keep the large tensors clients send in this folder (its rpc/ subfolder), so a "
+        "model loads again from the worker's disk instead of over the network",
+    )
+    @click.option(
+        "--processor",
+        type=click.Choice(PROCESSORS, case_sensitive=False),
+        help="Which `kronk libs --rpc` build runs the worker [KRONK_PROCESSOR, else the last "
+        "one built]",
+    )
+    @click.option(
+        "--lib-path",
+        envvar="KRONK_LIB_PATH",
+        type=click.Path(path_type=Path),
+        help="Where `kronk libs` installed the build [~/.kronk/libraries]",
+    )
+    def rpc_start(
+        listen: str,
+        threads: int | None,
+        devices: tuple[str, ...],
+        cache_dir: Path | None,
+        processor: str | None,
+        lib_path: Path | None,
+    ) -> None:
+        """Run a llama.cpp RPC worker (ggml-rpc-server from `kronk libs --rpc`) in the
+        foreground: a Kronk elsewhere whose model names this HOST:PORT in rpc_servers puts
+        layers on this machine's devices."""
+        try:
+            endpoint = Endpoint.parse(listen)
+            worker = worker_command(
+                endpoint,
+                root=(lib_path or libraries_root()).expanduser(),
+                processor=processor,
+                threads=threads,
+                devices=devices,
+                cache_dir=cache_dir,
+            )
+            listen_socket(endpoint.host, endpoint.port).close()  # taken: said now, not later
+        except (ValueError, KronkError) as exc:
+            raise click.ClickException(getattr(exc, "message", str(exc))) from None
+        if endpoint.host != "127.0.0.1":
+            click.echo(
+                f"warning: the RPC worker on {endpoint} takes commands from anyone who reaches "
+                "it, without authentication: keep it on a private network",
+                err=True,
+            )
+        environment = dict(os.environ)
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            environment["LLAMA_CACHE"] = str(cache_dir)
+        sys.stdout.flush()
+        os.execve(worker[0], worker, environment)

@@ -1,9 +1,14 @@
-"""llama.cpp's backend devices (ggml_backend_dev_*), with their free and total memory."""
+"""llama.cpp's backend devices (ggml_backend_dev_*), with their free and total memory.
+
+A device of an RPC worker (`rpc_servers`) has the type "rpc" and its worker's HOST:PORT as
+its description.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Sequence
 
 from kronk_core.memory import Device, available_ram
 from kronk_llamacpp.library import ensure_initialised
@@ -29,6 +34,10 @@ def _ggml() -> ctypes.CDLL:
             getattr(lib, name).restype = ctypes.c_char_p
         lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
         lib.ggml_backend_dev_type.restype = ctypes.c_int
+        lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
         lib.ggml_backend_dev_memory.argtypes = [
             ctypes.c_void_p,
             ctypes.POINTER(ctypes.c_size_t),
@@ -52,6 +61,8 @@ def list_devices() -> list[Device]:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
         kind = _TYPES.get(lib.ggml_backend_dev_type(handle), "unknown")
+        if lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(handle)) == b"RPC":
+            kind = "rpc"
         free_bytes = int(free.value)
         if kind == "cpu" and sys.platform.startswith("linux"):
             free_bytes = min(available_ram() or free_bytes, int(total.value))
@@ -76,3 +87,14 @@ def device_handle(name: str) -> int:
         if (lib.ggml_backend_dev_name(handle) or b"").decode() == name:
             return int(handle)
     raise LookupError(name)
+
+
+def local_gpus(devices: Sequence[Device]) -> list[Device]:
+    """The devices llama.cpp offloads to by default, workers aside: the GPUs, else the
+    integrated GPUs."""
+    return [d for d in devices if d.type == "gpu"] or [d for d in devices if d.type == "igpu"]
+
+
+def worker_devices(devices: Sequence[Device], servers: Sequence[str]) -> list[Device]:
+    """The devices of these RPC workers, in the order the servers are named."""
+    return [d for server in servers for d in devices if d.type == "rpc" and d.description == server]

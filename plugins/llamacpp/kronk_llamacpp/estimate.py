@@ -20,12 +20,12 @@ from typing import Any
 from kronk_core.config import ModelConfig
 from kronk_core.errors import InsufficientMemoryError, ModelLoadError
 from kronk_core.memory import Device, DeviceShare, MemoryEstimate
+from kronk_llamacpp.devices import local_gpus, worker_devices
 from kronk_llamacpp.embedding import DEFAULT_CONTEXT_WINDOW as EMBEDDING_CONTEXT_WINDOW
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.params import GGML_TYPE_BYTES
 from kronk_llamacpp.settings import SETTINGS, LlamaCppSettings, SplitMode
 
-_GPU_TYPES = ("gpu", "igpu")
 # Of a device's free memory, what a chosen context may fill: the rest is for compute buffers.
 FIT_SHARE = 0.9
 # llama.cpp pads a context to this many cells; a chosen context is a multiple of it.
@@ -73,8 +73,10 @@ def _gpu_targets(config: ModelConfig, devices: Sequence[Device]) -> list[Device]
                 f"{key}.device: unknown device {llama.device!r} "
                 f"(this build of llama.cpp has: {names}; `kronk devices` lists them)"
             )
-        return [] if pinned.type not in _GPU_TYPES else [pinned]
-    gpus = [d for d in devices if d.type in _GPU_TYPES]
+        return [] if pinned.type not in ("gpu", "igpu") else [pinned]
+    gpus = local_gpus(devices)
+    if llama.rpc_servers:  # the workers' devices first, as placement passes them
+        gpus = [*worker_devices(devices, llama.rpc_servers), *gpus]
     if llama.tensor_split is not None and len(llama.tensor_split) > len(gpus):
         raise ModelLoadError(
             f"{key}.tensor_split: {len(llama.tensor_split)} shares for "

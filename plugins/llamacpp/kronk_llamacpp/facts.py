@@ -6,7 +6,7 @@ import llama_cpp
 
 from kronk_core.backend import ModelFacts
 from kronk_core.config import ModelConfig
-from kronk_core.models import model_files
+from kronk_llamacpp.files import model_parts
 from kronk_llamacpp.gguf_meta import parameter_count, read_metadata
 
 # `general.file_type` by the names of the llama.cpp this backend loads: 15 is Q4_K_M.
@@ -19,7 +19,7 @@ FILE_TYPES = {
 
 def model_facts(model_config: ModelConfig) -> ModelFacts:
     assert model_config.model_path is not None  # resolved before the hook is called
-    files = model_files(model_config.model_path)
+    files = model_parts(model_config.model_path)
     meta = read_metadata(files[0])
     arch = str(meta.get("general.architecture", ""))
     file_type = meta.get("general.file_type")

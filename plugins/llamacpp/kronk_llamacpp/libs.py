@@ -5,6 +5,9 @@ bindings must match the libraries exactly); the build is llama.cpp's own CMake b
 the `llama` target with BUILD_SHARED_LIBS; the result lands in
 `<KRONK_LIB_PATH>/<processor>/` with a manifest, and `KRONK_PROCESSOR=<processor>` makes
 the llamacpp backend load it (see native.py).
+
+With `rpc`, the same build also has ggml's RPC backend (models spread over `rpc_servers`)
+and llama.cpp's `ggml-rpc-server` worker, installed beside the libraries (`kronk rpc start`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ COMMON_ARGS = (
     "-DGGML_CCACHE=OFF",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
+# The RPC backend, and its worker: a tool, so llama.cpp's tools (and the common library they
+# share) are configured too; only the worker's target is built.
+RPC_ARGS = ("-DGGML_RPC=ON", "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_TOOLS=ON")
+RPC_TARGET = "ggml-rpc-server"
+RPC_HEADER = Path("ggml") / "include" / "ggml-rpc.h"
 PROCESSOR_ARGS = {
     "cpu": (),
     "cuda": ("-DGGML_CUDA=ON",),
@@ -52,6 +60,9 @@ PROCESSOR_ARGS = {
     "vulkan": ("-DGGML_VULKAN=ON",),
     "metal": ("-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"),
 }
+
+
+_RPC_NAMES = {arg.split("=")[0] for arg in RPC_ARGS}
 
 
 class LibsError(Exception):
@@ -65,6 +76,8 @@ class Manifest:
     cmake_args: list[str]
     platform: str
     built_at: str
+    # The RPC protocol version (major.minor.patch) of a build with the RPC backend, else None.
+    rpc_protocol: str | None = None
 
 
 def _find(*names: str) -> str | None:
@@ -172,6 +185,24 @@ def _library_files(build: Path) -> list[Path]:
     return sorted(found)
 
 
+def worker_name() -> str:
+    """The RPC worker's executable, as llama.cpp's build names it."""
+    return RPC_TARGET + (".exe" if sys.platform == "win32" else "")
+
+
+def rpc_protocol(header: Path) -> str:
+    """major.minor.patch of the RPC protocol, from ggml-rpc.h: clients and workers of
+    different major versions refuse each other."""
+    text = header.read_text()
+    parts = []
+    for part in ("MAJOR", "MINOR", "PATCH"):
+        found = re.search(rf"#define\s+RPC_PROTO_{part}_VERSION\s+(\d+)", text)
+        if found is None:
+            raise LibsError(f"{header} names no RPC_PROTO_{part}_VERSION")
+        parts.append(found.group(1))
+    return ".".join(parts)
+
+
 class BuildProgress:
     """Says how far a build is, from the progress its generator prints: Ninja's
     `[12/345]` or Make's `[ 45%]`; a line each time it passes another tenth."""
@@ -215,6 +246,7 @@ class LibsBuilder:
         source: Path | None = None,
         jobs: int | None = None,
         cmake_args: Sequence[str] = (),
+        rpc: bool = False,
         say: Callable[[str], None] = print,
     ) -> None:
         if processor not in PROCESSORS:
@@ -224,7 +256,10 @@ class LibsBuilder:
         self.source = source
         self.jobs = jobs or os.cpu_count() or 1
         self.version = version(DISTRIBUTION)
-        self.cmake_args = [*COMMON_ARGS, *PROCESSOR_ARGS[processor], *cmake_args]
+        self.rpc = rpc
+        common = [arg for arg in COMMON_ARGS if not rpc or arg.split("=")[0] not in _RPC_NAMES]
+        self.cmake_args = [*common, *(RPC_ARGS if rpc else ()), *PROCESSOR_ARGS[processor]]
+        self.cmake_args += cmake_args
         self.say = say
         self.target = root / processor
         self.build_dir = root / "build" / processor
@@ -262,11 +297,12 @@ class LibsBuilder:
             "configure", "-S", str(sources / "vendor" / "llama.cpp"), "-B", str(self.build_dir),
             *self._generator(), *self.cmake_args, f"-DCMAKE_INSTALL_RPATH={self._origin()}",
         )  # fmt: skip
+        targets = ["llama", "mtmd", *([RPC_TARGET] if self.rpc else [])]
         self._cmake(
             "build", "--build", str(self.build_dir), "--config", "Release",
-            "-j", str(self.jobs), "--target", "llama", "mtmd",
+            "-j", str(self.jobs), "--target", *targets,
         )  # fmt: skip
-        self._install()
+        self._install(sources)
         self.say(f"built in {time.monotonic() - started:.0f} s; installed in {self.target}")
         return self.target
 
@@ -341,10 +377,17 @@ class LibsBuilder:
         if step == "build":
             progress.finish()
 
-    def _install(self) -> None:
+    def _install(self, sources: Path) -> None:
         files = _library_files(self.build_dir)
         if not any("llama" in path.name for path in files):
             raise LibsError(f"the build produced no llama library in {self.build_dir / 'bin'}")
+        protocol = None
+        if self.rpc:
+            worker = self.build_dir / "bin" / worker_name()
+            if not worker.is_file():
+                raise LibsError(f"the build produced no {worker.name} in {worker.parent}")
+            files.append(worker)
+            protocol = rpc_protocol(sources / "vendor" / "llama.cpp" / RPC_HEADER)
         staging = self.target.with_name(self.processor + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -356,6 +399,7 @@ class LibsBuilder:
             cmake_args=self.cmake_args,
             platform=f"{sys.platform}-{platform.machine()}",
             built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            rpc_protocol=protocol,
         )
         (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1))
         old = self.target.with_name(self.processor + ".old")

@@ -224,6 +224,7 @@ class LlamaMediaModel(LlamaTextModel):
         for index in range(count):
             batch.seq_id[index][0] = seq_id
         batch.n_tokens = count
+        self.check_workers()
         if embeddings.whole:
             llama_cpp.llama_set_causal_attn(self._ctx, False)
         try:

@@ -18,6 +18,7 @@ from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.grammars import GrammarCompiler
 from kronk_llamacpp.params import context_params
+from kronk_llamacpp.rpc import RpcLinks
 from kronk_llamacpp.sampler import (
     DeviceGreedySamplers,
     DryPrototypes,
@@ -50,6 +51,9 @@ class LlamaTextModel:
 
     def __init__(self, config: ModelConfig, weights: llama_cpp.llama_model_p | None = None) -> None:
         self._model = weights or load_weights(config)
+        servers = SETTINGS.of(config).rpc_servers
+        # Found once the load has connected to them.
+        self._rpc = RpcLinks(servers) if servers else None
         self._ctx: llama_cpp.llama_context_p | None = None
         self._batch: llama_cpp.llama_batch | None = None
         self._dry: DryPrototypes | None = None
@@ -143,6 +147,7 @@ class LlamaTextModel:
             kv_bytes_per_token=int(kv_bytes),
             kv_trimmable=not (self._recurrent or (n_swa > 0 and not llama.swa_full)),
             n_swa=n_swa,
+            n_ubatch=int(llama_cpp.llama_n_ubatch(self._ctx)),
             recurrent=self._recurrent,
             metadata=found,
             n_embd=llama_cpp.llama_model_n_embd(model),
@@ -194,9 +199,15 @@ class LlamaTextModel:
         for index, seq_id in enumerate(batch.seq_ids):
             seq_ids[index][0] = seq_id
         self._batch.n_tokens = count
+        self.check_workers()
         status = llama_cpp.llama_decode(self._ctx, self._batch)
         if status != 0:
             raise decode_error(status)
+
+    def check_workers(self) -> None:
+        """BackendLostError if one of the model's RPC workers is gone."""
+        if self._rpc is not None:
+            self._rpc.check(self.info.id)
 
     def synchronize(self) -> None:
         llama_cpp.llama_synchronize(self._ctx)
@@ -312,6 +323,10 @@ class LlamaTextModel:
         return bool(read > 0)
 
     def close(self) -> None:
+        if self._rpc is not None and self._rpc.lost is not None:
+            # Freeing buffers on a worker that is gone makes ggml abort the process.
+            log.warning("%s: its RPC worker is gone: its memory stays until exit", self.info.id)
+            self._ctx = self._model = None
         if self._device_greedy is not None:
             self._device_greedy.close()
             self._device_greedy = None

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
-from litestar.types import ControllerRouterHandler
+from litestar.config.app import AppConfig
 
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.backend import Backend, ModelFacts
 from kronk_core.config import ModelConfig
 from kronk_core.memory import Device, MemoryEstimate
+from kronk_core.models import ModelFile, PackagedModel
 from kronk_core.sections import Section
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.cli import add_commands
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.estimate import estimate
 from kronk_llamacpp.facts import model_facts
+from kronk_llamacpp.files import describe
+from kronk_llamacpp.packaged import PACKAGED_MODELS
 from kronk_llamacpp.routes import libs
 from kronk_llamacpp.settings import SETTINGS
 
@@ -32,6 +36,16 @@ def _claims(model_config: ModelConfig) -> bool:
 @hookimpl
 def kronk_settings() -> Sequence[Section[Any]]:
     return [SETTINGS]
+
+
+@hookimpl
+def kronk_model_file(path: Path) -> ModelFile | None:
+    return describe(path)
+
+
+@hookimpl
+def kronk_packaged_models() -> Sequence[PackagedModel]:
+    return list(PACKAGED_MODELS.values())
 
 
 @hookimpl
@@ -55,8 +69,8 @@ def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [libs]
+def kronk_app(app_config: AppConfig) -> None:
+    app_config.route_handlers.append(libs)
 
 
 @hookimpl

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator
 
 from kronk_core.sections import ModelSection
+from kronk_llamacpp.endpoint import Endpoint
 
 
 class CacheType(StrEnum):
@@ -84,6 +85,9 @@ class LlamaCppSettings(BaseModel):
     main_gpu: Annotated[int, Field(ge=0)] = 0
     # Pin the model to one device by its name (`kronk devices`: CUDA0, Vulkan1, Metal, CPU).
     device: Annotated[str, Field(min_length=1)] | None = None
+    # llama.cpp RPC workers (`kronk rpc start`) the model's layers are spread over, as
+    # HOST:PORT; their devices come first, then this machine's GPUs (llama-server's --rpc).
+    rpc_servers: list[str] | None = None
     # Share of the model each GPU gets, in the order `kronk devices` lists them.
     tensor_split: Annotated[list[Annotated[float, Field(ge=0.0)]], Field(min_length=1)] | None = (
         None
@@ -120,6 +124,26 @@ class LlamaCppSettings(BaseModel):
     def _no_device(cls, value: Any) -> Any:
         return None if value == "" else value  # the manual writes "" for "none pinned"
 
+    @field_validator("rpc_servers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        # llama-server's spelling: one string, comma-separated.
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value or None
+
+    @field_validator("rpc_servers")
+    @classmethod
+    def _distinct_servers(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None:
+            return value
+        value = [str(Endpoint.parse(server)) for server in value]
+        if len(set(value)) != len(value):
+            raise ValueError("names a server twice")
+        if info.data.get("device") is not None:
+            raise ValueError("device pins the model to one device; set device or rpc_servers")
+        return value
+
     @field_validator("n_ubatch")
     @classmethod
     def _ubatch_within_batch(cls, value: int, info: ValidationInfo) -> int:
@@ -155,6 +179,7 @@ _FLAT = (
     "split_mode",
     "main_gpu",
     "device",
+    "rpc_servers",
     "tensor_split",
     "swa_full",
     "rope_scaling",
@@ -176,6 +201,7 @@ _MANUAL = {
     "split-mode": "split_mode",
     "main-gpu": "main_gpu",
     "tensor-split": "tensor_split",
+    "rpc": "rpc_servers",  # llama-server's --rpc
     "swa-full": "swa_full",
     "offload-kqv": "offload_kqv",
     "op-offload": "op_offload",

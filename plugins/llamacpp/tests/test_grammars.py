@@ -7,9 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kronk_core import DEFAULT_MODEL_ID, ModelConfig
+from kronk_core import ModelConfig
 from kronk_core.errors import InvalidRequestError, LimitExceededError
-from kronk_core.models import default_model_path
 from kronk_core.sampling import (
     CompiledGrammar,
     Grammar,
@@ -21,6 +20,7 @@ from kronk_core.sampling import (
 from kronk_core.types import JsonSegment, StructuredOutput
 from kronk_llamacpp.gbnf import GbnfSyntaxError, GrammarTooDeepError, measure
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 
 KEY = f"models.{DEFAULT_MODEL_ID}.llamacpp.structured_output"
 

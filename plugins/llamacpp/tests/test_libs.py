@@ -1,7 +1,7 @@
 """`kronk libs`: a real CPU build from the pinned llama-cpp-python sdist, installed and used.
 
-The build (about 4 minutes on 2 cores) goes to ~/.cache/kronk/libs, outside the checkout,
-and is kept: a later run finds its manifest up to date and does not rebuild.
+The build is the one the tests share (tests/kronk_libs_build.py: with the RPC backend, which
+test_rpc.py needs too), kept in ~/.cache/kronk/libs: a later run finds it up to date.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kronk_core.models import cache_dir
+from kronk_libs_build import BUILD, LIBS, USE_IT, kronk
 from kronk_llamacpp.detect import Detected, detect
-from kronk_llamacpp.libs import BuildProgress
+from kronk_llamacpp.libs import BuildProgress, worker_name
 from kronk_llamacpp.native import MANIFEST
-
-LIBS = cache_dir() / "libs"
 
 USE_THEM = """
 import asyncio
@@ -38,16 +36,6 @@ kronk.close()
 """
 
 
-def kronk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kronk_api.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=1800,
-    )
-
-
 def test_a_missing_toolchain_is_a_clear_error_before_any_download(tmp_path: Path) -> None:
     bare = {"PATH": str(tmp_path), "VULKAN_SDK": str(tmp_path)}
     vulkan = kronk("libs", "--processor", "vulkan", "--lib-path", str(tmp_path), env=bare)
@@ -60,7 +48,7 @@ def test_a_missing_toolchain_is_a_clear_error_before_any_download(tmp_path: Path
 
 
 def test_cpu_libraries_build_install_and_serve() -> None:
-    built = kronk("libs", "--processor", "cpu", "--lib-path", str(LIBS))
+    built = kronk(*BUILD)
     assert built.returncode == 0, built.stdout + built.stderr
     assert f"kronk loads them from now on (KRONK_LIB_PATH={LIBS} kronk server start)" in (
         built.stdout
@@ -71,16 +59,19 @@ def test_cpu_libraries_build_install_and_serve() -> None:
     assert manifest["processor"] == "cpu"
     assert manifest["llama_cpp_python"] == version("llama-cpp-python")
     assert "-DBUILD_SHARED_LIBS=ON" in manifest["cmake_args"]
+    assert "-DGGML_RPC=ON" in manifest["cmake_args"]
+    assert manifest["rpc_protocol"].count(".") == 2  # read from the source's ggml-rpc.h
+    assert (LIBS / "cpu" / worker_name()).is_file()
+    assert f"RPC worker: {LIBS / 'cpu' / worker_name()}" in built.stdout
 
-    again = kronk("libs", "--processor", "cpu", "--lib-path", str(LIBS))
+    again = kronk(*BUILD)
     assert again.returncode == 0 and "up to date" in again.stdout
 
-    chosen = {"KRONK_PROCESSOR": "cpu", "KRONK_LIB_PATH": str(LIBS)}
     used = subprocess.run(
         [sys.executable, "-c", USE_THEM],
         capture_output=True,
         text=True,
-        env={**os.environ, **chosen},
+        env={**os.environ, **USE_IT},
         timeout=600,
     )
     assert used.returncode == 0, used.stderr

@@ -11,7 +11,6 @@ import pytest
 
 from kronk_core import ModelConfig
 from kronk_core.backend import Batch
-from kronk_core.models import GEMMA_MODEL_ID, gemma_model_path
 from kronk_core.sampling import (
     Distribution,
     Dry,
@@ -27,6 +26,7 @@ from kronk_core.sampling import (
     Xtc,
 )
 from kronk_llamacpp.model import LlamaTextModel
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_llamacpp.sampler import (
     GreedySampler,
     NativeSampler,

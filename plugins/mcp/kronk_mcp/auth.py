@@ -1,4 +1,5 @@
-"""The MCP endpoint's token check: the auth-jwt plugin's own, under the grant `mcp`."""
+"""The MCP endpoint's token check: the model server's token checker (kronk_api.auth, which
+auth-jwt provides), under the grant `mcp`."""
 
 from __future__ import annotations
 
@@ -6,15 +7,12 @@ import asyncio
 
 from litestar.datastructures import State
 
-from kronk_api.settings import ServerSettings
-from kronk_auth_jwt.guard import STATE_KEY, TokenChecker
-from kronk_auth_jwt.settings import SETTINGS as AUTH_SETTINGS
-from kronk_core.errors import ConfigError
+from kronk_api.auth import TokenChecker, token_checker
 
 ENDPOINT = "mcp"
 
 
-class AuthJwtGate:
+class ServerGate:
     """Checks tokens with the model server's token checker, on the server's event loop.
 
     The MCP service runs on a thread and loop of its own; the checker's counter store
@@ -34,15 +32,11 @@ class AuthJwtGate:
         return (await self._auth.check(authorization, ENDPOINT, tool_calls)).subject
 
 
-def server_gate(state: State, settings: ServerSettings) -> AuthJwtGate | None:
-    """The gate of a model server that has auth on (its app state and settings), else None.
+def server_gate(state: State) -> ServerGate | None:
+    """The gate of a model server that has auth on (its app state), else None.
 
-    Called on the server's loop, once auth-jwt has started.
+    Called on the server's loop, once the auth plugin has started: before, the token
+    checker's absence is not taken for "auth off" (kronk_api.auth fails closed).
     """
-    auth: TokenChecker | None = state.get(STATE_KEY)
-    if auth is None:
-        if AUTH_SETTINGS.of(settings).enabled:
-            # auth-jwt has not started: the MCP service must not open without it.
-            raise ConfigError("mcp", "auth-jwt.enabled is set but its authenticator is not ready")
-        return None
-    return AuthJwtGate(auth, asyncio.get_running_loop())
+    auth = token_checker(state)
+    return None if auth is None else ServerGate(auth, asyncio.get_running_loop())

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import click
 from litestar import Litestar
+from litestar.config.app import AppConfig
 
 from kronk_api.listen import ListenError
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.errors import ConfigError
 from kronk_core.sections import Section
 from kronk_mcp.auth import server_gate
@@ -28,14 +30,31 @@ def kronk_settings() -> Sequence[Section[Any]]:
     return [SETTINGS]
 
 
-@hookimpl(trylast=True)  # after auth-jwt has put its authenticator on app.state
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
+# Last: its lifespan starts after auth-jwt's has put the token checker on app.state, and
+# stops before auth-jwt closes its counters.
+@hookimpl(trylast=True)
+def kronk_app(app_config: AppConfig) -> None:
+    app_config.lifespan.append(mcp_service)
+
+
+@asynccontextmanager
+async def mcp_service(app: Litestar) -> AsyncIterator[None]:
+    service = _start(app)
+    try:
+        yield
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _start(app: Litestar) -> BackgroundService | None:
+    """The MCP service, unless another one serves (mcp.host) or its address is taken."""
     settings = SETTINGS.of(app.state.settings)
     if settings.host:
         log.info("mcp: clients use the MCP service at %s (mcp.host)", settings.external_url)
-        return
+        return None
     server_settings = app.state.settings
-    gate = server_gate(app.state, server_settings)
+    gate = server_gate(app.state)
     service = BackgroundService(mcp_app(settings, gate), settings.listen, server_settings.log_level)
     try:
         service.start()
@@ -44,15 +63,9 @@ def kronk_startup(kronk: Kronk, app: Litestar) -> None:
             raise ConfigError(f"{SETTINGS.name}.listen", str(exc)) from None
         # The default address may be another Kronk's: serve the models without a service.
         log.error("mcp: no MCP service: %s; set mcp.listen or mcp.host", exc)
-        return
+        return None
     app.state[STATE_KEY] = service
-
-
-@hookimpl(tryfirst=True)  # before auth-jwt closes its counters
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    service: BackgroundService | None = app.state.get(STATE_KEY)
-    if service is not None:
-        service.stop()
+    return service
 
 
 @hookimpl

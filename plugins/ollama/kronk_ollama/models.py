@@ -15,7 +15,6 @@ from kronk_core.backend import Capability, ModelFacts
 from kronk_core.errors import KronkError
 from kronk_core.loading import model_config_for
 from kronk_core.media import MediaKind
-from kronk_core.models import model_files
 from kronk_core.sdk import Kronk
 from kronk_ollama.schemas import ollama_name
 
@@ -68,7 +67,7 @@ def model_file(kronk: Kronk, model_id: str) -> ModelFile:
     try:
         path = model_config_for(kronk, model_id).model_path
         assert path is not None  # resolved
-        stats = [part.stat() for part in model_files(path)]
+        stats = [part.stat() for part in kronk.model_parts(path)]
         facts = kronk.model_facts(model_id)
     except (KronkError, OSError):
         # Configured but not on disk yet (pulled on first use): listed without its file.

@@ -11,7 +11,6 @@ from litestar.response import Stream
 
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, PUBLIC, subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_core.models import unknown_model
 from kronk_core.sdk import ChatStream, Kronk
 from kronk_ollama.answers import Answer, nanoseconds
 from kronk_ollama.errors import OLLAMA
@@ -64,7 +63,7 @@ async def _load_only(
     if given and seconds == 0:
         model_id = kronk.canonical(body.model_id)
         if kronk.pool.get(model_id) is None and model_id not in kronk.model_ids():
-            raise unknown_model(body.model_id, kronk.model_ids())
+            raise kronk.unknown_model(body.model_id)
         kronk.pool.keep_alive(model_id, 0)
         reason = "unload"
     else:
@@ -160,7 +159,7 @@ async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, ShowBody)
     kronk = kronk_of(request)
     if body.model_id not in [*kronk.model_ids(), *kronk.aliases()]:
-        raise unknown_model(body.model_id, kronk.model_ids())
+        raise kronk.unknown_model(body.model_id)
     return await asyncio.to_thread(show, kronk, kronk.canonical(body.model_id))
 
 

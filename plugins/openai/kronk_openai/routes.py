@@ -18,7 +18,6 @@ from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.media import MediaKind
-from kronk_core.models import unknown_model
 from kronk_core.sdk import ChatStream, Kronk, collect
 from kronk_core.types import ChatDelta
 from kronk_openai.completions import completions
@@ -169,7 +168,7 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     kronk = kronk_of(request)
     if model_id not in _model_names(kronk):
-        raise unknown_model(model_id, kronk.model_ids())
+        raise kronk.unknown_model(model_id)
     return await asyncio.to_thread(_model_card, kronk, model_id)
 
 

@@ -20,6 +20,7 @@ from kronk_core.backend import Batch, Sampler, TextModel
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import Draft, DraftRequest
 from kronk_core.errors import ConfigError, KronkError, ModelLoadError
+from kronk_core.host import Host
 from kronk_core.loading import model_config_for
 from kronk_core.sampling import (
     Distribution,
@@ -35,7 +36,7 @@ from kronk_speculative.settings import SpeculativeSettings
 from kronk_speculative.vocab import check_vocabulary
 
 if TYPE_CHECKING:
-    from kronk_core.sdk import Kronk
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _SUPPORT_LIMIT = 512
 
 
 def load_draft_model(
-    kronk: Kronk, model_config: ModelConfig, target: TextModel, settings: SpeculativeSettings
+    kronk: Host, model_config: ModelConfig, target: TextModel, settings: SpeculativeSettings
 ) -> TextModel:
     """The draft model for `target`: one sequence per target slot, the same context length.
 

@@ -10,6 +10,7 @@ from kronk_core.backend import ModelInfo, TextModel
 from kronk_core.config import ModelConfig
 from kronk_core.drafts import DraftStrategy, DraftStrategyFactory
 from kronk_core.errors import ConfigError
+from kronk_core.host import Host
 from kronk_core.registry import Register
 from kronk_core.sections import Section
 from kronk_speculative.draft_model import DraftModel, load_draft_model
@@ -17,7 +18,7 @@ from kronk_speculative.lookup import PromptLookup
 from kronk_speculative.settings import SETTINGS, SpeculativeSettings
 
 if TYPE_CHECKING:
-    from kronk_core.sdk import Kronk
+    pass
 
 # Keys that only one strategy reads: setting them for the other would be silently ignored.
 _DRAFT_ONLY = ("model_id", "n_gpu_layers", "device")
@@ -47,7 +48,7 @@ def prompt_lookup(
     )
 
 
-def draft_model_factory(kronk: Kronk) -> DraftStrategyFactory:
+def draft_model_factory(kronk: Host) -> DraftStrategyFactory:
     """The `draft` factory: it loads the draft model through `kronk`'s backends."""
 
     def draft_model(
@@ -71,6 +72,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Kronk) -> None:
+def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Host) -> None:
     register("draft", draft_model_factory(kronk))
-    register("lookup", prompt_lookup)
+    # The default: free where it misses, and agents resend text their answers repeat.
+    register("lookup", prompt_lookup, default=True)

@@ -7,21 +7,19 @@ loads when the templates plugin is disabled.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pluggy
 
-from kronk_core.registry import Register
+from kronk_core.host import Host
+from kronk_core.registry import Register, RegistryKind
 from kronk_templates.formats.base import ToolFormat
-
-if TYPE_CHECKING:
-    from kronk_core.sdk import Kronk
 
 hookspec = pluggy.HookspecMarker("kronk")
 
+TOOL_FORMATS: RegistryKind[ToolFormat] = RegistryKind("tool_formats")
+
 
 @hookspec
-def kronk_register_tool_formats(register: Register[ToolFormat], kronk: Kronk) -> None:
+def kronk_register_tool_formats(register: Register[ToolFormat], kronk: Host) -> None:
     """Register tool-call formats by name: `register("hermes", HermesFormat())`.
 
     A model's `templates.tool_format` selects one by name; unset, the format

@@ -8,10 +8,11 @@ from typing import Any
 
 import pluggy
 
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.backend import ModelInfo
 from kronk_core.config import ModelConfig
 from kronk_core.errors import ConfigError
+from kronk_core.host import Host
 from kronk_core.registry import Register, Registry
 from kronk_core.sections import Section
 from kronk_core.templates import TemplateProcessor, TemplateProcessorFactory
@@ -81,11 +82,11 @@ def kronk_register_tool_formats(register: Register[ToolFormat]) -> None:
 
 @hookimpl
 def kronk_register_template_processors(
-    register: Register[TemplateProcessorFactory], kronk: Kronk
+    register: Register[TemplateProcessorFactory], kronk: Host
 ) -> None:
     def jinja(*, model_config: ModelConfig, model_info: ModelInfo) -> TemplateProcessor:
         return jinja_processor(
-            kronk.registry("tool_formats"), model_config=model_config, model_info=model_info
+            kronk.registry(hookspecs.TOOL_FORMATS), model_config=model_config, model_info=model_info
         )
 
-    register("jinja", jinja)
+    register("jinja", jinja, default=True)

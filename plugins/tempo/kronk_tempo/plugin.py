@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from litestar import Litestar
-from litestar.types import Middleware
+from litestar.config.app import AppConfig
 from opentelemetry import trace
 
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
 from kronk_core.config import ModelConfig
 from kronk_core.events import ChatRecord
+from kronk_core.host import Host
 from kronk_core.sections import Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
 from kronk_tempo.settings import SETTINGS
@@ -49,30 +51,25 @@ def kronk_settings() -> Sequence[Section[Any]]:
     return [SETTINGS]
 
 
-@hookimpl
-def kronk_middleware(kronk: Kronk) -> Sequence[Middleware]:
-    return [trace_requests]
-
-
-# Last: once every other plugin has started (a failing one stops the server first).
+# Last: its lifespan starts once every other plugin's has (a failing one stops the server
+# first), and stops first.
 @hookimpl(trylast=True)
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
-    settings = SETTINGS.of(app.state.settings)
-    if settings.host is None:
-        return
-    tracing = Tracing.create(settings)
-    kronk.plugins.register(SpanWriter(tracing), name=_writer_name(app))
-    app.state[STATE_KEY] = tracing
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+    app_config.middleware.append(trace_requests)
 
+    @asynccontextmanager
+    async def tracing(app: Litestar) -> AsyncIterator[None]:
+        settings = SETTINGS.of(app.state.settings)
+        if settings.host is None:
+            yield
+            return
+        found = app.state[STATE_KEY] = Tracing.create(settings)
+        name = f"tempo-spans-{id(app)}"
+        kronk.plugins.register(SpanWriter(found), name=name)
+        try:
+            yield
+        finally:
+            kronk.plugins.unregister(name=name)
+            found.shutdown()
 
-@hookimpl
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    tracing: Tracing | None = app.state.pop(STATE_KEY, None)
-    if tracing is None:
-        return
-    kronk.plugins.unregister(name=_writer_name(app))
-    tracing.shutdown()
-
-
-def _writer_name(app: Litestar) -> str:
-    return f"tempo-spans-{id(app)}"
+    app_config.lifespan.append(tracing)

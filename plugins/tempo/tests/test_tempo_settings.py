@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from kronk_tempo.settings import TempoSettings
-from kronk_tempo.tracing import exporter_for
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 from pydantic import ValidationError
+
+from kronk_tempo.settings import TempoSettings
+from kronk_tempo.tracing import exporter_for
 
 
 @pytest.mark.parametrize(

@@ -8,16 +8,18 @@ stays in the browser.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib.resources import files
 
 from litestar import Litestar, Response, Router, get
+from litestar.config.app import AppConfig
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
-from litestar.types import ControllerRouterHandler
 
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
-from kronk_core import Kronk, hookimpl
+from kronk_core import hookimpl
+from kronk_core.host import Host
 from kronk_ui.live import STATE_KEY, LiveCounts, live
 from kronk_ui.reference import reference
 
@@ -68,18 +70,19 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
 
 
 @hookimpl
-def kronk_routes(kronk: Kronk) -> Sequence[ControllerRouterHandler]:
-    return [Router(path="/", route_handlers=[index, asset, live, reference])]
+def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+    app_config.route_handlers.append(
+        Router(path="/", route_handlers=[index, asset, live, reference])
+    )
 
+    @asynccontextmanager
+    async def live_counts(app: Litestar) -> AsyncIterator[None]:
+        """The dashboard's live counters, fed by the hooks while the server runs."""
+        counts = app.state[STATE_KEY] = LiveCounts()
+        kronk.plugins.register(counts, name=f"ui-live-{id(app)}")
+        try:
+            yield
+        finally:
+            kronk.plugins.unregister(counts)
 
-@hookimpl
-def kronk_startup(kronk: Kronk, app: Litestar) -> None:
-    counts = app.state[STATE_KEY] = LiveCounts()
-    kronk.plugins.register(counts, name=f"ui-live-{id(app)}")
-
-
-@hookimpl
-def kronk_shutdown(kronk: Kronk, app: Litestar) -> None:
-    counts: LiveCounts | None = app.state.get(STATE_KEY)
-    if counts is not None:
-        kronk.plugins.unregister(counts)
+    app_config.lifespan.append(live_counts)
