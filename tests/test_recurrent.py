@@ -28,20 +28,23 @@ from make_tiny_recurrent import (
 )
 from test_caching import (
     AGENT_SYSTEMS,
+    MAX_TOKENS,
     SYSTEM,
     BatchReplay,
     ColdReplay,
+    Start,
     ask,
     assert_same_first_token,
     assert_same_logprobs,
     conversation,
     prompt_tokens,
+    slot_of,
+    step_records,
     user_turn,
 )
 from waiting import gated, wait_until
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
-from kronk_core.engine import StepRecord
 from kronk_core.errors import ConfigError, KronkError
 from kronk_core.slots import CacheCounters
 from kronk_core.types import ChatResult
@@ -83,7 +86,7 @@ def assert_replayed(result: ChatResult, replay: ColdReplay, reference: list[Any]
     `reference` (from the replay's last prefill), then every token's as the replay
     generates greedily."""
     assert_same_first_token(result, reference)
-    assert replay.generate(result.usage.completion_tokens) == result.content
+    assert replay.generate(MAX_TOKENS) == result.content
     assert_same_logprobs(result, replay)
 
 
@@ -117,10 +120,10 @@ async def test_it_answers_and_reports_state_that_cannot_be_cut(
         assert model.info.kv_bytes_per_token == attention * per_layer
         assert model.engine.draft_strategy is None
         result = await ask(kronk, "m", conversation(SYSTEM, 1))
-        assert result.usage.completion_tokens == 12 and result.content.strip()
+        assert result.usage.completion_tokens == MAX_TOKENS and result.content.strip()
         (slot,) = model.engine.slots
         length = len(slot.tokens)
-        assert length == result.usage.prompt_tokens + 11  # the last token is not decoded
+        assert length == result.usage.prompt_tokens + MAX_TOKENS - 1  # the last is not decoded
         assert model.model.trim_floor(slot.seq_id) == length
         assert not model.model.seq_remove(slot.seq_id, length - 4, -1)
         assert model.model.trim_floor(slot.seq_id) == length
@@ -176,13 +179,13 @@ async def test_a_prompt_that_extends_the_state_continues_it_exactly(
         messages = conversation(SYSTEM, 1)
         first = await ask(kronk, "m", messages)
         replay.prefill(await prompt_tokens(kronk, messages), 0)
-        assert replay.generate(first.usage.completion_tokens) == first.content
+        assert replay.generate(MAX_TOKENS) == first.content
         (slot,) = loaded(kronk).engine.slots
         assert replay.tokens == slot.tokens
         more = await kronk.tokenize("\nGo on, and then list the figures again.", model="m")
         prompt = [*slot.tokens, *more]
         second = await kronk.complete(
-            prompt, model="m", max_tokens=12, temperature=0, logprobs=True, top_logprobs=5
+            prompt, model="m", max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=5
         )
         assert second.usage.cached_tokens == len(replay.tokens)
         assert (counters(kronk).hits, counters(kronk).checkpoint_restores) == (1, 0)
@@ -303,37 +306,26 @@ async def test_agents_arriving_together_prefill_together_exactly(
     cannot be cut), they prefill in one step, and every token of every answer is that of
     a cold context decoding the same batches."""
     kronk = loaded_kronk(recurrent_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=4)
-    model = loaded(kronk)
-    replay = BatchReplay(model.config)
-    records: list[StepRecord] = []
-    model.engine.add_step_listener(records.append)
+    engine = loaded(kronk).engine
+    replay = BatchReplay(loaded(kronk).config)
+    records = step_records(engine)
     try:
         running = conversation(AGENT_SYSTEMS[0], 1)
         agents = [[{"role": "system", "content": SYSTEM}, user_turn(i)] for i in (1, 2, 3)]
-        with gated(model.engine) as gate:
+        with gated(engine) as gate:
             first = asyncio.ensure_future(ask(kronk, "m", running))
             await gate.wait_held()
             queued = [asyncio.ensure_future(ask(kronk, "m", agent)) for agent in agents]
-            await wait_until(lambda: model.engine.stats().queued == 3)
+            await wait_until(lambda: engine.stats().queued == 3)
         results = await asyncio.gather(first, *queued)
         assert max(len(record.prefilling) for record in records) == 3
         assert [r.usage.cached_tokens for r in results] == [0, 0, 0, 0]
-        slots = {}
+        requests: dict[int, Start] = {}
         for messages, result in zip([running, *agents], results, strict=True):
             prompt = await prompt_tokens(kronk, messages)
-            (slot,) = [s.id for s in model.engine.slots if s.tokens[: len(prompt)] == prompt]
-            slots[slot] = (prompt, result)
-        starts = {slot: prompt for slot, (prompt, _) in slots.items()}
-        for record in records:
-            for slot in record.prefilling:
-                if slot in starts:
-                    replay.start(slot, starts.pop(slot), 0)
-            replay.step(record)
-        for slot, (_, result) in slots.items():
-            assert replay.text[slot].decode() == result.content
-            assert_same_logprobs(result, replay.logprobs[slot])
+            requests[slot_of(kronk, prompt)] = (prompt, result, None)
+        await replay.check(records, requests)
     finally:
-        model.engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 
@@ -348,8 +340,7 @@ async def test_a_prompt_extending_a_busy_slots_sequence_copies_its_state(
     kronk = loaded_kronk(recurrent_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=2)
     engine = loaded(kronk).engine
     replay = BatchReplay(loaded(kronk).config)
-    records: list[StepRecord] = []
-    engine.add_step_listener(records.append)
+    records = step_records(engine)
     options: dict[str, Any] = {"model": "m", "temperature": 0, "logprobs": True, "top_logprobs": 5}
     try:
         prompt = await prompt_tokens(kronk, conversation(SYSTEM, 1))
@@ -366,19 +357,10 @@ async def test_a_prompt_extending_a_busy_slots_sequence_copies_its_state(
         assert second.usage.cached_tokens == len(held) > len(prompt)
         assert engine.cache_counters().shared_prefixes == 1
         (other,) = [slot.id for slot in engine.slots if slot is not busy]
-        for record in records:
-            if busy.id in record.prefilling and busy.id not in replay.tokens:
-                replay.start(busy.id, prompt, 0)
-            if other in record.prefilling and other not in replay.tokens:
-                replay.model.seq_copy(busy.id, other, 0, len(held))
-                replay.tokens[other] = list(held)
-                replay.start(other, extended, len(held))
-            replay.step(record)
-        for slot, result in [(busy.id, first), (other, second)]:
-            assert replay.text[slot].decode() == result.content
-            assert_same_logprobs(result, replay.logprobs[slot])
+        await replay.check(
+            records, {busy.id: (prompt, first, None), other: (extended, second, busy.id)}
+        )
     finally:
-        engine.remove_step_listener(records.append)
         replay.close()
         kronk.close()
 
