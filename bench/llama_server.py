@@ -33,7 +33,7 @@ def _sdist(pinned: str, into: Path) -> Path:
     if not archive.exists():
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-             ":all:", f"llama-cpp-python=={pinned}", "-d", str(into)],
+             "llama-cpp-python", f"llama-cpp-python=={pinned}", "-d", str(into)],
             check=True,
         )
     return archive

@@ -340,8 +340,10 @@ class LibsBuilder:
             return archive
         folder.mkdir(parents=True, exist_ok=True)
         self.say(f"downloading the {DISTRIBUTION} {self.version} sdist (pip)")
+        # The sdist alone: `--no-binary :all:` would also have pip build the sdist's build
+        # requirements (CMake itself) from source, to read its metadata.
         command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", DISTRIBUTION,
             f"{DISTRIBUTION}=={self.version}", "-d", str(folder),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
