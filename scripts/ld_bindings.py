@@ -29,6 +29,10 @@ class Report:
     loaded_by: dict[str, str]  # file name -> "needed by X" / "dynamically loaded by X"
     returncode: int = 0  # the snippet's exit status (-11: it crashed with SIGSEGV)
     output: str = ""
+    # The executable, by file name. Where Python is linked statically (Debian's is), it holds
+    # copies of the C library's stdin, stdout and stderr (copy relocations), to which every
+    # library's references bind: not a capture.
+    program: str = ""
 
     def bound(self, symbol: str) -> list[tuple[str, str]]:
         """(binder, target) of every reference to `symbol`."""
@@ -39,7 +43,9 @@ class Report:
         return sorted(
             (symbol, target)
             for (binder, symbol), target in self.bindings.items()
-            if binder.startswith("libstdc++") and not _RUNTIME.match(target)
+            if binder.startswith("libstdc++")
+            and not _RUNTIME.match(target)
+            and target != self.program
         )
 
 
@@ -89,7 +95,8 @@ def run(
         # One file per process (LD_DEBUG_OUTPUT.PID).
         ours = parse(prefix.with_name(f"ld.{found.group(1)}").read_text(errors="replace"))
         output = done.stdout + done.stderr
-        return Report(ours.bindings, ours.loaded_by, done.returncode, output)
+        program = Path(sys.executable).name
+        return Report(ours.bindings, ours.loaded_by, done.returncode, output, program)
 
 
 def main() -> None:

@@ -65,6 +65,16 @@ PROCESSOR_ARGS = {
 _RPC_NAMES = {arg.split("=")[0] for arg in RPC_ARGS}
 
 
+def unpack(archive: Path, into: Path) -> None:
+    """Extract a source archive, through the `data` filter (nothing linked or written outside
+    `into`) where Python has it: 3.11.4 and later, not Debian 12's 3.11.2."""
+    with tarfile.open(archive) as opened:
+        if hasattr(tarfile, "data_filter"):
+            opened.extractall(into, filter="data")
+        else:
+            opened.extractall(into)
+
+
 class LibsError(Exception):
     """What stops a build, said so that the user knows what to install or change."""
 
@@ -324,8 +334,7 @@ class LibsBuilder:
         self.say(f"unpacking {archive}")
         partial = unpacked.with_name(name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        with tarfile.open(archive) as sdist:
-            sdist.extractall(partial, filter="data")
+        unpack(archive, partial)
         inner = partial / name
         if not (inner / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
             raise LibsError(f"{archive} is not the {DISTRIBUTION} {self.version} sdist")
@@ -340,8 +349,10 @@ class LibsBuilder:
             return archive
         folder.mkdir(parents=True, exist_ok=True)
         self.say(f"downloading the {DISTRIBUTION} {self.version} sdist (pip)")
+        # The sdist alone: `--no-binary :all:` would also have pip build the sdist's build
+        # requirements (CMake itself) from source, to read its metadata.
         command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", DISTRIBUTION,
             f"{DISTRIBUTION}=={self.version}", "-d", str(folder),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
