@@ -18,17 +18,8 @@ from typing import Any
 
 import pytest
 from make_tiny_recurrent import TINY_LFM2, TINY_LFM2_SWA
-from test_caching import (
-    AGENT_SYSTEMS,
-    SYSTEM,
-    ColdReplay,
-    ask,
-    assert_same_first_token,
-    assert_same_logprobs,
-    conversation,
-    prompt_tokens,
-    user_turn,
-)
+from replay import ColdReplay, assert_same_first_token, assert_same_logprobs
+from test_caching import AGENT_SYSTEMS, SYSTEM, ask, conversation, prompt_tokens, user_turn
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.errors import ConfigError, KronkError
