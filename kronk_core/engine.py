@@ -50,12 +50,14 @@ _IDLE_WAIT_SECONDS = 0.1
 class StepRecord:
     """What one engine step put into its decode: slot id → token count.
 
-    A generating slot decodes one token, plus its draft tokens when it speculates.
+    A generating slot decodes one token, plus its draft tokens when it speculates:
+    `drafts` holds those, by slot id, in the order they follow the slot's token.
     """
 
     index: int
     generating: dict[int, int]
     prefilling: dict[int, int]
+    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,7 +783,12 @@ class Engine:
         prefilling.update((p.job.slot.id, p.count) for p in media if p.job.slot is not None)
         self._prefilled += sum(prefilling.values())
         if self._step_listeners:
-            record = StepRecord(self._steps, generating, prefilling)
+            drafts = {
+                p.job.slot.id: p.draft.tokens
+                for p in parts
+                if p.draft is not None and p.job.slot is not None
+            }
+            record = StepRecord(self._steps, generating, prefilling, drafts)
             for listener in self._step_listeners:
                 try:
                     listener(record)

@@ -16,29 +16,33 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import wait_until
+from replay import (
+    BatchReplay,
+    ColdReplay,
+    Start,
+    assert_same_first_token,
+    assert_same_logprobs,
+    step_records,
+)
 
 from kronk_caching.host_store import HostStore, StoredConversation
-from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
-from kronk_core.backend import Batch
+from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.chat_stream import collect
-from kronk_core.engine import Engine, StepRecord
 from kronk_core.errors import ContextOverflowError
 from kronk_core.prompts import PreparedChat, prepare_chat
-from kronk_core.sampling import Greedy, SamplerStage, resolve_sampling
+from kronk_core.sampling import Greedy, resolve_sampling
 from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
-from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import default_model_path, gemma_model_path
 
-# DRY off: greedy is then a pure argmax, which the cold replay below reproduces. Each model
-# renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
+# DRY off: greedy is then a pure argmax, which the replays (tests/replay.py) reproduce. Each
+# model renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
 BASE = {
     "context_window": 4096,
     "sampling": {"dry_multiplier": 0.0},
@@ -121,228 +125,6 @@ async def ask(kronk: Kronk, model: str, messages: list[dict[str, str]], **extra:
         top_logprobs=5,
         **extra,
     )
-
-
-class ColdReplay:
-    """A cache-less context that decodes exactly the chunks the cached slot decoded.
-
-    llama.cpp's CPU kernels round differently for different batch shapes: on
-    this model one prompt prefilled in one chunk, or as chunk + single
-    generated tokens + chunk, differs by up to 0.9 nats with no cache at all.
-    So "the cache is exact" is checked against a cold run of the same decode
-    layout, and greedy text against a plain one-chunk cold run.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.model = LlamaTextModel(config.model_copy(update={"n_seq_max": 1}))
-        self.tokens: list[int] = []
-        # Top-5 log-probs at each position the last generate() sampled from.
-        self.logprobs: list[list[tuple[str, float]]] = []
-        self._index = 0
-
-    def prefill(self, prompt: list[int], keep: int) -> list[tuple[str, float]]:
-        """Keep `keep` tokens of the sequence, decode the rest of prompt in one chunk."""
-        assert self.tokens[:keep] == prompt[:keep]
-        self.model.seq_remove(0, keep, -1)
-        self.tokens = list(prompt)
-        batch = Batch()
-        for position in range(keep, len(prompt)):
-            batch.add(prompt[position], position, 0, position == len(prompt) - 1)
-        self.model.decode(batch)
-        self._index = len(batch) - 1
-        first = self.model.logprobs(self._index, 0, 5).top_logprobs
-        return [(t.token, t.logprob) for t in first]
-
-    def generate(self, max_tokens: int, stages: Sequence[SamplerStage] = (Greedy(),)) -> str:
-        """Sample with `stages` (greedy unless given) as the engine does for a request of
-        `max_tokens`, one token per decode: up to an end-of-generation token (not text; the
-        token before it was decoded to sample it) or `max_tokens` tokens (the last one is
-        not decoded)."""
-        sampler = self.model.new_sampler(stages)
-        text = b""
-        self.logprobs = []
-        try:
-            for produced in range(max_tokens):
-                token = sampler.sample(self._index)
-                if self.model.is_end_of_generation(token):
-                    break
-                top = self.model.logprobs(self._index, token, 5).top_logprobs
-                self.logprobs.append([(t.token, t.logprob) for t in top])
-                text += self.model.token_bytes(token)
-                if produced == max_tokens - 1:
-                    break
-                batch = Batch()
-                self._index = batch.add(token, len(self.tokens), 0, True)
-                self.model.decode(batch)
-                self.tokens.append(token)
-        finally:
-            sampler.close()
-        return text.decode("utf-8", errors="replace")
-
-    def extend(self, token: int) -> None:
-        """Decode one more token after the last generate(): what the engine decodes while
-        it hands out the text that then meets a stop string (overlapped decoding)."""
-        batch = Batch()
-        self._index = batch.add(token, len(self.tokens), 0, True)
-        self.model.decode(batch)
-        self.tokens.append(token)
-
-    def move_cells(self) -> None:
-        """Export the sequence and import it again, as a restore from the host tier does:
-        its cells then lie where a restored state's lie (which changes rounding)."""
-        state = self.model.seq_state(0)
-        self.model.seq_remove(0, 0, -1)
-        assert self.model.set_seq_state(0, state) > 0
-
-    def close(self) -> None:
-        self.model.close()
-
-
-# A request BatchReplay replays: its prompt, its result, and the slot it copied its cached
-# tokens from (None: they were its own slot's).
-Start = tuple[Sequence[int], ChatResult, int | None]
-
-
-class BatchReplay:
-    """A cache-less context shaped like the engine's (same slots, same KV layout) that
-    decodes the batches the engine's steps decoded, built from each request's own prompt and
-    its own greedy tokens. Sequences decoded in one batch round differently than alone (up
-    to ~1 nat on Gemma), and where a sequence's cells lie in the pool changes rounding too
-    (a prefix copied from another slot: up to 0.4 nats on SmolLM2 against one sequence cut
-    back), so requests that ran at once, or copied a prefix, are checked against this.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.model = LlamaTextModel(config)
-        self.tokens: dict[int, list[int]] = {}
-        # Per slot, the request now replayed: its prompt, how far it is prefilled, the token
-        # to decode next; what it sampled (top-5 log-probs per token, and the text).
-        self._prompt: dict[int, Sequence[int]] = {}
-        self._prefilled: dict[int, int] = {}
-        self._pending: dict[int, int] = {}
-        self.logprobs: dict[int, list[list[tuple[str, float]]]] = {}
-        self.text: dict[int, bytes] = {}
-        self._greedy = self.model.new_sampler([Greedy()])
-
-    def start(self, slot: int, prompt: Sequence[int], keep: int, donor: int | None = None) -> None:
-        """A request starts in `slot`: its sequence keeps `keep` tokens of its own, or holds
-        the first `keep` of slot `donor`'s, copied as the engine copies a shared prefix."""
-        tokens = self.tokens.setdefault(slot, [])
-        if donor is None:
-            self.model.seq_remove(slot, keep, -1)
-            del tokens[keep:]
-        else:
-            self.model.seq_remove(slot, 0, -1)
-            self.model.seq_copy(donor, slot, 0, keep)
-            tokens[:] = self.tokens[donor][:keep]
-        assert tokens == list(prompt[:keep])
-        self._prompt[slot], self._prefilled[slot] = prompt, keep
-        self._pending.pop(slot, None)
-        self.logprobs[slot], self.text[slot] = [], b""
-
-    def step(self, record: StepRecord) -> None:
-        """Decode what this engine step decoded, in the same order; sample greedily."""
-        batch = Batch()
-        sampled: list[tuple[int, int]] = []
-        for slot in record.generating:
-            token = self._pending.pop(slot)
-            sampled.append((slot, batch.add(token, len(self.tokens[slot]), slot, True)))
-            self.tokens[slot].append(token)
-        for slot, count in record.prefilling.items():
-            prompt, start = self._prompt[slot], self._prefilled[slot]
-            end = start + count
-            for position in range(start, end):
-                last = end == len(prompt) and position == end - 1
-                index = batch.add(prompt[position], position, slot, last)
-            if end == len(prompt):
-                sampled.append((slot, index))
-            self.tokens[slot].extend(prompt[start:end])
-            self._prefilled[slot] = end
-        self.model.decode(batch)
-        for slot, index in sampled:
-            token = self._greedy.sample(index)
-            if self.model.is_end_of_generation(token):
-                continue
-            top = self.model.logprobs(index, token, 5).top_logprobs
-            self.logprobs[slot].append([(t.token, t.logprob) for t in top])
-            self.text[slot] += self.model.token_bytes(token)
-            self._pending[slot] = token
-
-    async def check(self, records: list[StepRecord], requests: dict[int, Start]) -> None:
-        """Decode the engine's steps, each request (by its slot) starting right before its
-        slot's first prefill, where the engine admitted it, keeping what the cache said;
-        then every answer and log-prob is the replay's."""
-        # The engine reports a step after it handed out the answers the step finished.
-        await wait_until(
-            lambda: all(
-                recorded(records, slot) >= decoded_tokens(result)
-                for slot, (_, result, _) in requests.items()
-            )
-        )
-        starts = dict(requests)
-        for record in records:
-            for slot in record.prefilling:
-                if slot in starts:
-                    prompt, result, donor = starts.pop(slot)
-                    self.start(slot, prompt, result.usage.cached_tokens, donor)
-            self.step(record)
-        assert not starts, starts
-        for slot, (_, result, _) in requests.items():
-            assert self.text[slot].decode() == result.content
-            assert_same_logprobs(result, self.logprobs[slot])
-
-    def close(self) -> None:
-        self._greedy.close()
-        self.model.close()
-
-
-def decoded_tokens(result: ChatResult) -> int:
-    """What a request decoded into its slot (no drafts): the prompt past what was cached,
-    and its answer, but for the last token of an answer cut at max_tokens."""
-    answer = result.usage.completion_tokens - (result.finish_reason is FinishReason.length)
-    return result.usage.prompt_tokens - result.usage.cached_tokens + answer
-
-
-def recorded(records: Sequence[StepRecord], slot: int) -> int:
-    return sum(r.generating.get(slot, 0) + r.prefilling.get(slot, 0) for r in records)
-
-
-def step_records(engine: Engine) -> list[StepRecord]:
-    """The records of the engine's steps from now on, for as long as it runs (it reports a
-    step after handing out the answers the step finished: BatchReplay.check waits)."""
-    records: list[StepRecord] = []
-    engine.add_step_listener(records.append)
-    return records
-
-
-def assert_same_first_token(
-    result: ChatResult, reference: list[tuple[str, float]], tolerance: float = 0.02
-) -> None:
-    """The first token's top-5 log-probs are the reference's (within `tolerance` nats)."""
-    ours = {t.token: t.logprob for t in result.logprobs[0].top_logprobs}
-    theirs = dict(reference)
-    best = max(ours, key=lambda token: ours[token])
-    assert best == max(theirs, key=lambda token: theirs[token])
-    for token in ours.keys() & theirs.keys():
-        assert abs(ours[token] - theirs[token]) < tolerance, (ours, theirs)
-    if tolerance <= 0.02:
-        assert list(ours) == [token for token, _ in reference]
-
-
-def assert_same_logprobs(
-    result: ChatResult,
-    replay: ColdReplay | list[list[tuple[str, float]]],
-    tolerance: float = 0.02,
-) -> None:
-    """Every generated token's top-5 log-probs are the replay's, not only the first one's."""
-    expected = replay.logprobs if isinstance(replay, ColdReplay) else replay
-    assert len(result.logprobs) == len(expected) == result.usage.completion_tokens
-    for position, (ours, theirs) in enumerate(zip(result.logprobs, expected, strict=True)):
-        mine = {t.token: t.logprob for t in ours.top_logprobs}
-        other = dict(theirs)
-        assert max(mine, key=lambda token: mine[token]) == theirs[0][0], position
-        for token in mine.keys() & other.keys():
-            assert abs(mine[token] - other[token]) < tolerance, (position, mine, other)
 
 
 # How close a one-chunk cold run's two best picks may be where a cached answer parts from
@@ -914,8 +696,8 @@ async def test_new_conversation_copies_a_shared_prefix_from_another_slot(
         await replay.check(
             records,
             {
-                donor: (first_prompt, answer, None),
-                slot_of(kronk, second_prompt): (second_prompt, copied, donor),
+                donor: Start(first_prompt, answer),
+                slot_of(kronk, second_prompt): Start(second_prompt, copied, donor),
             },
         )
     finally:
@@ -1010,7 +792,7 @@ async def test_simultaneous_agents_prefill_their_shared_prefix_once(
         await replay.check(
             records,
             {
-                slot: (prompt, result, None if slot == donor else donor)
+                slot: Start(prompt, result, None if slot == donor else donor)
                 for slot, prompt, result in zip(slots, prompts, results, strict=True)
             },
         )
@@ -1164,7 +946,7 @@ async def test_conversations_running_at_once_match_cold_replays(
             await replay.check(
                 records,
                 {
-                    slot: (prompt, result, None)
+                    slot: Start(prompt, result)
                     for slot, prompt, result in zip(slots, prompts, results, strict=True)
                 },
             )

@@ -15,14 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_caching import (
-    SYSTEM,
-    BatchReplay,
-    ColdReplay,
-    assert_same_first_token,
-    assert_same_logprobs,
-    prompt_of,
-)
+from replay import BatchReplay, ColdReplay, assert_same_first_token, assert_same_logprobs
+from test_caching import SYSTEM, prompt_of
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.engine import StepRecord

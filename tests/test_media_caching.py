@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import MultimodalPaths
 from media_samples import striped, wav
-from test_caching import ColdReplay, assert_same_first_token, assert_same_logprobs
+from replay import ColdReplay, assert_same_first_token, assert_same_logprobs
 
 from kronk_core import Kronk, KronkConfig, Media, ModelConfig
 from kronk_core.backend import Batch

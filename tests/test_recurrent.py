@@ -26,20 +26,22 @@ from make_tiny_recurrent import (
     TINY_LFM2,
     TINY_LFM2_SWA,
 )
+from replay import (
+    BatchReplay,
+    ColdReplay,
+    Start,
+    assert_same_first_token,
+    assert_same_logprobs,
+    step_records,
+)
 from test_caching import (
     AGENT_SYSTEMS,
     MAX_TOKENS,
     SYSTEM,
-    BatchReplay,
-    ColdReplay,
-    Start,
     ask,
-    assert_same_first_token,
-    assert_same_logprobs,
     conversation,
     prompt_tokens,
     slot_of,
-    step_records,
     user_turn,
 )
 from waiting import gated, wait_until
