@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from kronk_core.config import ModelConfig
 from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan
 from kronk_core.sampling import SamplerStage
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import TokenDistribution, TokenLogprob
 
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kronk_core.backend import ModelInfo, TextModel
-from kronk_core.config import ModelConfig
+from kronk_core.contract.backend import ModelInfo, TextModel
+from kronk_core.contract.registry import RegistryKind
 from kronk_core.generation import GenerationRequest
-from kronk_core.registry import RegistryKind
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatMessage
 
 

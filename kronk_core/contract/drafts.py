@@ -2,7 +2,7 @@
 
 A draft strategy guesses the next few tokens of a slot; the engine puts them
 into the same decode as the slot's pending token, and the target model's own
-sampling decides how many of them stand (kronk_core/speculation.py). A wrong
+sampling decides how many of them stand (kronk_core/runtime/speculation.py). A wrong
 guess costs time, never a wrong token.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kronk_core.backend import ModelInfo, TextModel
-from kronk_core.config import ModelConfig
-from kronk_core.registry import RegistryKind
+from kronk_core.contract.backend import ModelInfo, TextModel
+from kronk_core.contract.registry import RegistryKind
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import SamplingParams, TokenDistribution
 
 

@@ -3,7 +3,7 @@
 Plugins are pluggy plugins of project "kronk", found through the entry-point
 group "kronk". Implement a hook by defining a function with the same name,
 decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
-The same name means the same thing in every hook: `kronk` the host (kronk_core.host:
+The same name means the same thing in every hook: `kronk` the host (kronk_core.contract.host:
 the hook caller, the plugins, typed registries, the configuration, a read-only view of
 the pool), `model_config` a model's settings, `model_info` what the backend found in it.
 """
@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from kronk_core.backend import Backend, ModelFacts, ModelInfo
-from kronk_core.config import ModelConfig
-from kronk_core.drafts import DraftStrategyFactory
-from kronk_core.events import ChatRecord, RequestRecord
-from kronk_core.host import Host
-from kronk_core.memory import Device, MemoryEstimate
-from kronk_core.models import ModelFile, PackagedModel
-from kronk_core.registry import Register
+from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
+from kronk_core.contract.cache import CacheStrategyFactory
+from kronk_core.contract.drafts import DraftStrategyFactory
+from kronk_core.contract.host import Host
+from kronk_core.contract.registry import Register
+from kronk_core.contract.templates import TemplateProcessorFactory
+from kronk_core.records import ChatRecord, RequestRecord
+from kronk_core.runtime.memory import Device, MemoryEstimate
 from kronk_core.sampling import SamplerStage
-from kronk_core.sections import Section
-from kronk_core.slots import CacheStrategyFactory
-from kronk_core.templates import TemplateProcessorFactory
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.model_files import ModelFile, PackagedModel
+from kronk_core.settings.sections import Section
 from kronk_core.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ def kronk_request_finished(record: RequestRecord) -> None:
     Runs on the model's engine thread between decode steps, so it must be quick;
     exceptions are logged and swallowed. `record` holds counts and timings
     (queue, cache, prefill, first token, decode), never prompt or completion
-    text. `current_request_id` (kronk_core.events) holds its request id.
+    text. `current_request_id` (kronk_core.records) holds its request id.
     """
 
 

@@ -11,10 +11,10 @@ from typing import Any, Protocol, TypeVar, overload
 
 import pluggy
 
-from kronk_core.config import KronkConfig
-from kronk_core.pool import PoolEntry
-from kronk_core.registry import Registry, RegistryKind
-from kronk_core.sections import ModelSection
+from kronk_core.contract.registry import Registry, RegistryKind
+from kronk_core.runtime.pool import PoolEntry
+from kronk_core.settings.config import KronkConfig
+from kronk_core.settings.sections import ModelSection
 
 T = TypeVar("T")
 

@@ -10,9 +10,9 @@ from types import ModuleType
 
 import pluggy
 
-from kronk_core import hookspecs
-from kronk_core.config import PluginSelection
-from kronk_core.host import PluginManager
+from kronk_core.contract import hookspecs
+from kronk_core.contract.host import PluginManager
+from kronk_core.settings.config import PluginSelection
 
 log = logging.getLogger(__name__)
 

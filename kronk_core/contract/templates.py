@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kronk_core.backend import ModelInfo
-from kronk_core.config import ModelConfig
-from kronk_core.registry import RegistryKind
+from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.registry import RegistryKind
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatDelta, ChatMessage, StructuredOutput, ToolChoice, ToolSpec
 
 TemplateValue = str | int | float | bool | None

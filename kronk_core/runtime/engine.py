@@ -4,7 +4,7 @@ Each step builds ONE batch holding a token for every generating slot plus
 prompt chunks for prefilling slots (bounded by n_batch), runs one decode, then
 samples, detokenizes and checks stop conditions per slot. With a draft
 strategy (speculative decoding), a generating slot's token may carry draft
-tokens behind it; kronk_core/speculation.py decides which of them stand. The
+tokens behind it; kronk_core/runtime/speculation.py decides which of them stand. The
 asyncio side talks to the thread only through a bounded request queue and
 per-request output queues fed with `loop.call_soon_threadsafe`.
 
@@ -26,173 +26,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from kronk_core.backend import Batch, MediaModel, Sampler, TextModel
-from kronk_core.detok import StopMatcher, Utf8Stream
-from kronk_core.drafts import Draft, DraftStrategy
+from kronk_core.contract.backend import Batch, MediaModel, TextModel
+from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
+from kronk_core.contract.drafts import Draft, DraftStrategy
 from kronk_core.errors import BackendLostError, EngineClosedError, KronkError, QueueFullError
-from kronk_core.events import RequestRecord, new_request_id, request_scope
 from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
 from kronk_core.media import MediaSpan, cut_point
-from kronk_core.media_encoder import Encoding, MediaEncoder
+from kronk_core.records import RequestRecord, request_scope
+from kronk_core.runtime.detok import StopMatcher
+from kronk_core.runtime.jobs import Job, MediaPart, Outbox, Part, rows
+from kronk_core.runtime.media_encoder import MediaEncoder
+from kronk_core.runtime.reports import EngineStats, SlotState, StepRecord
+from kronk_core.runtime.speculation import Speculating, Speculation
 from kronk_core.sampling import SamplerStage
-from kronk_core.slots import CacheCounters, CacheStrategy, Slot
-from kronk_core.speculation import Speculating, Speculation
 from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
 _IDLE_WAIT_SECONDS = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What one engine step put into its decode: slot id → token count.
-
-    A generating slot decodes one token, plus its draft tokens when it speculates:
-    `drafts` holds those, by slot id, in the order they follow the slot's token.
-    """
-
-    index: int
-    generating: dict[int, int]
-    prefilling: dict[int, int]
-    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SlotState:
-    """A snapshot of one slot for reporting (SDK, admin endpoint)."""
-
-    id: int
-    cached_tokens: int
-    idle_seconds: float
-    busy: bool
-    pending: bool
-    # Speculative decoding: the draft tokens of the slot's current (or last) request that
-    # became output and that did not, and the acceptance rate its drafting goes by.
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-    draft_acceptance: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    steps: int
-    queued: int
-    active: int
-    generated_tokens: int
-    prefilled_tokens: int
-
-
-@dataclass(eq=False)
-class _Job:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[EngineEvent]
-    request_id: str = field(default_factory=new_request_id)
-    enqueued_at: float = field(default_factory=time.monotonic)
-    cancelled: bool = False
-    slot: Slot | None = None
-    sampler: Sampler | None = None
-    next_prompt_index: int = 0
-    cached_tokens: int = 0
-    pending_token: int | None = None
-    batch_index: int = -1
-    completion_tokens: int = 0
-    accepted_tokens: int = 0
-    rejected_tokens: int = 0
-    started_at: float = 0.0
-    cache_ready_at: float = 0.0
-    prefilled_at: float = 0.0
-    first_token_at: float = 0.0
-    utf8: Utf8Stream = field(default_factory=Utf8Stream)
-    stops: StopMatcher | None = None
-    # Overlapped decoding: tokens sampled and counted whose text is not handed over yet,
-    # and whether handing them over found a stop string (the request then ends).
-    undelivered: list[tuple[int, tuple[TokenLogprob, ...]]] = field(default_factory=list)
-    stopped: bool = False
-    # The media chunks its prompt still needs in the KV, oldest first, as they encode.
-    encodings: deque[Encoding] = field(default_factory=deque)
-
-    @property
-    def prefilling(self) -> bool:
-        return self.next_prompt_index < len(self.request.prompt_tokens)
-
-    def next_span(self) -> MediaSpan | None:
-        """The media chunk that the rest of the prompt meets first, if any."""
-        return self.encodings[0].span if self.encodings else None
-
-    def deliver(self, event: EngineEvent) -> None:
-        """Hand an event to the consumer's loop; a closed loop means the consumer is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:
-            self.cancelled = True
-
-
-class _Outbox:
-    """Events the engine thread produced, handed over once per step and event loop.
-
-    Each `call_soon_threadsafe` wakes the loop through its self-pipe (a system call);
-    one per step instead of one per token and slot.
-    """
-
-    def __init__(self) -> None:
-        self._events: dict[asyncio.AbstractEventLoop, list[tuple[_Job, EngineEvent]]] = {}
-
-    def post(self, job: _Job, event: EngineEvent) -> None:
-        self._events.setdefault(job.loop, []).append((job, event))
-
-    def flush(self) -> None:
-        events, self._events = self._events, {}
-        for loop, posted in events.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, posted)
-            except RuntimeError:  # the loop is closed: its consumers are gone
-                for job, _ in posted:
-                    job.cancelled = True
-
-
-def _put_all(posted: list[tuple[_Job, EngineEvent]]) -> None:
-    for job, event in posted:
-        job.events.put_nowait(event)
-
-
-@dataclass(frozen=True, slots=True)
-class _Part:
-    """One job's tokens in a step: its pending generated token, or a prompt chunk.
-
-    `completes`: the chunk ends the prompt. A generated token, and a chunk
-    that completes the prompt, need the logits of their last token. A
-    generated token may be followed by its `draft`'s tokens, which need logits
-    too.
-    """
-
-    job: _Job
-    tokens: Sequence[int]
-    start: int
-    generated: bool
-    completes: bool = False
-    draft: Draft | None = None
-
-    @property
-    def sample(self) -> bool:
-        return self.generated or self.completes
-
-
-@dataclass(frozen=True, slots=True)
-class _MediaPart:
-    """`count` rows of a media chunk's embeddings from `offset`, decoded in a step."""
-
-    job: _Job
-    encoding: Encoding
-    offset: int
-    count: int
-
-    @property
-    def start(self) -> int:
-        return self.encoding.span.start + self.offset
 
 
 class GenerationStream:
@@ -202,7 +55,7 @@ class GenerationStream:
     the engine frees its slot within one step.
     """
 
-    def __init__(self, engine: Engine, job: _Job, events: asyncio.Queue[EngineEvent]) -> None:
+    def __init__(self, engine: Engine, job: Job, events: asyncio.Queue[EngineEvent]) -> None:
         self._engine = engine
         self._job = job
         self._events = events
@@ -260,14 +113,14 @@ class Engine:
             self._media = MediaEncoder(model, self._wake_up)
         # Requests waiting for a slot, oldest first; the asyncio side appends and
         # removes cancelled ones, the engine thread takes them.
-        self._waiting: deque[_Job] = deque()
+        self._waiting: deque[Job] = deque()
         self._waiting_lock = threading.Lock()
         self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
-        self._active: list[_Job] = []
-        self._outbox = _Outbox()
+        self._active: list[Job] = []
+        self._outbox = Outbox()
         self._overlap = model.info.overlap_decode
-        self._delivering: list[_Job] = []  # jobs with undelivered tokens, in order
+        self._delivering: list[Job] = []  # jobs with undelivered tokens, in order
         self._stopping = False
         self._lost: BackendLostError | None = None  # why the engine stopped on its own
         self._step_listeners: list[Callable[[StepRecord], None]] = []
@@ -292,7 +145,7 @@ class Engine:
             closed = EngineClosedError(f"the engine of {self.model.info.id} is not running")
             raise self._lost or closed
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        job = _Job(request=request, loop=asyncio.get_running_loop(), events=events)
+        job = Job(request=request, loop=asyncio.get_running_loop(), events=events)
         job.request_id = request_id or job.request_id
         deadline = time.monotonic() + wait
         while not self._enqueue(job):
@@ -306,14 +159,14 @@ class Engine:
         self._wake.set()
         return GenerationStream(self, job, events)
 
-    def _enqueue(self, job: _Job) -> bool:
+    def _enqueue(self, job: Job) -> bool:
         with self._waiting_lock:
             if len(self._waiting) >= self._capacity:
                 return False
             self._waiting.append(job)
             return True
 
-    def cancel(self, job: _Job) -> None:
+    def cancel(self, job: Job) -> None:
         """Cancel a request: a waiting one leaves the queue now, a running one within a step."""
         job.cancelled = True
         with self._waiting_lock:
@@ -474,7 +327,7 @@ class Engine:
             with request_scope(job.request_id):
                 self._start(job, free)
 
-    def _start(self, job: _Job, free: list[Slot]) -> None:
+    def _start(self, job: Job, free: list[Slot]) -> None:
         slot = self._cache.select_slot(free, job.request, self.model)
         slot.busy = slot.pending = True
         job.slot = slot
@@ -531,19 +384,19 @@ class Engine:
         """
         began = time.perf_counter()
         drafts = self._drafts() if self._speculation is not None else {}
-        parts: list[_Part] = []
+        parts: list[Part] = []
         for job in self._active:
             if job.pending_token is not None and job.slot is not None:
                 draft = drafts.get(job.slot.id)
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
-                parts.append(_Part(job, tokens, len(job.slot.tokens), True, draft=draft))
+                parts.append(Part(job, tokens, len(job.slot.tokens), True, draft=draft))
         # A step with drafts stays within what speculation allows (one placement with a
         # sliding window); drafts are only made when the waiting prompts fit beside them.
         limit = self._speculation.step_cap if drafts and self._speculation else self.n_batch
         budget = limit - len(parts) - sum(len(draft.tokens) for draft in drafts.values())
         generated = len(parts)
-        media: list[_MediaPart] = []
-        failed: list[_Job] = []
+        media: list[MediaPart] = []
+        failed: list[Job] = []
         for job in self._active:
             if budget <= 0:
                 break
@@ -563,7 +416,7 @@ class Engine:
                 continue
             end = len(prompt) if span is None else span.start
             chunk = prompt[start : min(start + budget, end)]
-            parts.append(_Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
+            parts.append(Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
         for job in failed:
             error = job.encodings[0].error
@@ -577,7 +430,7 @@ class Engine:
         self._record_step(parts, media)
         return True
 
-    def _media_part(self, job: _Job, budget: int, *, first: bool) -> _MediaPart | None:
+    def _media_part(self, job: Job, budget: int, *, first: bool) -> MediaPart | None:
         """The job's next rows of media embeddings that fit the budget, once encoded.
 
         A chunk decoded whole (non-causal attention) waits for a step whose budget holds
@@ -593,9 +446,9 @@ class Engine:
             count = min(count, budget)
         elif count > budget and not first:
             return None
-        return _MediaPart(job, encoding, offset, count)
+        return MediaPart(job, encoding, offset, count)
 
-    def _decode_media(self, media: Sequence[_MediaPart]) -> None:
+    def _decode_media(self, media: Sequence[MediaPart]) -> None:
         """Decode media rows into their slots' sequences and record them there."""
         model = self.model
         for part in media:
@@ -619,7 +472,7 @@ class Engine:
                 job.encodings.popleft()
 
     def _step_tokens(
-        self, parts: list[_Part], drafts: dict[int, Draft], began: float, *, timed: bool
+        self, parts: list[Part], drafts: dict[int, Draft], began: float, *, timed: bool
     ) -> None:
         """Decode the step's tokens, then commit and sample. `timed`: the step is these
         tokens alone, so speculation may learn from its time."""
@@ -631,7 +484,7 @@ class Engine:
                 self.model.synchronize()
             if self._speculation is not None:
                 device = time.perf_counter() - started - delivering
-                self._speculation.decoded(*_rows(parts), device)
+                self._speculation.decoded(*rows(parts), device)
         except BackendLostError:
             raise  # nothing more can run on this model: the engine stops
         except Exception as caught:
@@ -689,7 +542,7 @@ class Engine:
                 prefill += len(job.request.prompt_tokens) - job.next_prompt_index
         return self._speculation.drafts(generating, prefill)
 
-    def _decode(self, parts: Sequence[_Part]) -> None:
+    def _decode(self, parts: Sequence[Part]) -> None:
         batch = Batch()
         for part in parts:
             assert part.job.slot is not None
@@ -702,7 +555,7 @@ class Engine:
             part.job.batch_index = index - (last - first)
         self.model.decode(batch)
 
-    def _commit(self, parts: Sequence[_Part]) -> None:
+    def _commit(self, parts: Sequence[Part]) -> None:
         """The parts are in the KV: record them in their slots, then sample who can."""
         for part in parts:
             job, slot = part.job, part.job.slot
@@ -741,7 +594,7 @@ class Engine:
                     self._fail(part.job, self._unexpected(exc, "the cache strategy"))
                     self._reset(slot)
 
-    def _stop_after_delivery(self, part: _Part) -> None:
+    def _stop_after_delivery(self, part: Part) -> None:
         """A stop string was found in the text of the token this part decoded: the request
         ends; its draft tokens, never output, leave the KV."""
         job, slot = part.job, part.job.slot
@@ -759,7 +612,7 @@ class Engine:
         log.error("%s failed on %s", during, self.model.info.id, exc_info=exc)
         return KronkError(f"the inference engine failed in {during}; see the server log")
 
-    def _fail(self, job: _Job, exc: KronkError) -> None:
+    def _fail(self, job: Job, exc: KronkError) -> None:
         if job not in self._active:
             return  # it had finished before the fault
         log.error("request %s failed on %s: %s", job.request_id, self.model.info.id, exc.message)
@@ -770,7 +623,7 @@ class Engine:
         self.model.seq_remove(slot.seq_id, 0, -1)
         slot.tokens.clear()
 
-    def _record_step(self, parts: Sequence[_Part], media: Sequence[_MediaPart] = ()) -> None:
+    def _record_step(self, parts: Sequence[Part], media: Sequence[MediaPart] = ()) -> None:
         self._steps += 1
         generating = {
             p.job.slot.id: len(p.tokens) for p in parts if p.generated and p.job.slot is not None
@@ -795,7 +648,7 @@ class Engine:
                 except Exception:
                     log.exception("step listener failed")
 
-    def _sample(self, job: _Job) -> None:
+    def _sample(self, job: Job) -> None:
         assert job.sampler is not None
         token = job.sampler.sample(job.batch_index)
         reason = self._emit(job, token, job.batch_index)
@@ -804,7 +657,7 @@ class Engine:
         else:
             self._finish(job, reason)
 
-    def _verify(self, part: _Part) -> None:
+    def _verify(self, part: Part) -> None:
         """Emit the target's tokens for a drafted part; drop what it did not confirm from the KV."""
         job, slot, draft = part.job, part.job.slot, part.draft
         assert self._speculation is not None and slot is not None and draft is not None
@@ -840,7 +693,7 @@ class Engine:
         elif reason is not None:
             self._finish(job, reason)
 
-    def _emit(self, job: _Job, token: int, batch_index: int) -> FinishReason | None:
+    def _emit(self, job: Job, token: int, batch_index: int) -> FinishReason | None:
         """Count one sampled token and hand it to the consumer (with overlap, after the next
         decode is launched); the reason it ends the request, if it does."""
         assert job.slot is not None
@@ -868,7 +721,7 @@ class Engine:
             return FinishReason.stop
         return FinishReason.length if ends else None
 
-    def _deliver(self, job: _Job) -> bool:
+    def _deliver(self, job: Job) -> bool:
         """Hand a job's counted tokens to its consumer, oldest first; True when their text
         reaches a stop string (the tokens after it are no longer counted)."""
         assert job.stops is not None
@@ -904,7 +757,7 @@ class Engine:
         self._outbox.flush()
         return time.perf_counter() - started
 
-    def _record(self, job: _Job, reason: FinishReason) -> RequestRecord:
+    def _record(self, job: Job, reason: FinishReason) -> RequestRecord:
         now = time.monotonic()
         return RequestRecord(
             request_id=job.request_id,
@@ -927,11 +780,11 @@ class Engine:
             finished_at=now,
         )
 
-    def _finish(self, job: _Job, reason: FinishReason, error: KronkError | None = None) -> None:
+    def _finish(self, job: Job, reason: FinishReason, error: KronkError | None = None) -> None:
         with request_scope(job.request_id):
             self._end(job, reason, error)
 
-    def _end(self, job: _Job, reason: FinishReason, error: KronkError | None) -> None:
+    def _end(self, job: Job, reason: FinishReason, error: KronkError | None) -> None:
         if job.undelivered and reason is not FinishReason.error:
             self._deliver(job)
         if job.stops is not None and reason is not FinishReason.error:
@@ -976,15 +829,3 @@ class Engine:
             self._reset(slot)
         slot.busy = slot.pending = False
         slot.last_used = time.monotonic()
-
-
-def _rows(parts: Sequence[_Part]) -> tuple[int, int]:
-    """A step's logit rows (generated tokens, drafts, completing chunks) and prompt tokens."""
-    rows = prefill = 0
-    for part in parts:
-        if part.generated:
-            rows += len(part.tokens)
-        else:
-            prefill += len(part.tokens)
-            rows += part.completes
-    return rows, prefill

@@ -10,26 +10,26 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from kronk_core.backend import MediaModel, ModelInfo, TextModel
-from kronk_core.config import ModelConfig
-from kronk_core.drafts import DRAFT_STRATEGIES, DraftStrategy
+from kronk_core.contract.backend import MediaModel, ModelInfo, TextModel
+from kronk_core.contract.cache import CACHE_STRATEGIES, CacheStrategy
+from kronk_core.contract.drafts import DRAFT_STRATEGIES, DraftStrategy
+from kronk_core.contract.host import Host, PluginManager
+from kronk_core.contract.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
 from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
-from kronk_core.engine import Engine
 from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError, TemplateError
-from kronk_core.events import RequestRecord
-from kronk_core.host import Host, PluginManager
 from kronk_core.media import MEDIA_MARKER, Media, MediaPrompt
-from kronk_core.models import (
+from kronk_core.records import RequestRecord
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.pool import Lease
+from kronk_core.sampling import SamplerStage
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.model_files import (
     model_sources,
     provided_models,
     resolve_model_config,
     resolve_reference,
 )
-from kronk_core.pool import Lease
-from kronk_core.sampling import SamplerStage
-from kronk_core.sections import ModelSection, bind, declared_sections
-from kronk_core.slots import CACHE_STRATEGIES, CacheStrategy
-from kronk_core.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
+from kronk_core.settings.sections import ModelSection, bind, declared_sections
 from kronk_core.types import ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kronk_core.backend import MediaModel
+from kronk_core.contract.backend import MediaModel
 from kronk_core.errors import KronkError
 from kronk_core.media import MediaSpan
 

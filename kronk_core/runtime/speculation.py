@@ -1,6 +1,6 @@
 """Speculative decoding on the engine side: which slots draft, and which draft tokens stand.
 
-Each step the policy (kronk_core/draft_policy.py) decides how many tokens each
+Each step the policy (kronk_core/runtime/draft_policy.py) decides how many tokens each
 generating slot drafts, the model's draft strategy proposes them, and the
 engine puts them into the step's decode behind the slot's pending token.
 Afterwards the target's own sampler chain walks the rows: a draft token stands
@@ -16,10 +16,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kronk_core.backend import Sampler, TextModel
-from kronk_core.draft_policy import DraftPolicy, Wish
-from kronk_core.drafts import Draft, DraftRequest, DraftStrategy
-from kronk_core.slots import Slot
+from kronk_core.contract.backend import Sampler, TextModel
+from kronk_core.contract.cache import Slot
+from kronk_core.contract.drafts import Draft, DraftRequest, DraftStrategy
+from kronk_core.runtime.draft_policy import DraftPolicy, Wish
 from kronk_core.types import SamplingParams, TokenDistribution
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core import spellings
 from kronk_core.errors import ConfigError
 from kronk_core.media import MediaConfig
-from kronk_core.sections import config_error_from, gather
+from kronk_core.settings import spellings
+from kronk_core.settings.sections import config_error_from, gather
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class ModelConfig(BaseModel):
     """One model's settings: the `models: {ID: {...}}` entries of the model-config file.
 
     The core keeps what the engine and the SDK need; each plugin reads its own
-    section (`sections`, see kronk_core.sections), written as a key of the entry.
+    section (`sections`, see kronk_core.settings.sections), written as a key of the entry.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -3,7 +3,7 @@
 The Kronk manual writes keys its own way (`context-window`, `nseq-max`,
 `KRONK_WEB_API_HOST`); they stay, without a warning, so that a Kronk user's
 model-config, catalog and settings files load unchanged. A plugin's keys are
-spelled by its own section (`kronk_core.sections.Section`), never here.
+spelled by its own section (`kronk_core.settings.sections.Section`), never here.
 """
 
 from __future__ import annotations
