@@ -21,6 +21,7 @@ from typing import Any, TypeVar, overload
 from kronk_core import inputs
 from kronk_core.contract.backend import ModelFacts
 from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
 from kronk_core.contract.registry import Registry, RegistryKind, fill_registry
 from kronk_core.contract.templates import RenderOptions
@@ -48,7 +49,6 @@ from kronk_core.runtime.loading import (
     release_if_leased,
     text_model,
 )
-from kronk_core.runtime.memory import Device, MemoryEstimate
 from kronk_core.runtime.pool import Lease, ModelPool
 from kronk_core.sampling import GRAMMAR_STAGES
 from kronk_core.settings.config import KronkConfig, alias_map

@@ -20,10 +20,10 @@ from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
 from kronk_core.contract.cache import CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategyFactory
 from kronk_core.contract.host import Host
+from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.registry import Register
 from kronk_core.contract.templates import TemplateProcessorFactory
 from kronk_core.records import ChatRecord, RequestRecord
-from kronk_core.runtime.memory import Device, MemoryEstimate
 from kronk_core.sampling import SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.model_files import ModelFile, PackagedModel

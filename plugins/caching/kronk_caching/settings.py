@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.runtime.memory import available_ram
+from kronk_core.contract.memory import available_ram
 from kronk_core.settings.config import Duration
 from kronk_core.settings.sections import ModelSection, Switch
 

@@ -11,7 +11,7 @@ from litestar.config.app import AppConfig
 
 from kronk_core import hookimpl
 from kronk_core.contract.backend import Backend, ModelFacts
-from kronk_core.runtime.memory import Device, MemoryEstimate
+from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.model_files import ModelFile, PackagedModel
 from kronk_core.settings.sections import Section
