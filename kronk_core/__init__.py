@@ -1,4 +1,5 @@
-"""Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
+"""Kronk core: the SDK facade and the request path; the plugin contract in `contract`, the
+engine, pool and loading in `runtime`, configuration in `settings`."""
 
 from kronk_core import grammars
 from kronk_core.contract.plugins import hookimpl

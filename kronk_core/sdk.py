@@ -1,8 +1,8 @@
 """The SDK facade: everything the server does, from plain Python.
 
-The work is done next door: loading.py wires models, inputs.py coerces
-arguments, prompts.py prepares prompts, chat_stream.py turns engine events
-into chat deltas.
+The work is done next door: runtime/loading.py wires models, inputs.py coerces
+arguments, prompts.py prepares prompts, runtime/chat_stream.py turns engine
+events into chat deltas.
 """
 
 from __future__ import annotations
