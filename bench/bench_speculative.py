@@ -27,7 +27,7 @@ from pathlib import Path
 
 import kronk_llamacpp  # noqa: F401  (llama.cpp's libraries before the scripts' numpy)
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import cache_dir
+from kronk_core.settings.model_files import cache_dir
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

@@ -22,8 +22,8 @@ from litestar import Litestar
 from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import ModelConfig
-from kronk_core.models import cache_dir
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.model_files import cache_dir
 
 # The generator scripts are not a package: import them from their folder; the tests' own
 # helpers (file_server.py) from theirs.

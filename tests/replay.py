@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 from waiting import wait_until
 
-from kronk_core.backend import Batch, Sampler
-from kronk_core.config import ModelConfig
-from kronk_core.engine import Engine, StepRecord
+from kronk_core.contract.backend import Batch, Sampler
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.reports import StepRecord
 from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatResult, FinishReason, TokenLogprob
 from kronk_llamacpp.model import LlamaTextModel
 

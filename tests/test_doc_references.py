@@ -1,9 +1,9 @@
 """What the manual names in backticks exists in the code.
 
 A `kronk_*` dotted name is an importable module or an attribute of one
-(`kronk_core.engine.Engine._step`, a dataclass or protocol field included), an
+(`kronk_core.runtime.engine.Engine._step`, a dataclass or protocol field included), an
 entry point's `module:attribute` (`kronk_llamacpp.native:load`), or, written with
-slashes, a file or folder of the core or of a plugin (`kronk_core/engine.py`).
+slashes, a file or folder of the core or of a plugin (`kronk_core/runtime/engine.py`).
 A repository path (`tests/test_hooks.py`) exists, and `path::name` names a
 function defined in that file. Placeholders (`plugins/<name>/`) are skipped.
 No model is loaded: modules are imported, nothing is called.
@@ -109,24 +109,24 @@ def test_the_references_are_found() -> None:
     """The extraction finds each kind, so a page whose names all went unread cannot pass."""
     spans = set(cited(ROOT / "docs" / "architecture.md"))
     assert {
-        "kronk_core.engine",
+        "kronk_core.runtime.engine",
         "kronk_openai.routes.chat_completions",
-        "kronk_core.slots.CacheStrategy",
+        "kronk_core.contract.cache.CacheStrategy",
         "tests/test_core_neutral.py",
         "tests/test_hooks.py::test_server_hooks",
     } <= spans
     assert "kronk_llamacpp.native:load" in cited(ROOT / "docs" / "plugins.md")
-    assert "kronk_core/backend.py" in cited(ROOT / "docs" / "plugins.md")
+    assert "kronk_core/contract/backend.py" in cited(ROOT / "docs" / "plugins.md")
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        "kronk_core.engine.Nothing",
+        "kronk_core.runtime.engine.Nothing",
         "kronk_nothing.engine",
         "kronk_core/nothing.py",
         "kronk_llamacpp.native:nothing",
-        "kronk_core.slots.Slot.nothing",
+        "kronk_core.contract.cache.Slot.nothing",
     ],
 )
 def test_a_name_the_code_lacks_is_caught(name: str) -> None:

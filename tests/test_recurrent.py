@@ -47,8 +47,8 @@ from test_caching import (
 from waiting import gated, wait_until
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core.contract.cache import CacheCounters
 from kronk_core.errors import ConfigError, KronkError
-from kronk_core.slots import CacheCounters
 from kronk_core.types import ChatResult
 
 # DRY off: greedy is then a pure argmax, which the cold replays reproduce. Speculation is

@@ -11,7 +11,7 @@ import pytest
 from make_tiny_models import N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, make_tiny_llama
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import ModelConfig
+from kronk_core.settings.config import ModelConfig
 
 WARNING_TEXT = "beyond the model's training length"
 
