@@ -541,6 +541,24 @@ def replay_turns(
             assert replay.generate(MAX_TOKENS) == turn_result.content
 
 
+def replay_cut_through_checkpoint(
+    replay: ColdReplay,
+    history: list[tuple[list[int], ChatResult]],
+    keep: int,
+    restored: bool = False,
+) -> None:
+    """The slot's decode up to the end of the last prompt of `history`, where it took a
+    checkpoint; that checkpoint restored (into other cells, as a restore places it) and
+    the sequence cut back to `keep` tokens through it. `restored`: the whole sequence was
+    restored from the host tier first (its cells moved too)."""
+    replay_turns(replay, history, up_to=len(history[-1][0]))
+    checkpoint = replay.model.checkpoint(0)
+    if restored:
+        replay.move_cells()
+    assert replay.model.restore_checkpoint(0, keep, checkpoint)
+    del replay.tokens[keep:]
+
+
 async def test_sliding_window_cut_back_through_a_checkpoint(
     gemma_path: str, tmp_path: Path
 ) -> None:
@@ -548,10 +566,11 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
 
     One slot keeps 1,024 window cells, so after ~1,800 tokens editing a message
     600 tokens back is below the trim floor and goes through the checkpoint
-    taken at the end of an earlier prompt. The reference decodes the same
-    chunks as the slot did up to that checkpoint, then the edited rest: it
-    never had the later turns, so it needs no cut. (Where window cells lie
-    changes rounding, so a full-size window cache is no reference here.)
+    taken at the end of the prompt that first held the edited message: its
+    window cells reach back past where the edit begins, so all the prompt shares
+    is kept. The reference decodes the same chunks as the slot did up to that
+    checkpoint, cuts back through it, then decodes the edited rest. (Where window
+    cells lie changes rounding, so a full-size window cache is no reference here.)
     """
     kronk = fresh(gemma_path, tmp_path, caching=NO_HOST_TIER, n_seq_max=1)
     cold = fresh(gemma_path, tmp_path, cache="none", n_seq_max=1)
@@ -563,15 +582,15 @@ async def test_sliding_window_cut_back_through_a_checkpoint(
         floor = loaded.model.trim_floor(0)
         edited = [*messages[:-4], long_user_turn(99)]  # replaces turn 5's tool result
         prompt = await prompt_tokens(kronk, edited)
-        assert common_prefix(prompt, loaded.engine.slots[0].tokens) < floor
+        shared = common_prefix(prompt, loaded.engine.slots[0].tokens)
+        assert len(history[4][0]) < shared < floor
         result = await ask(kronk, "m", edited)
         assert loaded.engine.cache_counters().checkpoint_restores == 1
-        # The checkpoint is the end of turn 4's prompt.
-        assert result.usage.cached_tokens == len(history[4][0]) < floor
-        replay_turns(replay, history[:5], up_to=result.usage.cached_tokens)
+        # Through the checkpoint at the end of turn 5's prompt, past turn 4's answer.
+        assert result.usage.cached_tokens == shared
         # A restored window lies in other cells than it was computed in, which changes
         # rounding by up to 0.4 nats here: move the reference's own window the same way.
-        replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
+        replay_cut_through_checkpoint(replay, history[:6], shared)
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
         assert replay.generate(MAX_TOKENS) == result.content
@@ -589,8 +608,11 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
     slot. B starts as A did (a reopened chat, a retried task: the same messages) and runs
     4 turns, other traffic taking the slot between them. The host tier holds A (the
     longest match, but its window moved on: it cannot be cut back to where B's prompt
-    leaves it) and B's own last turn: each B turn after its first restores B's own, so it
-    prefills only what its turn added, token for token a cold replay's."""
+    leaves it but through the checkpoint of A's first prompt, which A keeps besides its
+    latest ones) and B's own last turn. B's first turn restores A through that checkpoint
+    (all but its last prompt token, which it decodes again to sample from: the checkpoint
+    reaches back to its trim floor); each later turn restores B's own, so it prefills
+    only what its turn added. Every answer is token for token a cold replay's."""
     kronk = fresh(gemma_path, tmp_path, n_seq_max=1, caching={"host_cache_bytes": 1 << 30})
     replay = ColdReplay(model_config(Path(gemma_path)))
     other = iter([*AGENT_SYSTEMS, "You are sub-agent Delta. " + SYSTEM])
@@ -611,6 +633,15 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
             if turn:
                 assert result.usage.cached_tokens >= previous
                 replay.move_cells()  # restored: its cells lie elsewhere, as in the slot
+            else:
+                assert result.usage.cached_tokens == len(prompt) - 1
+                # A's first prompt, decoded in one chunk as A's was; its checkpoint then
+                # restored into moved cells and cut back by one token, as the slot was.
+                replay.prefill(prompt, 0)
+                checkpoint = replay.model.checkpoint(0)
+                replay.move_cells()
+                assert replay.model.restore_checkpoint(0, len(prompt) - 1, checkpoint)
+                replay.tokens = prompt[:-1]
             reference = replay.prefill(prompt, result.usage.cached_tokens)
             assert_same_first_token(result, reference)
             assert replay.generate(MAX_TOKENS) == result.content
@@ -620,7 +651,7 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
             if turn < 3:
                 await ask(kronk, "m", conversation(next(other), 1))
         counters = kronk.load("m").engine.cache_counters()
-        assert counters.restores == 3
+        assert counters.restores == 4 and counters.checkpoint_restores == 1
     finally:
         replay.close()
         kronk.close()
@@ -629,9 +660,10 @@ async def test_a_branch_restores_its_own_turn_not_a_longer_branch_it_cannot_cut(
 async def test_a_stored_conversation_is_cut_back_through_its_stored_checkpoint(
     gemma_path: str, tmp_path: Path
 ) -> None:
-    """A sliding-window conversation evicted to disk keeps its checkpoints: after a restart,
-    an edit of a message 600 tokens back (below its trim floor) restores it through the
-    checkpoint taken at the end of that turn's prompt, exactly as its slot would have."""
+    """A sliding-window conversation evicted to disk keeps its checkpoints and how far back
+    each reaches: after a restart, an edit of a message 600 tokens back (below its trim
+    floor) restores it through the checkpoint taken at the end of the prompt that first
+    held that message, exactly as its slot would have."""
     caching = {"host_cache_bytes": 0, "host_cache_dir": tmp_path / "kv"}
     kronk = fresh(gemma_path, tmp_path, caching=caching, n_seq_max=1)
     replay = ColdReplay(model_config(Path(gemma_path)))
@@ -645,15 +677,14 @@ async def test_a_stored_conversation_is_cut_back_through_its_stored_checkpoint(
     try:
         edited = [*messages[:-4], long_user_turn(99)]  # replaces turn 5's tool result
         prompt = await prompt_tokens(restarted, edited)
-        assert common_prefix(prompt, history[-1][0]) < floor
+        shared = common_prefix(prompt, history[-1][0])
+        assert len(history[4][0]) < shared < floor
         result = await ask(restarted, "m", edited)
         counters = restarted.load("m").engine.cache_counters()
         assert counters.restores == 1 and counters.checkpoint_restores == 1
-        assert result.usage.cached_tokens == len(history[4][0]) < floor
-        replay_turns(replay, history[:5], up_to=result.usage.cached_tokens)
+        assert result.usage.cached_tokens == shared
         # Restored, then cut through the checkpoint: move the reference's cells the same way.
-        replay.move_cells()
-        replay.model.restore_checkpoint(0, len(replay.tokens), replay.model.checkpoint(0))
+        replay_cut_through_checkpoint(replay, history[:6], shared, restored=True)
         reference = replay.prefill(prompt, result.usage.cached_tokens)
         assert_same_first_token(result, reference)
         assert replay.generate(MAX_TOKENS) == result.content

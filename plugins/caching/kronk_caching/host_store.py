@@ -43,10 +43,26 @@ LEFTOVER_SECONDS = 600.0
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The untrimmable part of a sequence's state (sliding-window cells, recurrent state)
-    when it held `length` tokens: what cuts it back below its trim floor."""
+    when it held `length` tokens: what cuts it back below its trim floor. It can cut the
+    sequence back to any length from `floor` (the trim floor when it was taken: the window
+    cells it holds reach back that far) to `length`."""
 
     length: int
     state: bytes
+    floor: int
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.floor, self.length
+
+    def reaches(self, length: int) -> bool:
+        return self.floor <= length <= self.length
+
+
+def through(spans: Sequence[tuple[int, int]], keep: int) -> int:
+    """The longest prefix, at most `keep` tokens, that a checkpoint of these (floor,
+    length) spans cuts a sequence back to; 0 if none does."""
+    return max((min(keep, length) for floor, length in spans if floor <= keep), default=0)
 
 
 @dataclass(slots=True)
@@ -57,8 +73,9 @@ class StoredConversation:
     # The state, once restored, can be cut back to this length and no shorter
     # (TextModel.trim_floor when it was saved)...
     floor: int = 0
-    # ...or to one of these lengths, through the checkpoint taken there (ascending).
-    checkpoint_lengths: tuple[int, ...] = ()
+    # ...or, through a checkpoint, to a length in one of these (floor, length) spans
+    # (ascending by length).
+    checkpoint_spans: tuple[tuple[int, int], ...] = ()
     checkpoints: tuple[Checkpoint, ...] | None = ()  # None: only on disk
 
     @property
@@ -68,7 +85,9 @@ class StoredConversation:
 
     def keeps(self, length: int) -> bool:
         """Whether the state can be cut back to exactly `length` tokens."""
-        return length >= min(self.floor, len(self.tokens)) or length in self.checkpoint_lengths
+        return length >= min(self.floor, len(self.tokens)) or any(
+            floor <= length <= end for floor, end in self.checkpoint_spans
+        )
 
 
 class HostStore:
@@ -130,7 +149,7 @@ class HostStore:
         key = token_key(tokens)
         ordered = tuple(sorted(checkpoints, key=lambda c: c.length))
         entry = StoredConversation(
-            tuple(tokens), state, None, floor, tuple(c.length for c in ordered), ordered
+            tuple(tokens), state, None, floor, tuple(c.span for c in ordered), ordered
         )
         superseded = [
             k
@@ -334,9 +353,9 @@ class HostStore:
             tokens = tuple(rest)
             file = tokens_file.with_suffix("")
             if file.with_suffix(".state").exists():
-                lengths = _checkpoint_lengths(file.with_suffix(".checkpoints"))
+                spans = _checkpoint_spans(file.with_suffix(".checkpoints"))
                 self._entries[token_key(tokens)] = StoredConversation(
-                    tokens, None, file, floor, lengths, None
+                    tokens, None, file, floor, spans, None
                 )
         if self._entries:
             log.info(
@@ -344,46 +363,60 @@ class HostStore:
             )
 
 
-# A checkpoints file: their count, each one's length and size (int64), then their states.
+# A checkpoints file (int64s): FLOORS_MARK, their count, each one's length, floor and size,
+# then their states. A file written before checkpoints had floors starts with the count
+# (never negative) and has no floor: each such checkpoint reaches only its own length.
+FLOORS_MARK = -2
+
+
 def _pack_checkpoints(checkpoints: Sequence[Checkpoint]) -> bytes:
-    header = [len(checkpoints)] + [n for c in checkpoints for n in (c.length, len(c.state))]
+    header = [FLOORS_MARK, len(checkpoints)]
+    header += [n for c in checkpoints for n in (c.length, c.floor, len(c.state))]
     return np.asarray(header, dtype=np.int64).tobytes() + b"".join(c.state for c in checkpoints)
 
 
-def _read_header(data: bytes) -> tuple[list[tuple[int, int]], int]:
-    """(length, size) of each checkpoint, and where their states start."""
-    if len(data) < 8:
+def _read_header(data: bytes) -> tuple[list[tuple[int, int, int]], int]:
+    """(length, floor, size) of each checkpoint, and where their states start."""
+    marked = len(data) >= 8 and int(np.frombuffer(data[:8], dtype=np.int64)[0]) == FLOORS_MARK
+    start = 8 if marked else 0
+    fields = 3 if marked else 2
+    if len(data) < start + 8:
         raise ValueError("truncated checkpoints file")
-    count = int(np.frombuffer(data[:8], dtype=np.int64)[0])
-    end = 8 + 16 * count
+    count = int(np.frombuffer(data[start : start + 8], dtype=np.int64)[0])
+    end = start + 8 + 8 * fields * count
     if count < 0 or len(data) < end:
         raise ValueError("truncated checkpoints file")
-    pairs = np.frombuffer(data[8:end], dtype=np.int64).reshape(count, 2)
-    return [(int(length), int(size)) for length, size in pairs], end
+    rows = np.frombuffer(data[start + 8 : end], dtype=np.int64).reshape(count, fields)
+    if marked:
+        return [(int(length), int(floor), int(size)) for length, floor, size in rows], end
+    return [(int(length), int(length), int(size)) for length, size in rows], end
 
 
 def _unpack_checkpoints(data: bytes) -> tuple[Checkpoint, ...]:
     header, offset = _read_header(data)
     checkpoints = []
-    for length, size in header:
+    for length, floor, size in header:
         if offset + size > len(data):
             raise ValueError("truncated checkpoints file")
-        checkpoints.append(Checkpoint(length, data[offset : offset + size]))
+        checkpoints.append(Checkpoint(length, data[offset : offset + size], floor))
         offset += size
     return tuple(checkpoints)
 
 
-def _checkpoint_lengths(path: Path) -> tuple[int, ...]:
-    """The lengths in a checkpoints file's header (none when it is missing or unreadable:
-    entries written before checkpoints were stored have none)."""
+def _checkpoint_spans(path: Path) -> tuple[tuple[int, int], ...]:
+    """The (floor, length) spans in a checkpoints file's header (none when it is missing or
+    unreadable: entries written before checkpoints were stored have none)."""
     try:
         with path.open("rb") as file:
-            count = file.read(8)
-            size = 16 * int(np.frombuffer(count, dtype=np.int64)[0]) if len(count) == 8 else 0
-            header, _ = _read_header(count + file.read(size))
+            first = file.read(16)
+            marked = len(first) >= 8 and int(np.frombuffer(first[:8], np.int64)[0]) == FLOORS_MARK
+            start, fields = (8, 3) if marked else (0, 2)
+            count = first[start : start + 8]
+            rows = int(np.frombuffer(count, dtype=np.int64)[0]) if len(count) == 8 else 0
+            header, _ = _read_header(first + file.read(max(0, 8 * fields * rows - 16 + start + 8)))
     except (OSError, ValueError):
         return ()
-    return tuple(length for length, _ in header)
+    return tuple((floor, length) for length, floor, _ in header)
 
 
 def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:

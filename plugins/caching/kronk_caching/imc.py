@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kronk_caching.counting import Counted
-from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation
+from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation, through
 from kronk_caching.none import PromptsAsGiven, clear
 from kronk_core.contract.backend import TextModel
 from kronk_core.contract.cache import CacheCounters, CachePlan, Slot
@@ -32,6 +32,10 @@ from kronk_core.media import cut_point
 from kronk_core.tokens import common_prefix
 
 log = logging.getLogger(__name__)
+
+# A conversation's first checkpoints are kept besides its latest ones: conversations that
+# begin alike (sub-agents of one task, a retried or reopened first request) part there.
+EARLIEST_CHECKPOINTS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +92,12 @@ class IncrementalCache(Counted, PromptsAsGiven):
             return Reuse()
         if shared == len(slot.tokens) or shared >= model.trim_floor(slot.seq_id):
             return Reuse(shared)
-        usable = [c for c in self._checkpoints.get(slot.id, ()) if c.length <= shared]
-        if usable and usable[-1].length >= self._min_tokens:
-            return Reuse(usable[-1].length, usable[-1])
-        return Reuse()
+        usable = [c for c in self._checkpoints.get(slot.id, ()) if c.floor <= shared]
+        if not usable:
+            return Reuse()
+        best = max(usable, key=lambda c: min(c.length, shared))
+        keep = min(best.length, shared)
+        return Reuse(keep, best) if keep >= self._min_tokens else Reuse()
 
     def _donor(
         self, slots: Sequence[Slot], target: Slot, request: GenerationRequest, model: TextModel
@@ -212,8 +218,10 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if not self._max_checkpoints:
             return
         kept = self._checkpoints.setdefault(slot.id, [])
-        kept.append(Checkpoint(len(slot.tokens), model.checkpoint(slot.seq_id)))
-        del kept[: -self._max_checkpoints]
+        state = model.checkpoint(slot.seq_id)
+        kept.append(Checkpoint(len(slot.tokens), state, model.trim_floor(slot.seq_id)))
+        if len(kept) > EARLIEST_CHECKPOINTS + self._max_checkpoints:
+            del kept[EARLIEST_CHECKPOINTS]
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
@@ -278,11 +286,11 @@ class IncrementalCache(Counted, PromptsAsGiven):
 
         def usable(entry: StoredConversation, shared: int) -> int:
             keep = cut_point(request.media, min(shared, len(prompt) - 1))
-            if entry.keeps(keep):
+            if keep >= min(entry.floor, len(entry.tokens)):
                 return keep
-            # Below the trim floor: back to the last checkpoint before the branch.
-            lengths = [length for length in entry.checkpoint_lengths if length <= keep]
-            return lengths[-1] if lengths and lengths[-1] >= self._min_tokens else 0
+            # Below the trim floor: as far as a checkpoint reaches.
+            kept = through(entry.checkpoint_spans, keep)
+            return kept if kept >= self._min_tokens else 0
 
         keep, entry = self.store.best(prompt, usable)
         return (keep, entry) if keep >= at_least else (0, None)
@@ -301,7 +309,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         self._checkpoints[slot.id] = list(self.store.checkpoints_of(entry))
         checkpoint = None
         if keep < min(entry.floor, len(entry.tokens)):
-            checkpoint = next((c for c in self._checkpoints[slot.id] if c.length == keep), None)
+            checkpoint = next((c for c in self._checkpoints[slot.id] if c.reaches(keep)), None)
             if checkpoint is None:  # its file went missing
                 self._clear(slot, model)
                 return 0

@@ -59,13 +59,13 @@ def test_a_shorter_branch_stays_where_the_longer_cannot_be_cut_back_to_it(
     assert len(store) == 2
     store.put(range(400), b"x" * 10, floor=50)  # can: the two it extends go
     assert len(store) == 1
-    store.put(range(500), b"y" * 10, floor=450, checkpoints=[Checkpoint(400, b"c")])
+    store.put(range(500), b"y" * 10, floor=450, checkpoints=[Checkpoint(400, b"c", 400)])
     assert len(store) == 1  # the checkpoint cuts it back to exactly 400 tokens
 
 
 @pytest.mark.parametrize("in_ram", [True, False])
 def test_checkpoints_come_back_from_ram_and_after_a_restart(tmp_path: Path, in_ram: bool) -> None:
-    checkpoints = [Checkpoint(300, b"second" * 3), Checkpoint(120, b"first")]
+    checkpoints = [Checkpoint(300, b"second" * 3, 250), Checkpoint(120, b"first", 120)]
     store = HostStore(max_bytes=1 << 20 if in_ram else 0, directory=tmp_path, fingerprint="f")
     store.put(range(1000), b"state", floor=700, checkpoints=checkpoints)
     if not in_ram:  # over budget: only on disk, read back by a new store (a restart)
@@ -73,23 +73,25 @@ def test_checkpoints_come_back_from_ram_and_after_a_restart(tmp_path: Path, in_r
     assert store.ram_bytes == (len(b"state") + 5 + 18 if in_ram else 0)
     keep, entry = store.best([*range(500), 7, 7], longest)
     assert entry is not None and keep == 500
-    assert entry.checkpoint_lengths == (120, 300) and entry.floor == 700
-    first, second = Checkpoint(120, b"first"), Checkpoint(300, b"second" * 3)
+    assert entry.checkpoint_spans == ((120, 120), (250, 300)) and entry.floor == 700
+    first, second = Checkpoint(120, b"first", 120), Checkpoint(300, b"second" * 3, 250)
     assert store.checkpoints_of(entry) == (first, second)
     assert store.state_of(entry) == b"state"
-    assert entry.keeps(300) and entry.keeps(700) and not entry.keeps(299)
+    # The second checkpoint reaches back to its floor, the first only to its own length.
+    assert entry.keeps(300) and entry.keeps(250) and entry.keeps(120) and entry.keeps(700)
+    assert not entry.keeps(249) and not entry.keeps(121) and not entry.keeps(301)
 
 
 def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     tmp_path: Path,
 ) -> None:
     store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
-    store.put(range(1000), b"state", floor=700, checkpoints=[Checkpoint(300, b"c" * 64)])
+    store.put(range(1000), b"state", floor=700, checkpoints=[Checkpoint(300, b"c" * 64, 280)])
     (file,) = (tmp_path / "f").glob("*.checkpoints")
     file.write_bytes(file.read_bytes()[:-10])
     restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
     _, entry = restarted.best(range(1000), longest)
-    assert entry is not None and entry.checkpoint_lengths == (300,)
+    assert entry is not None and entry.checkpoint_spans == ((280, 300),)
     assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
 
 
@@ -283,3 +285,18 @@ def test_readers_never_see_half_an_entry_while_another_server_removes(tmp_path: 
     assert not wrong
     assert any(seen)  # it did read entries while they were being removed
     assert on_disk(tmp_path) <= 3
+
+
+def test_a_checkpoints_file_written_before_floors_reaches_only_its_lengths(
+    tmp_path: Path,
+) -> None:
+    """Files of the earlier format (count, then length and size per checkpoint) still load:
+    each checkpoint cuts back to exactly its own length, as it did then."""
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    store.put(range(1000), b"state", floor=700, checkpoints=[Checkpoint(300, b"c" * 64, 280)])
+    (file,) = (tmp_path / "f").glob("*.checkpoints")
+    file.write_bytes(np.asarray([1, 300, 64], dtype=np.int64).tobytes() + b"c" * 64)
+    restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    _, entry = restarted.best(range(1000), longest)
+    assert entry is not None and entry.checkpoint_spans == ((300, 300),)
+    assert restarted.checkpoints_of(entry) == (Checkpoint(300, b"c" * 64, 300),)
