@@ -1,7 +1,8 @@
 """Kronk against llama.cpp's llama-server on agentic traffic, side by side in one run.
 
-Both servers run on their defaults (Kronk: no model-config file; llama-server: no tuning
-flags, the same chat template file as Kronk's bundled gemma template), each alone on
+Both servers run on their defaults (Kronk: no settings for its default model;
+llama-server: no tuning flags, the same chat template file as Kronk's bundled gemma
+template), each alone on
 127.0.0.1, loaded and warmed up with the same request, driven by the same HTTP client
 (bench/agent_load.py) with the same conversations:
 
@@ -13,7 +14,10 @@ flags, the same chat template file as Kronk's bundled gemma template), each alon
   S   four chats at once at temperature 0.8 (a chat UI's traffic), 256 tokens each, with
       the same sampling sent to both (top-k 40, top-p 0.9, no DRY or penalties, a seed
       per stream): aggregate tok/s, the median of three runs (prompt lookup's gain
-      depends on what the stories repeat: single runs of Kronk's defaults spread 1.5x)
+      depends on what the stories repeat: single runs of Kronk's defaults spread 1.5x);
+      on Kronk each run is followed by the same run on the same model without
+      speculation (a second entry of the model-config file the benchmark writes), and
+      the worst run's ratio says what speculation on by default costs
   F   a fleet of sixteen agents of different tools (a system prompt each), 4 turns, on
       4 slots: first on conversations the server has not seen, then after one agent ran
       12 turns and four agents 8 turns of the same tasks, so that the fleet's
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -39,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -57,7 +62,9 @@ from kronk_templates.jinja import bundled_source
 
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
 FLEET_AGENTS, FLEET_TURNS = 16, 4
-SAMPLED_STREAMS, SAMPLED_TOKENS = 4, 256
+SAMPLED_STREAMS, SAMPLED_TOKENS, SAMPLED_RUNS = 4, 256, 3
+# Kronk's default model again, without speculation: part S's other side.
+PLAIN_MODEL = "gemma-no-speculation"
 # Sent to both servers: their defaults differ (Kronk runs DRY, llama-server top-p 0.95).
 SAMPLED = {
     "temperature": 0.8,
@@ -118,6 +125,9 @@ class Results:
     w3_wall: float
     w3: list[list[tuple[Messages, Turn]]]
     sampled: list[float]  # aggregate tok/s of each run
+    # Kronk only: the same runs, each right after its sampled one, on the same model
+    # without speculation (what speculation on by default costs or gains).
+    sampled_plain: list[float] = field(default_factory=list)
     fleet_wall: float = 0.0
     fleet: list[list[tuple[Messages, Turn]]] | None = None
     branched_wall: float = 0.0
@@ -134,7 +144,9 @@ def long_prompt() -> Messages:
     return [{"role": "user", "content": f"{text}\n\nNow count from 1 to 500, one number a line."}]
 
 
-async def drive(client: Client, w3: bool, fleets: bool) -> Results:
+async def drive(
+    client: Client, w3: bool, fleets: bool, plain: Client | None = None
+) -> Results:
     w1_wall, (w1,) = await client.agents(1, W1_TURNS, tagged_system("w1"))
     cold = await client.single(long_prompt(), max_tokens=128)
     # The same prompt again: cached, so this measures decode at ~4k tokens of context.
@@ -143,8 +155,8 @@ async def drive(client: Client, w3: bool, fleets: bool) -> Results:
     w3_wall, w3_runs = 0.0, []
     if w3:
         w3_wall, w3_runs = await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))
-    sampled = [await sampled_chats(client) for _ in range(3)]
-    results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, sampled)
+    results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, [])
+    await drive_sampled(client, results, plain)
     if fleets:
         await drive_fleets(client, results)
     return results
@@ -164,10 +176,24 @@ async def drive_fleets(client: Client, results: Results) -> None:
     )
 
 
-async def drive_fleets_only(client: Client) -> Results:
+async def drive_sampled(client: Client, results: Results, plain: Client | None) -> None:
+    """S, SAMPLED_RUNS times; on Kronk each run followed by one without speculation."""
+    if plain is not None:
+        await warm_up(plain)  # loads it
+    for _ in range(SAMPLED_RUNS):
+        results.sampled.append(await sampled_chats(client))
+        if plain is not None:
+            results.sampled_plain.append(await sampled_chats(plain))
+
+
+async def drive_only(client: Client, part: str, plain: Client | None) -> Results:
+    """One part alone: "fleets" (F) or "sampled" (S)."""
     nothing = Turn(0.0, 0.0, 0, 0, 0)
     results = Results([], 0.0, nothing, nothing, 0.0, [], 0.0, [], [])
-    await drive_fleets(client, results)
+    if part == "fleets":
+        await drive_fleets(client, results)
+    else:
+        await drive_sampled(client, results, plain)
     return results
 
 
@@ -195,7 +221,7 @@ async def warm_up(client: Client) -> None:
     await client.single([{"role": "user", "content": "Say hello."}], max_tokens=8)
 
 
-def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only_fleets: bool = False) -> Results:
+def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only: str | None = None) -> Results:
     port = free_port()
     template = log_dir / "gemma.jinja"
     template.write_text(bundled_source("gemma"), encoding="utf-8")
@@ -209,8 +235,8 @@ def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only_fleets: bool = 
     ready = f"{client.base_url}/health"
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
         asyncio.run(warm_up(client))
-        if only_fleets:
-            return asyncio.run(drive_fleets_only(client))
+        if only is not None:
+            return asyncio.run(drive_only(client, only, None))
         return asyncio.run(drive(client, w3, fleets))
 
 
@@ -219,7 +245,7 @@ def run_kronk(
     w3: bool,
     fleets: bool,
     model_config: Path | None = None,
-    only_fleets: bool = False,
+    only: str | None = None,
 ) -> Results:
     port = free_port()
     command = [
@@ -227,14 +253,20 @@ def run_kronk(
         "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
         "--model", GEMMA_MODEL_ID,
     ]
-    if model_config is not None:
-        command += ["--model-config-file", str(model_config)]
+    plain = None
+    if model_config is None:
+        # The same file without speculation, beside the defaults (JSON is YAML).
+        model_config = log_dir / "kronk-models.yaml"
+        entry = {"model_path": str(gemma_model_path()), "draft_strategy": "none"}
+        model_config.write_text(json.dumps({"models": {PLAIN_MODEL: entry}}), encoding="utf-8")
+        plain = Client(f"http://127.0.0.1:{port}", PLAIN_MODEL)
+    command += ["--model-config-file", str(model_config)]
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
-        if only_fleets:
-            return asyncio.run(drive_fleets_only(client))
-        return asyncio.run(drive(client, w3, fleets))
+        if only is not None:
+            return asyncio.run(drive_only(client, only, plain))
+        return asyncio.run(drive(client, w3, fleets, plain))
 
 
 def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:
@@ -352,6 +384,13 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         print(f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
               f"{'':>9}  kronk: 0")
     report_fleets(llama, kronk)
+    report_sampled(llama, kronk)
+    failed = _errors([llama.w1, *llama.w2]) + _errors([kronk.w1, *kronk.w2])
+    if failed:
+        print(f"\nWARNING: {failed} W1/W2 requests failed; see the server logs")
+
+
+def report_sampled(llama: Results, kronk: Results) -> None:
     _row(
         f"S: {SAMPLED_STREAMS} chats at temperature 0.8, aggregate",
         statistics.median(llama.sampled),
@@ -359,9 +398,14 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         ">= 0.97x",
         "tok/s",
     )
-    failed = _errors([llama.w1, *llama.w2]) + _errors([kronk.w1, *kronk.w2])
-    if failed:
-        print(f"\nWARNING: {failed} W1/W2 requests failed; see the server logs")
+    if kronk.sampled_plain:
+        # Each run against the run right after it without speculation: the worst pair.
+        pairs = list(zip(kronk.sampled, kronk.sampled_plain, strict=True))
+        with_, without = min(pairs, key=lambda pair: pair[0] / pair[1])
+        print("S, Kronk with speculation (default) / without, each run: "
+              + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in pairs) + " tok/s")
+        print(f"{'S: speculation, worst run (without | with)':<44}{without:>12.2f}{with_:>12.2f}"
+              f"{_ratio(with_, without):>9}  >= 0.97x  (tok/s)")
 
 
 def report_fleets(llama: Results, kronk: Results) -> None:
@@ -390,6 +434,11 @@ def main() -> None:
     parser.add_argument(
         "--only-fleets", action="store_true", help="run F alone (both fleets, both servers)"
     )
+    parser.add_argument(
+        "--only-sampled",
+        action="store_true",
+        help="run S alone (both servers; Kronk with speculation and without)",
+    )
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
     parser.add_argument(
         "--kronk-model-config",
@@ -398,19 +447,20 @@ def main() -> None:
         "draft_strategy: none, Kronk without speculation); the targets are for the defaults",
     )
     args = parser.parse_args()
+    only = "fleets" if args.only_fleets else "sampled" if args.only_sampled else None
     llama_server_binary()  # build before anything is timed
     with tempfile.TemporaryDirectory(prefix="kronk-vs-llama-") as scratch:
         log_dir = args.logs or Path(scratch)
         log_dir.mkdir(parents=True, exist_ok=True)
         print("running llama-server ...", flush=True)
-        llama = run_llama_server(log_dir, not args.no_w3, not args.no_fleets, args.only_fleets)
+        llama = run_llama_server(log_dir, not args.no_w3, not args.no_fleets, only)
         print("running kronk ...", flush=True)
         kronk = run_kronk(
-            log_dir, not args.no_w3, not args.no_fleets, args.kronk_model_config, args.only_fleets
+            log_dir, not args.no_w3, not args.no_fleets, args.kronk_model_config, only
         )
-    if args.only_fleets:
+    if only is not None:
         print(f"\n{'figure':<44}{'llama-srv':>12}{'kronk':>12}{'ratio':>9}  target")
-        report_fleets(llama, kronk)
+        (report_fleets if only == "fleets" else report_sampled)(llama, kronk)
         return
     print("measuring kronk's own prefill references ...", flush=True)
     cold, refs = kronk_references(kronk.w1)
