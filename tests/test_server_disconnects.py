@@ -26,7 +26,7 @@ from kronk_core.events import ChatRecord, RequestRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 MODEL = "m"
 SLOTS = 2
