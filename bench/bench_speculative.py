@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import kronk_llamacpp  # noqa: F401  (llama.cpp's libraries before the scripts' numpy)
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.models import cache_dir
+from kronk_core.settings.model_files import cache_dir
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_testing.models.draft import GEMMA_DRAFT, make_gemma_draft
 from kronk_testing.models.output import cached

@@ -13,7 +13,7 @@ from litestar.params import FromPath
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
-from kronk_core.memory import estimate_summary
+from kronk_core.contract.memory import estimate_summary
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})

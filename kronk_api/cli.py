@@ -47,10 +47,10 @@ from kronk_api.settings import (
 )
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import ModelConfig, default_base_path, load_model_config_file
 from kronk_core.errors import KronkError
-from kronk_core.loading import model_config_for
-from kronk_core.models import delete_model_files, removable_files
+from kronk_core.runtime.loading import model_config_for
+from kronk_core.settings.config import ModelConfig, default_base_path, load_model_config_file
+from kronk_core.settings.model_files import delete_model_files, removable_files
 
 log = logging.getLogger(__name__)
 

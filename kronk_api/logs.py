@@ -12,7 +12,7 @@ from typing import Any, Literal
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from kronk_core.events import current_request_id, new_request_id
+from kronk_core.records import current_request_id, new_request_id
 
 # The core's: the SDK hands it to the engine, whose log lines then carry it too.
 request_id = current_request_id
@@ -43,7 +43,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`2025-01-31T09:00:00.123+01:00 INFO  kronk_core.pool: loaded ... [request id]`."""
+    """`2025-01-31T09:00:00.123+01:00 INFO  kronk_core.runtime.pool: loaded ... [request id]`."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = f"{iso_time(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"

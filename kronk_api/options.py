@@ -27,10 +27,10 @@ from kronk_api.settings import (
     server_sections,
     split_list,
 )
-from kronk_core import spellings
-from kronk_core.host import PluginManager
-from kronk_core.plugins import create_plugin_manager
-from kronk_core.sections import warn_deprecated
+from kronk_core.contract.host import PluginManager
+from kronk_core.contract.plugins import create_plugin_manager
+from kronk_core.settings import spellings
+from kronk_core.settings.sections import warn_deprecated
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kronk_core import Kronk
-from kronk_core.sections import ModelSection, ServerSection, declared_sections
+from kronk_core.settings.sections import ModelSection, ServerSection, declared_sections
 
 REGISTER_HOOK = "kronk_register_"
 

@@ -26,8 +26,11 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from kronk_api.logs import LogFormat
-from kronk_core import spellings
-from kronk_core.config import (
+from kronk_core.contract.host import PluginManager
+from kronk_core.errors import ConfigError
+from kronk_core.media import MediaConfig
+from kronk_core.settings import spellings
+from kronk_core.settings.config import (
     Duration,
     KronkConfig,
     default_base_path,
@@ -35,10 +38,7 @@ from kronk_core.config import (
     merge_settings,
     parse_duration,
 )
-from kronk_core.errors import ConfigError
-from kronk_core.host import PluginManager
-from kronk_core.media import MediaConfig
-from kronk_core.sections import (
+from kronk_core.settings.sections import (
     ServerSection,
     bind,
     config_error_from,

@@ -1,10 +1,11 @@
-"""Kronk core: hook specs, plugin manager, config, types, engine and the SDK facade."""
+"""Kronk core: the SDK facade and the request path; the plugin contract in `contract`, the
+engine, pool and loading in `runtime`, configuration in `settings`."""
 
 from kronk_core import grammars
-from kronk_core.config import KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.contract.plugins import hookimpl
 from kronk_core.media import Media, MediaConfig
-from kronk_core.plugins import hookimpl
 from kronk_core.sdk import ChatStream, Kronk, LoadedModel
+from kronk_core.settings.config import KronkConfig, ModelConfig, SamplingConfig
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, FinishReason, Usage
 
 __version__ = "0.1.0"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kronk_core.errors import KronkError
-from kronk_core.events import RequestRecord
 from kronk_core.media import MediaSpan
+from kronk_core.records import RequestRecord
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import (
     DEFAULT_MAX_TOKENS,

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kronk_core.config import SamplingConfig
 from kronk_core.embeddings import EmbeddingInput
 from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaKind
+from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import (
     ChatMessage,
     ChatRequest,

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kronk_core.config import ContextOverflow
+from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.templates import OutputParser, PlainText, RenderOptions
 from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.generation import GenerationRequest
 from kronk_core.inputs import forces_call
-from kronk_core.loading import LoadedModel
 from kronk_core.media import Media, MediaPrompt
+from kronk_core.runtime.loading import LoadedModel
 from kronk_core.sampling import resolve_sampling
-from kronk_core.slots import PromptScope
-from kronk_core.templates import OutputParser, PlainText, RenderOptions
+from kronk_core.settings.config import ContextOverflow
 from kronk_core.types import (
     DEFAULT_MAX_TOKENS,
     ChatMessage,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from kronk_core.config import SamplingConfig
+from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import SamplingParams, StructuredOutput
 
 

@@ -1,8 +1,8 @@
 """The SDK facade: everything the server does, from plain Python.
 
-The work is done next door: loading.py wires models, inputs.py coerces
-arguments, prompts.py prepares prompts, chat_stream.py turns engine events
-into chat deltas.
+The work is done next door: runtime/loading.py wires models, inputs.py coerces
+arguments, prompts.py prepares prompts, runtime/chat_stream.py turns engine
+events into chat deltas.
 """
 
 from __future__ import annotations
@@ -19,13 +19,26 @@ from types import ModuleType
 from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
-from kronk_core.backend import ModelFacts
-from kronk_core.chat_stream import ChatStream, ChatTimes, collect
-from kronk_core.config import KronkConfig, alias_map
+from kronk_core.contract.backend import ModelFacts
+from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
+from kronk_core.contract.registry import Registry, RegistryKind, fill_registry
+from kronk_core.contract.templates import RenderOptions
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
-from kronk_core.events import ChatRecord, RequestRecord, current_request_id, new_request_id
-from kronk_core.loading import (
+from kronk_core.media import MediaKind, check_media
+from kronk_core.prompts import (
+    PreparedChat,
+    count_prompt,
+    media_of,
+    prepare_chat,
+    prepare_completion,
+    render_options,
+)
+from kronk_core.records import ChatRecord, RequestRecord, current_request_id, new_request_id
+from kronk_core.runtime.chat_stream import ChatStream, ChatTimes, collect
+from kronk_core.runtime.loading import (
     LoadedModel,
     PooledModel,
     bind_model_settings,
@@ -36,9 +49,10 @@ from kronk_core.loading import (
     release_if_leased,
     text_model,
 )
-from kronk_core.media import MediaKind, check_media
-from kronk_core.memory import Device, MemoryEstimate
-from kronk_core.models import (
+from kronk_core.runtime.pool import Lease, ModelPool
+from kronk_core.sampling import GRAMMAR_STAGES
+from kronk_core.settings.config import KronkConfig, alias_map
+from kronk_core.settings.model_files import (
     ModelFile,
     ModelSources,
     known_model_ids,
@@ -48,20 +62,6 @@ from kronk_core.models import (
     resolve_reference,
     unknown_model,
 )
-from kronk_core.plugins import create_plugin_manager, registered_plugins
-from kronk_core.pool import Lease, ModelPool
-from kronk_core.prompts import (
-    PreparedChat,
-    count_prompt,
-    media_of,
-    prepare_chat,
-    prepare_completion,
-    render_options,
-)
-from kronk_core.registry import Registry, RegistryKind, fill_registry
-from kronk_core.sampling import GRAMMAR_STAGES
-from kronk_core.slots import PromptScope
-from kronk_core.templates import RenderOptions
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
 log = logging.getLogger(__name__)

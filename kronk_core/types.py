@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from kronk_core.config import SamplingConfig
 from kronk_core.media import Media
+from kronk_core.settings.config import SamplingConfig
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

@@ -1,6 +1,6 @@
 """A scripted stand-in for a text model, so the engine runs in tests without llama.cpp.
 
-It implements the core's `TextModel` protocol (kronk_core/backend.py) and is loaded
+It implements the core's `TextModel` protocol (kronk_core/contract/backend.py) and is loaded
 through the public `kronk_backend` hook like any backend: this module is the plugin,
 registered in-process (`Kronk(plugins={"scripted": kronk_testing.scripted})`), and
 it claims the models whose entry says `backend: scripted`. Their `model_path` is a
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kronk_core import hookimpl
-from kronk_core.backend import Backend, Batch, ModelInfo
-from kronk_core.config import ModelConfig
+from kronk_core.contract.backend import Backend, Batch, ModelInfo
 from kronk_core.errors import BackendLostError, InvalidRequestError, KronkError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, SamplerStage
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import TokenDistribution, TokenLogprob, TopLogprob
 
 BACKEND = "scripted"

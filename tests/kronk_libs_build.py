@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from kronk_core.models import cache_dir
+from kronk_core.settings.model_files import cache_dir
 
 LIBS = cache_dir() / "libs"
 BUILD = ("libs", "--processor", "cpu", "--rpc", "--lib-path", str(LIBS))

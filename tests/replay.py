@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 from waiting import wait_until
 
-from kronk_core.backend import Batch, Sampler
-from kronk_core.config import ModelConfig
-from kronk_core.engine import Engine, StepRecord
+from kronk_core.contract.backend import Batch, Sampler
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.reports import StepRecord
 from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatResult, FinishReason, TokenLogprob
 from kronk_llamacpp.model import LlamaTextModel
 
@@ -270,7 +271,8 @@ class BatchReplay:
         assert not starts, f"slots {sorted(starts)} never prefilled"
         for slot, request in requests.items():
             assert_same_logprobs(request.result, self.logprobs[slot])
-            assert self.text[slot].decode() == request.result.content
+            # As the engine streams text: bytes that are not UTF-8 become U+FFFD.
+            assert self.text[slot].decode(errors="replace") == request.result.content
 
     def _begin(self, slot: int, request: Start) -> None:
         result = request.result

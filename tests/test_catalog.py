@@ -21,9 +21,9 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_catalog.catalog import Catalog
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import parse_model_config
-from kronk_core.loading import model_config_for
-from kronk_core.models import resolve_model_config
+from kronk_core.runtime.loading import model_config_for
+from kronk_core.settings.config import parse_model_config
+from kronk_core.settings.model_files import resolve_model_config
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, PACKAGED_MODELS
 
 TINY_CATALOG = """\

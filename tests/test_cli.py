@@ -229,7 +229,7 @@ def test_other_spellings_work_and_only_deprecated_ones_warn(
         "KRONK_CACHE_MODELS_IN_CACHE": "2",
         "KRONK_MODELS_IN_CACHE": "5",  # the rule's name beats another spelling
     }
-    with caplog.at_level("WARNING", logger="kronk_core.sections"):
+    with caplog.at_level("WARNING", logger="kronk_core.settings.sections"):
         values = environment_values(schema, environ, others)
         file = tmp_path / "server.yaml"
         file.write_text("auth_issuer: acme\nauth_limit_store: redis://x:1/0\n", encoding="utf-8")
@@ -249,7 +249,8 @@ def test_other_spellings_work_and_only_deprecated_ones_warn(
     # The variable (an override) beats the file's deprecated key.
     assert (auth.enabled, auth.issuer, auth.limit_store) == (True, "acme", "sqlite")
     assert flagged["auth-jwt"]["issuer"] == "flagged"
-    warned = sorted(r.getMessage() for r in caplog.records if r.name == "kronk_core.sections")
+    sections = "kronk_core.settings.sections"
+    warned = sorted(r.getMessage() for r in caplog.records if r.name == sections)
     assert warned == [
         f"{old} is deprecated and will be removed in the next release; write {new}"
         for old, new in (

@@ -10,14 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import (
+from kronk_core.errors import ConfigError
+from kronk_core.settings.config import (
     ModelConfig,
     PluginSelection,
     load_model_config_file,
     parse_model_config,
 )
-from kronk_core.errors import ConfigError
-from kronk_core.models import (
+from kronk_core.settings.model_files import (
     ModelFile,
     ModelSources,
     PackagedModel,

@@ -97,6 +97,14 @@ def test_the_core_names_no_plugin() -> None:
     assert not found, "\n".join(found)
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path) for path in CORE}
+
+
 def _module_imports(path: Path) -> set[str]:
     """The core modules a module imports at its top level, `if TYPE_CHECKING:` included
     (a lazy import inside a function, such as a moved name's shim, is not a dependency)."""
@@ -106,17 +114,17 @@ def _module_imports(path: Path) -> set[str]:
         node = body.pop()
         if isinstance(node, ast.If):
             body += node.body + node.orelse
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "kronk_core":
-                found.update(f"kronk_core.{alias.name}" for alias in node.names)
-            elif node.module.startswith("kronk_core."):
-                found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kronk_core":
+            # `from kronk_core.settings import spellings` imports a module
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+            found.update(submodules & MODULES or {node.module or ""})
     return found
 
 
 def test_the_core_has_no_import_circle() -> None:
-    graph = {f"kronk_core.{path.stem}": _module_imports(path) for path in CORE}
-    graph.pop("kronk_core.__init__")
+    graph = {_module_name(path): _module_imports(path) for path in CORE}
+    graph = {module: imports - {"kronk_core"} for module, imports in graph.items()}
+    graph.pop("kronk_core")
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kronk_core.detok import StopMatcher, Utf8Stream
+from kronk_core.runtime.detok import StopMatcher, Utf8Stream
 
 
 def test_three_byte_character_split_across_pushes() -> None:

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from kronk_core.draft_policy import (
+from kronk_core.runtime.draft_policy import (
     EXPLORE_EVERY,
     PROBE_SHARE,
     DraftPolicy,

@@ -16,11 +16,12 @@ import pytest
 from waiting import wait_idle, wait_until
 
 from kronk_core import FinishReason, Kronk
-from kronk_core.engine import Engine, StepRecord
+from kronk_core.contract.cache import PromptScope
 from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.prompts import prepare_chat
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.reports import StepRecord
 from kronk_core.sdk import ChatStream
-from kronk_core.slots import PromptScope
 from kronk_core.types import ChatDelta, TokenLogprob, Usage
 
 GREEDY: dict[str, Any] = {"temperature": 0}

@@ -25,13 +25,13 @@ from waiting import gated, wait_idle, wait_until
 from kronk_api import ServerSettings, create_app
 from kronk_caching.plugin import incremental_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.backend import Batch, ModelInfo, TextModel
-from kronk_core.engine import Engine
+from kronk_core.contract.backend import Batch, ModelInfo, TextModel
+from kronk_core.contract.cache import CachePlan, CacheStrategy, CacheStrategyFactory, Slot
+from kronk_core.contract.registry import Register
 from kronk_core.errors import KronkError, KVCacheFullError
 from kronk_core.generation import GenerationRequest
-from kronk_core.registry import Register
+from kronk_core.runtime.engine import Engine
 from kronk_core.sampling import SamplerStage
-from kronk_core.slots import CachePlan, CacheStrategy, CacheStrategyFactory, Slot
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.model import decode_error
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS

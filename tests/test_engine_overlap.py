@@ -19,7 +19,7 @@ from replay import BatchReplay, ColdReplay, assert_same_first_token, assert_same
 from test_caching import SYSTEM, prompt_of
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
-from kronk_core.engine import StepRecord
+from kronk_core.runtime.reports import StepRecord
 from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import gemma_model_path

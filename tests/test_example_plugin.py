@@ -22,8 +22,8 @@ import pytest
 from kronk_api import create_app
 from kronk_api.settings import load_settings
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import load_model_config_file
 from kronk_core.errors import ConfigError
+from kronk_core.settings.config import load_model_config_file
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

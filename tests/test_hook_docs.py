@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kronk_core.plugins import create_plugin_manager
+from kronk_core.contract.plugins import create_plugin_manager
 
 DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
 # The core's hooks, and those the installed plugins define for other plugins (added in their
@@ -55,7 +55,11 @@ def test_every_hook_spec_is_documented_with_its_signature(
 
 def test_the_spec_modules_are_found() -> None:
     names = {module.__name__ for module in SPEC_MODULES}
-    assert {"kronk_core.hookspecs", "kronk_templates.hookspecs", "kronk_debug.hookspecs"} <= names
+    assert {
+        "kronk_core.contract.hookspecs",
+        "kronk_templates.hookspecs",
+        "kronk_debug.hookspecs",
+    } <= names
 
 
 def test_every_documented_hook_has_a_spec() -> None:

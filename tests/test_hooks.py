@@ -20,8 +20,8 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import KronkGroup
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.backend import ModelInfo
-from kronk_core.events import ChatRecord, RequestRecord, current_request_id
+from kronk_core.contract.backend import ModelInfo
+from kronk_core.records import ChatRecord, RequestRecord, current_request_id
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 

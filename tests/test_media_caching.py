@@ -16,10 +16,10 @@ from media_samples import striped, wav
 from replay import ColdReplay, assert_same_first_token, assert_same_logprobs
 
 from kronk_core import Kronk, KronkConfig, Media, ModelConfig
-from kronk_core.backend import Batch
+from kronk_core.contract.backend import Batch
+from kronk_core.contract.cache import PromptScope
 from kronk_core.media import MediaPrompt
 from kronk_core.prompts import media_of, render_prompt
-from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.media import LlamaMediaModel

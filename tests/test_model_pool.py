@@ -15,12 +15,12 @@ from waiting import gated, wait_until
 
 from kronk_caching.none import NoCache
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.config import ModelConfig
+from kronk_core.contract.cache import PromptScope
 from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
-from kronk_core.events import RequestRecord
-from kronk_core.pool import LoadState
+from kronk_core.records import RequestRecord
+from kronk_core.runtime.pool import LoadState
 from kronk_core.sdk import LoadedModel
-from kronk_core.slots import PromptScope
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatMessage
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.backend import ModelInfo
-from kronk_core.config import ModelConfig, PluginSelection
-from kronk_core.plugins import create_plugin_manager, registered_plugins
+from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
 from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.settings.config import ModelConfig, PluginSelection
 from kronk_core.types import SamplingParams
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 

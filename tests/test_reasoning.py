@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import ModelConfig
 from kronk_core.sdk import collect
+from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 THINKING_GEMMA = """{{- bos_token -}}

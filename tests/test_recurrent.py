@@ -39,8 +39,8 @@ from test_caching import (
 from waiting import gated, wait_until
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core.contract.cache import CacheCounters
 from kronk_core.errors import ConfigError, KronkError
-from kronk_core.slots import CacheCounters
 from kronk_core.types import ChatResult
 from kronk_testing.models import TINY_LFM2, TINY_LFM2_SWA
 from kronk_testing.models.recurrent import LFM2_ATTENTION, LFM2_HEAD, LFM2_HEAD_KV, N_EMBD
@@ -319,7 +319,7 @@ async def test_agents_arriving_together_prefill_together_exactly(
         requests: dict[int, Start] = {}
         for messages, result in zip([running, *agents], results, strict=True):
             prompt = await prompt_tokens(kronk, messages)
-            requests[slot_of(kronk, prompt)] = (prompt, result, None)
+            requests[slot_of(kronk, prompt)] = Start(prompt, result)
         await replay.check(records, requests)
     finally:
         replay.close()
@@ -354,7 +354,7 @@ async def test_a_prompt_extending_a_busy_slots_sequence_copies_its_state(
         assert engine.cache_counters().shared_prefixes == 1
         (other,) = [slot.id for slot in engine.slots if slot is not busy]
         await replay.check(
-            records, {busy.id: (prompt, first, None), other: (extended, second, busy.id)}
+            records, {busy.id: Start(prompt, first), other: Start(extended, second, busy.id)}
         )
     finally:
         replay.close()

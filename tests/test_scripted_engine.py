@@ -15,9 +15,9 @@ import pytest
 from waiting import wait_until
 
 from kronk_core import Kronk
-from kronk_core.engine import StepRecord
 from kronk_core.errors import QueueFullError
-from kronk_core.loading import LoadedModel
+from kronk_core.runtime.engine import StepRecord
+from kronk_core.runtime.loading import LoadedModel
 from kronk_testing.plugin import SCRIPTED_MODEL_ID, ScriptedKronk
 from kronk_testing.scripted import Script, ScriptedModel, digest, tokenize
 

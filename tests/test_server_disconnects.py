@@ -21,8 +21,9 @@ from waiting import cancelling, gated, wait_idle, wait_until
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.engine import Engine, StepRecord
-from kronk_core.events import ChatRecord, RequestRecord
+from kronk_core.records import ChatRecord, RequestRecord
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.reports import StepRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:

@@ -171,7 +171,8 @@ def test_one_request_id_from_the_client_to_the_engine_and_the_access_log(
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     ours = [line for line in lines if line.get("request_id") == "e2e-4242"]
     by_logger = {line["logger"]: line["msg"] for line in ours}
-    assert by_logger["kronk_core.engine"].startswith("finished (length): 3 completion tokens")
+    finished = by_logger["kronk_core.runtime.engine"]
+    assert finished.startswith("finished (length): 3 completion tokens")
     assert any(line["msg"].startswith("started in slot") for line in ours)
     assert "POST /v1/chat/completions" in by_logger["uvicorn.access"]
     # The liveness check had an id of its own.

@@ -16,11 +16,11 @@ from kronk_api.cli import main
 from kronk_api.settings import all_settings, server_sections
 from kronk_caching.plugin import no_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.config import PluginSelection, load_model_config_file
+from kronk_core.contract.cache import CacheStrategyFactory
+from kronk_core.contract.registry import Register
 from kronk_core.errors import ConfigError
-from kronk_core.registry import Register
-from kronk_core.sections import ModelSection, Section, ServerSection
-from kronk_core.slots import CacheStrategyFactory
+from kronk_core.settings.config import PluginSelection, load_model_config_file
+from kronk_core.settings.sections import ModelSection, Section, ServerSection
 from kronk_llamacpp.settings import SETTINGS as LLAMACPP
 from kronk_llamacpp.settings import CacheType
 
@@ -89,7 +89,7 @@ def test_the_manual_s_model_keys_reach_the_plugin_sections(
         "models:\n  m1:\n    incremental_cache: true\n    swa_full: false\n    n_ubatch: 256\n",
         encoding="utf-8",
     )
-    with caplog.at_level(logging.WARNING, logger="kronk_core.sections"):
+    with caplog.at_level(logging.WARNING, logger="kronk_core.settings.sections"):
         models = load_model_config_file(path)
         config = bound(tmp_path, models["m1"].model_dump())
     assert config.cache == "imc"
@@ -175,7 +175,7 @@ def test_the_security_cli_reads_the_settings_names_and_the_deprecated_ones(
         value: str = claims["iss"]
         return value
 
-    with caplog.at_level(logging.WARNING, logger="kronk_core.sections"):
+    with caplog.at_level(logging.WARNING, logger="kronk_core.settings.sections"):
         assert issuer() == "kronk"
         assert issuer("--auth-jwt-issuer", "acme") == "acme"
         assert issuer(env={"KRONK_AUTH_JWT_ISSUER": "from-env"}) == "from-env"

@@ -24,7 +24,7 @@ from waiting import wait_idle
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.events import RequestRecord
+from kronk_core.records import RequestRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:

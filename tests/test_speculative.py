@@ -33,14 +33,14 @@ from replay import BatchReplay, Start
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig, hookimpl
-from kronk_core.backend import Batch
-from kronk_core.drafts import Draft, DraftRequest, DraftStrategy
-from kronk_core.engine import StepRecord
+from kronk_core.contract.backend import Batch
+from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.drafts import Draft, DraftRequest, DraftStrategy
+from kronk_core.contract.registry import Register
 from kronk_core.errors import ConfigError, KronkError, ModelLoadError
 from kronk_core.prompts import prepare_chat
-from kronk_core.registry import Register
+from kronk_core.runtime.reports import StepRecord
 from kronk_core.sampling import Distribution, SamplerStage, TopK
-from kronk_core.slots import PromptScope
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult, SamplingParams
 from kronk_llamacpp.model import LlamaTextModel

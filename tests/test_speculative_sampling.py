@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kronk_core.speculation import accept_or_correct
+from kronk_core.runtime.speculation import accept_or_correct
 from kronk_core.types import TokenDistribution
 
 SAMPLES = 40_000

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kronk_core import FinishReason, Kronk, KronkConfig, ModelConfig
-from kronk_core.backend import Batch
-from kronk_core.engine import StepRecord
+from kronk_core.contract.backend import Batch
+from kronk_core.runtime.reports import StepRecord
 from kronk_llamacpp.model import LlamaTextModel
 
 WINDOW_MODEL: dict[str, Any] = {

@@ -12,10 +12,10 @@ import pytest
 
 from kronk_api.settings import bind_sections, load_settings, server_sections
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import load_model_config_file, parse_model_config
+from kronk_core.contract.plugins import create_plugin_manager
 from kronk_core.errors import ConfigError
-from kronk_core.loading import model_config_for
-from kronk_core.plugins import create_plugin_manager
+from kronk_core.runtime.loading import model_config_for
+from kronk_core.settings.config import load_model_config_file, parse_model_config
 
 
 def bound(tmp_path: Path, entry: dict[str, Any]) -> dict[str, Any]:
@@ -30,9 +30,8 @@ def bound(tmp_path: Path, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def warned(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        record.getMessage() for record in caplog.records if record.name == "kronk_core.sections"
-    ]
+    sections = "kronk_core.settings.sections"
+    return [record.getMessage() for record in caplog.records if record.name == sections]
 
 
 def bind_error(tmp_path: Path, entry: dict[str, Any]) -> ConfigError:
@@ -169,7 +168,7 @@ def test_a_provided_model_s_flat_key_is_overridden_by_the_entry(tmp_path: Path) 
     provided = {"model_path": str(model_file), "cache-type-k": "q8_0", "nubatch": 128}
 
     class Catalog:
-        from kronk_core.plugins import hookimpl
+        from kronk_core.contract.plugins import hookimpl
 
         @hookimpl
         def kronk_models(self) -> dict[str, Any]:

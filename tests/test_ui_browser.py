@@ -21,7 +21,7 @@ from test_reasoning import THINKING_GEMMA
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
-from kronk_core.config import parse_model_config
+from kronk_core.settings.config import parse_model_config
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_ui.plugin import CONTENT_SECURITY_POLICY
 

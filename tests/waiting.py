@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kronk_core.engine import Engine, EngineStats, StepRecord
+from kronk_core.runtime.engine import Engine
+from kronk_core.runtime.reports import EngineStats, StepRecord
 
 
 async def wait_until(condition: Any, timeout: float = 10.0) -> None:

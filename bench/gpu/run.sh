@@ -56,7 +56,7 @@ if [[ ",$PARTS," == *",exact,"* ]]; then
   KRONK_OVERLAP_MODEL="$MODEL" KRONK_OVERLAP_TEMPLATE=chatml \
     timeout -k 5 $(( $(left) - 200 > 100 ? 100 : ($(left) - 200 > 30 ? $(left) - 200 : 30) )) \
     python3 -m pytest --noconftest -p no:cacheprovider -q --rootdir "$ROOT" \
-    "$ROOT/tests/test_engine_overlap.py" 2>&1 | tail -n 40 | tee "$OUT/exactness.txt"
+    "$ROOT/tests/test_engine_overlap.py" 2>&1 | tee "$OUT/exactness.txt" | tail -n 40
 fi
 if [[ ",$PARTS," == *",load,"* ]]; then
   echo "######## load order ($(left) s left)"

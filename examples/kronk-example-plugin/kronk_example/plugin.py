@@ -10,11 +10,11 @@ from litestar.config.app import AppConfig
 
 from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
 from kronk_core import hookimpl
-from kronk_core.backend import ModelInfo
-from kronk_core.config import ModelConfig
-from kronk_core.registry import Register
-from kronk_core.sections import Section
-from kronk_core.slots import CacheStrategy, CacheStrategyFactory
+from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
+from kronk_core.contract.registry import Register
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.sections import Section
 from kronk_example.extend_only import ExtendOnly
 from kronk_example.settings import MODEL, SERVER
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kronk_core.config import SamplingConfig
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
+from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
 
 # Separates the text blocks of one message: they are distinct paragraphs to the client.

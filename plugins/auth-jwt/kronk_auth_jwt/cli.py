@@ -15,8 +15,8 @@ from kronk_api.settings import other_spellings
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.settings import SETTINGS, AuthSettings
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_endpoints
-from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
+from kronk_core.settings.config import default_base_path
 
 _TARGET_OPTIONS = ("local", "base_path", "auth_jwt_issuer", "api_host", "token")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pluggy
 
 from kronk_auth_jwt.limits import LimitStoreFactory
-from kronk_core.host import Host
-from kronk_core.registry import Register, RegistryKind
+from kronk_core.contract.host import Host
+from kronk_core.contract.registry import Register, RegistryKind
 
 hookspec = pluggy.HookspecMarker("kronk")
 

@@ -24,10 +24,10 @@ from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
 from kronk_core import hookimpl
+from kronk_core.contract.host import Host
+from kronk_core.contract.registry import Register
 from kronk_core.errors import ConfigError
-from kronk_core.host import Host
-from kronk_core.registry import Register
-from kronk_core.sections import Section
+from kronk_core.settings.sections import Section
 
 
 @hookimpl

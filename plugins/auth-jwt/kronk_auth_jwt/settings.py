@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.sections import ServerSection
+from kronk_core.settings.sections import ServerSection
 
 
 class AuthSettings(BaseModel):

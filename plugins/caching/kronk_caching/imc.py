@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation
 from kronk_caching.none import PromptsAsGiven, clear
-from kronk_core.backend import TextModel
+from kronk_core.contract.backend import TextModel
+from kronk_core.contract.cache import CacheCounters, CachePlan, Slot
 from kronk_core.generation import GenerationRequest
 from kronk_core.media import cut_point
-from kronk_core.slots import CacheCounters, CachePlan, Slot
 from kronk_core.tokens import common_prefix
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kronk_core.backend import TextModel
+from kronk_core.contract.backend import TextModel
+from kronk_core.contract.cache import CacheCounters, CachePlan, PromptScope, Slot
 from kronk_core.generation import GenerationRequest
-from kronk_core.slots import CacheCounters, CachePlan, PromptScope, Slot
 from kronk_core.types import ChatMessage
 
 

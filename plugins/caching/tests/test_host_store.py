@@ -16,8 +16,8 @@ import pytest
 from kronk_caching.host_store import LEFTOVER_SECONDS, Checkpoint, HostStore, StoredConversation
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
-from kronk_core.backend import ModelInfo
-from kronk_core.memory import available_ram
+from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.memory import available_ram
 
 INFO = ModelInfo(
     id="m", path="m.gguf", architecture="gemma3", n_ctx_train=32768, n_ctx_per_seq=4096,

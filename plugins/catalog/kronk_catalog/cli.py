@@ -35,8 +35,8 @@ from kronk_catalog.settings import (
     hub_token,
 )
 from kronk_catalog.update import update_catalogs
-from kronk_core.config import default_base_path
 from kronk_core.errors import KronkError
+from kronk_core.settings.config import default_base_path
 
 _base_path = setting_option(
     "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"

@@ -7,7 +7,7 @@ import os
 import huggingface_hub
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.sections import ServerSection
+from kronk_core.settings.sections import ServerSection
 
 # Kronk's own catalog repository, as GitHub contents-API folder listings.
 DEFAULT_SOURCE = "https://api.github.com/repos/ardanlabs/kronk_catalogs/contents/catalogs"

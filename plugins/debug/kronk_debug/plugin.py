@@ -14,10 +14,10 @@ from litestar import Litestar
 from litestar.config.app import AppConfig
 
 from kronk_core import Kronk, hookimpl
-from kronk_core.config import ModelConfig
-from kronk_core.events import ChatRecord
-from kronk_core.host import Host
-from kronk_core.sections import Section
+from kronk_core.contract.host import Host
+from kronk_core.records import ChatRecord
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.sections import Section
 from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
 from kronk_debug.middleware import STATE_KEY, count_requests

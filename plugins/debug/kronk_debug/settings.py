@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kronk_api.settings import check_host_port
-from kronk_core.sections import ServerSection
+from kronk_core.settings.sections import ServerSection
 
 
 class DebugSettings(BaseModel):

@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 import llama_cpp
 import numpy as np
 
-from kronk_core.backend import Capability, ModelInfo, Pooling
-from kronk_core.config import ModelConfig
+from kronk_core.contract.backend import Capability, ModelInfo, Pooling
 from kronk_core.errors import KronkError, ModelLoadError
+from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.params import context_params
 from kronk_llamacpp.settings import SETTINGS
 from kronk_llamacpp.vocab import tokenize
@@ -93,7 +93,10 @@ class _Context:
 
 
 class LlamaEmbeddingModel:
-    """Implements kronk_core.backend.EmbeddingModel; n_seq_max is the number of contexts."""
+    """Implements kronk_core.contract.backend.EmbeddingModel.
+
+    n_seq_max is the number of contexts.
+    """
 
     def __init__(
         self, config: ModelConfig, weights: llama_cpp.llama_model_p, pooling: Pooling

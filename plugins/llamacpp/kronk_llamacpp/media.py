@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import llama_cpp
 import numpy as np
 
-from kronk_core.config import ModelConfig
 from kronk_core.errors import KronkError, MediaError, ModelLoadError
 from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan, media_tokens
+from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp import native
 from kronk_llamacpp.library import route_log
 from kronk_llamacpp.model import LlamaTextModel, decode_error
@@ -60,7 +60,7 @@ class _Embeddings:
 
 
 class LlamaMediaModel(LlamaTextModel):
-    """Implements kronk_core.backend.MediaModel: a LlamaTextModel plus its projector."""
+    """Implements kronk_core.contract.backend.MediaModel: a LlamaTextModel plus its projector."""
 
     def __init__(self, config: ModelConfig, weights: llama_cpp.llama_model_p | None = None) -> None:
         self._mtmd: int | None = None

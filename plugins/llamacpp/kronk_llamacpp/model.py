@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import llama_cpp
 import numpy as np
 
-from kronk_core.backend import Batch, ModelInfo
-from kronk_core.config import ModelConfig
+from kronk_core.contract.backend import Batch, ModelInfo
 from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
+from kronk_core.settings.config import ModelConfig
 from kronk_core.types import TokenLogprob, TopLogprob
 from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
@@ -47,7 +47,7 @@ def decode_error(status: int) -> KronkError:
 
 
 class LlamaTextModel:
-    """Implements kronk_core.backend.TextModel over llama.cpp's low-level API."""
+    """Implements kronk_core.contract.backend.TextModel over llama.cpp's low-level API."""
 
     def __init__(self, config: ModelConfig, weights: llama_cpp.llama_model_p | None = None) -> None:
         self._model = weights or load_weights(config)

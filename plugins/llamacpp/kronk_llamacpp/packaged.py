@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kronk_core.errors import ModelLoadError
-from kronk_core.models import PackagedModel, cache_dir
+from kronk_core.settings.model_files import PackagedModel, cache_dir
 
 log = logging.getLogger(__name__)
 

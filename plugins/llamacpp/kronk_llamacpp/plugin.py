@@ -10,11 +10,11 @@ import click
 from litestar.config.app import AppConfig
 
 from kronk_core import hookimpl
-from kronk_core.backend import Backend, ModelFacts
-from kronk_core.config import ModelConfig
-from kronk_core.memory import Device, MemoryEstimate
-from kronk_core.models import ModelFile, PackagedModel
-from kronk_core.sections import Section
+from kronk_core.contract.backend import Backend, ModelFacts
+from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.model_files import ModelFile, PackagedModel
+from kronk_core.settings.sections import Section
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.cli import add_commands
 from kronk_llamacpp.devices import list_devices

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator
 
-from kronk_core.sections import ModelSection
+from kronk_core.settings.sections import ModelSection
 from kronk_llamacpp.endpoint import Endpoint
 
 

@@ -6,8 +6,8 @@ import ctypes
 
 import llama_cpp
 
-from kronk_core.config import ModelConfig
 from kronk_core.errors import ModelLoadError
+from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import model_params
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kronk_core import ModelConfig
-from kronk_core.backend import Batch
+from kronk_core.contract.backend import Batch
 from kronk_core.sampling import (
     Distribution,
     Dry,

@@ -14,7 +14,7 @@ from litestar.config.app import AppConfig
 from kronk_api.listen import ListenError
 from kronk_core import hookimpl
 from kronk_core.errors import ConfigError
-from kronk_core.sections import Section
+from kronk_core.settings.sections import Section
 from kronk_mcp.auth import server_gate
 from kronk_mcp.cli import add_commands
 from kronk_mcp.service import BackgroundService, mcp_app

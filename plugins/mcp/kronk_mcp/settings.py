@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
-from kronk_core.config import Duration
-from kronk_core.sections import ServerSection
+from kronk_core.settings.config import Duration
+from kronk_core.settings.sections import ServerSection
 
 DEFAULT_LISTEN = "127.0.0.1:9000"
 BRAVE_URL = "https://api.search.brave.com/res/v1"

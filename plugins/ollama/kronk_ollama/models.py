@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kronk_core.backend import Capability, ModelFacts
+from kronk_core.contract.backend import Capability, ModelFacts
 from kronk_core.errors import KronkError
-from kronk_core.loading import model_config_for
 from kronk_core.media import MediaKind
+from kronk_core.runtime.loading import model_config_for
 from kronk_core.sdk import Kronk
 from kronk_ollama.schemas import ollama_name
 

@@ -14,8 +14,8 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core.config import SamplingConfig, parse_duration
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
+from kronk_core.settings.config import SamplingConfig, parse_duration
 from kronk_core.types import (
     ChatMessage,
     ChatRequest,

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
+from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
 from kronk_openai.schemas import arguments_text, sampling_of
 

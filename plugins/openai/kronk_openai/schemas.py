@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kronk_core.config import SamplingConfig
 from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources, bare_base64
+from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import (
     ChatMessage,
     ChatRequest,

@@ -7,7 +7,7 @@ temperature → selection (greedy, distribution or adaptive-p).
 from __future__ import annotations
 
 from kronk_core import hookimpl
-from kronk_core.backend import ModelInfo
+from kronk_core.contract.backend import ModelInfo
 from kronk_core.sampling import (
     RANDOM_SEED,
     AdaptiveP,

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from kronk_core.backend import Batch, Sampler, TextModel
-from kronk_core.config import ModelConfig
-from kronk_core.drafts import Draft, DraftRequest
+from kronk_core.contract.backend import Batch, Sampler, TextModel
+from kronk_core.contract.drafts import Draft, DraftRequest
+from kronk_core.contract.host import Host
 from kronk_core.errors import ConfigError, KronkError, ModelLoadError
-from kronk_core.host import Host
-from kronk_core.loading import model_config_for
+from kronk_core.runtime.loading import model_config_for
+from kronk_core.runtime.speculation import draw
 from kronk_core.sampling import (
     Distribution,
     Greedy,
@@ -29,7 +29,7 @@ from kronk_core.sampling import (
     Temperature,
     truncation_stages,
 )
-from kronk_core.speculation import draw
+from kronk_core.settings.config import ModelConfig
 from kronk_core.tokens import common_prefix
 from kronk_core.types import SamplingParams, TokenDistribution
 from kronk_speculative.settings import SpeculativeSettings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kronk_core.backend import TextModel
+from kronk_core.contract.backend import TextModel
 from kronk_core.errors import ConfigError
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from kronk_core.contract.templates import OutputParser
 from kronk_core.errors import InvalidRequestError
-from kronk_core.templates import OutputParser
 from kronk_core.types import (
     ChatDelta,
     JsonSegment,

@@ -13,7 +13,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from kronk_api.endpoints import route_path
 from kronk_api.response_watch import ResponseWatch
-from kronk_core.events import current_request_id
+from kronk_core.records import current_request_id
 from kronk_tempo.tracing import Tracing, current_tracing
 
 STATE_KEY = "kronk_tempo"

@@ -11,10 +11,10 @@ from litestar.config.app import AppConfig
 from opentelemetry import trace
 
 from kronk_core import hookimpl
-from kronk_core.config import ModelConfig
-from kronk_core.events import ChatRecord
-from kronk_core.host import Host
-from kronk_core.sections import Section
+from kronk_core.contract.host import Host
+from kronk_core.records import ChatRecord
+from kronk_core.settings.config import ModelConfig
+from kronk_core.settings.sections import Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
 from kronk_tempo.settings import SETTINGS
 from kronk_tempo.tracing import Tracing, current_tracing, record_chat, record_load

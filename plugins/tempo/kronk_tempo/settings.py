@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.sections import ServerSection
+from kronk_core.settings.sections import ServerSection
 
 
 class TempoSettings(BaseModel):

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.util.types import Attributes
 
-from kronk_core.events import ChatRecord, RequestRecord
+from kronk_core.records import ChatRecord, RequestRecord
 from kronk_tempo.settings import TempoSettings
 
 

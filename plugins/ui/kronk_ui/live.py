@@ -13,7 +13,7 @@ from litestar import Request, get
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import hookimpl
-from kronk_core.events import ChatRecord
+from kronk_core.records import ChatRecord
 
 STATE_KEY = "kronk_ui_live"
 

@@ -19,7 +19,7 @@ from litestar.params import FromPath
 
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import hookimpl
-from kronk_core.host import Host
+from kronk_core.contract.host import Host
 from kronk_ui.live import STATE_KEY, LiveCounts, live
 from kronk_ui.reference import reference
 

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from kronk_core.templates import OutputParser
+from kronk_core.contract.templates import OutputParser
 from kronk_core.types import (
     ChatDelta,
     JsonSegment,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kronk_core.templates import OutputParser
+from kronk_core.contract.templates import OutputParser
 from kronk_core.types import (
     ChatDelta,
     JsonSegment,

@@ -1,0 +1,63 @@
+"""What hooks and model loading get from the Kronk instance they serve: a narrow host.
+
+`Kronk` (the SDK facade) is one; a hook that needs more than this (a route that runs
+chats) reaches the facade the server keeps on `app.state.kronk`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar, overload
+
+import pluggy
+
+from kronk_core.contract.registry import Registry, RegistryKind
+from kronk_core.runtime.pool import PoolEntry
+from kronk_core.settings.config import KronkConfig
+from kronk_core.settings.sections import ModelSection
+
+T = TypeVar("T")
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, plus what configuration left out (for `kronk plugins`)."""
+
+    def __init__(self) -> None:
+        super().__init__("kronk")
+        self.disabled: list[str] = []
+        # Plugin name → "distribution version", for plugins installed through entry points.
+        self.distributions: dict[str, str] = {}
+
+
+class PoolView(Protocol):
+    """The model pool, read-only: what is loaded now."""
+
+    def entries(self) -> list[PoolEntry[Any]]: ...
+
+
+class Host(Protocol):
+    """The hook caller, the plugins, typed registry lookup, the configuration (with the
+    model sections the plugins declare) and a read-only view of the pool."""
+
+    @property
+    def config(self) -> KronkConfig: ...
+
+    @property
+    def hook(self) -> pluggy.HookRelay: ...
+
+    @property
+    def plugins(self) -> PluginManager: ...
+
+    @property
+    def model_sections(self) -> Sequence[ModelSection[Any]]: ...
+
+    @property
+    def pool(self) -> PoolView: ...
+
+    @overload
+    def registry(self, kind: RegistryKind[T]) -> Registry[T]: ...
+
+    @overload
+    def registry(self, kind: str) -> Registry[Any]: ...
+
+    def registry(self, kind: RegistryKind[T] | str) -> Registry[Any]: ...

@@ -1,0 +1,1 @@
+"""The runtime: loading models, the pool, the batch engine and speculation."""

@@ -1,0 +1,292 @@
+"""Where model files are: configured paths, installed files, and models PyPI packages ship."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kronk_core.contract.host import Host
+from kronk_core.errors import (
+    ConfigError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
+from kronk_core.settings.config import KronkConfig, ModelConfig, merge_settings, parse_model_config
+
+log = logging.getLogger(__name__)
+
+# Settings of the models plugins provide (`kronk_models`), by id: model-config entries.
+Provided = Mapping[str, Mapping[str, Any]]
+
+
+def cache_dir() -> Path:
+    """The user's cache directory for Kronk (XDG_CACHE_HOME respected)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root).expanduser() / "kronk"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A file a backend loads as a model (`kronk_model_file`)."""
+
+    id: str  # what it is served under when it lies under <base>/models
+    path: Path  # what a load reads: a split model's first part
+    parts: tuple[Path, ...]  # every file it is made of (sizes, `kronk model rm`)
+    # Vision and audio projectors lying beside it: one is taken, several are ambiguous.
+    projectors: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped as a PyPI package: served by its id without any configuration."""
+
+    id: str
+    install: str  # the command that installs its package
+    settings: Mapping[str, Any]
+    installed: Callable[[], bool]
+    assemble: Callable[[], Path]  # its file; built on first use where the package splits it
+    # The model a request that names none gets (unless the configuration names one).
+    default: bool = False
+
+    def path(self) -> Path:
+        if not self.installed():
+            raise ModelLoadError(
+                f"the model {self.id} comes from a PyPI package that is not installed; "
+                f"install it with `{self.install}`"
+            )
+        return self.assemble()
+
+
+@dataclass(frozen=True)
+class ModelSources:
+    """Where models come from besides the configuration, as the plugins say: models
+    installed under <base>/models by id (the first file found for an id wins), the models
+    PyPI packages ship by id, and how to get a model that is not here."""
+
+    installed: Mapping[str, ModelFile]
+    packaged: Mapping[str, PackagedModel]
+    hints: tuple[str, ...] = ()
+
+    def default(self) -> PackagedModel | None:
+        return next((model for model in self.packaged.values() if model.default), None)
+
+
+def models_dir(config: KronkConfig) -> Path:
+    return config.base_path / "models"
+
+
+def find_model_files(
+    root: Path, describe: Callable[[Path], ModelFile | None]
+) -> dict[str, ModelFile]:
+    """The models under `root` by id: every file a backend `describe`s as a model."""
+    if not root.is_dir():
+        return {}
+    found: dict[str, ModelFile] = {}
+    for path in sorted(root.rglob("*")):
+        model = describe(path) if path.is_file() else None
+        if model is not None:
+            found.setdefault(model.id, model)
+    return found
+
+
+# An unknown model's message names this many of the models there are, at most.
+LISTED_IN_ERRORS = 20
+
+
+def unknown_model(
+    model_id: str, known: Sequence[str], hints: Sequence[str] = ()
+) -> ModelNotFoundError:
+    """The 404 for a model id nobody serves: the ids there are, and how to get another
+    (`hints`, from `kronk_pull_hint`)."""
+    named = ", ".join(known[:LISTED_IN_ERRORS])
+    if len(known) > LISTED_IN_ERRORS:
+        named += f" and {len(known) - LISTED_IN_ERRORS} more (GET /v1/models lists them)"
+    return ModelNotFoundError(
+        " ".join([f"model {model_id!r} not found. Models here: {named or 'none'}.", *hints]),
+        param="model",
+    )
+
+
+def known_model_ids(config: KronkConfig, provided: Provided, sources: ModelSources) -> list[str]:
+    """Configured, provided (by plugins), installed and packaged model ids, once each.
+
+    A file a plugin serves under its own id (a catalog model) is not listed again
+    under its file name.
+    """
+    claimed = {str(settings.get("model_path")) for settings in provided.values()}
+    installed = [
+        model_id
+        for model_id, model in sources.installed.items()
+        if str(model.path) not in claimed
+    ]
+    # The default model is listed even before its package is installed: loading it says how.
+    packaged = [m.id for m in sources.packaged.values() if m.default or m.installed()]
+    ids = [*config.models, *provided, *installed, *packaged]
+    return list(dict.fromkeys(ids))
+
+
+def _over(base: ModelConfig, entry: ModelConfig) -> ModelConfig:
+    """`base` with every key `entry` sets replaced (plugin sections and sampling key by key)."""
+    keys = {"exclude_unset": True, "exclude": {"id"}}
+    merged = merge_settings(base.model_dump(**keys), entry.model_dump(**keys))  # type: ignore[arg-type]
+    return parse_model_config(entry.id, merged)
+
+
+def resolve_model_config(
+    config: KronkConfig,
+    model_id: str,
+    provided: Provided,
+    sources: ModelSources,
+    source_id: str | None = None,
+    bind: Callable[[ModelConfig], ModelConfig] | None = None,
+) -> ModelConfig:
+    """The model's config with `model_path` pointing at an existing file.
+
+    A model a plugin provides (a pulled catalog model) runs with the plugin's
+    settings, under the model-config entry's. An entry named `BASE/VARIANT`
+    (`Qwen3-8B-Q8_0/IMC`, as in the Kronk manual) is another configuration of
+    the model BASE: it uses BASE's file and the settings a plugin provides for BASE.
+    An entry with a `source` is another configuration of the model its source names
+    (`source_id`, which a plugin resolved). `bind` reads a plugin's settings with the
+    plugins' spellings before the entry's go over them, so that `cache-type-k` in one and
+    `llamacpp.cache_type_k` in the other are one key, the entry's.
+    """
+    configured = config.model(model_id)
+    if source_id is not None:
+        base_id = source_id
+    else:
+        base_id = model_id.partition("/")[0] if configured is not None else model_id
+    files, packaged = sources.installed, sources.packaged
+    from_plugin = provided.get(model_id, provided.get(base_id))
+    if from_plugin is not None:
+        base = parse_model_config(model_id, dict(from_plugin))
+        if bind is not None:
+            base = bind(base)
+        configured = base if configured is None else _over(base, configured)
+    elif configured is None:
+        if model_id in packaged:
+            settings = packaged[model_id].settings
+            configured = ModelConfig.model_validate({"id": model_id, **settings})
+        elif model_id in files:
+            configured = ModelConfig(id=model_id)
+        else:
+            known = known_model_ids(config, provided, sources)
+            raise unknown_model(model_id, known, sources.hints)
+    projector = configured.projector_path
+    if projector is not None:
+        projector = projector.expanduser()
+        if not projector.is_file():
+            raise ConfigError(f"models.{model_id}.projector_path", f"file not found: {projector}")
+    if configured.model_path is not None:
+        path = configured.model_path.expanduser()
+        if not path.is_file():
+            raise ConfigError(f"models.{model_id}.model_path", f"file not found: {path}")
+    elif base_id in files:
+        path = files[base_id].path
+        projector = projector or projector_beside(files[base_id])
+    elif base_id in packaged:
+        path = packaged[base_id].path()
+    else:
+        raise ConfigError(
+            f"models.{model_id}.model_path",
+            f"not set, and no model {base_id} under {models_dir(config)}",
+        )
+    return configured.model_copy(update={"model_path": path, "projector_path": projector})
+
+
+def removable_files(
+    config: KronkConfig, model_id: str, provided: Provided, sources: ModelSources
+) -> ModelFile:
+    """What `kronk model rm` deletes: a model installed or pulled under <base>/models. Any
+    other model is refused, saying where it comes from."""
+    packaged = sources.packaged.get(model_id)
+    if packaged is not None and config.model(model_id) is None and model_id not in provided:
+        raise InvalidRequestError(
+            f"{model_id} comes with a PyPI package, not from <base>/models: uninstall the "
+            f"package instead (`{packaged.install}` installed it)"
+        )
+    path = resolve_model_config(config, model_id, provided, sources).model_path
+    assert path is not None  # resolved
+    root = models_dir(config)
+    found = next((m for m in sources.installed.values() if m.path == path), None)
+    if found is None or not path.resolve().is_relative_to(root.resolve()):
+        raise InvalidRequestError(
+            f"{model_id} runs from {path}, which is not under {root}: Kronk did not put it "
+            "there, so it leaves it alone (remove the model's entry from the model-config "
+            "file, or the file yourself)"
+        )
+    return found
+
+
+def delete_model_files(config: KronkConfig, model: ModelFile, sources: ModelSources) -> None:
+    """Delete a model's files; then its projectors if no other model lies beside them, and
+    the folders under <base>/models that this empties."""
+    root = models_dir(config).resolve()
+    for path in model.parts:
+        path.unlink(missing_ok=True)
+    others = [other for other in sources.installed.values() if other.path != model.path]
+    for projector in model.projectors:
+        if not any(projector in other.projectors for other in others):
+            projector.unlink(missing_ok=True)
+    for folder in {path.parent.resolve() for path in model.parts}:
+        while folder != root and folder.is_relative_to(root) and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+
+
+def projector_beside(model: ModelFile) -> Path | None:
+    """The projector pulled with an installed model: the one beside it.
+
+    Several projectors there (one model's F16 and Q8_0, or other models') are ambiguous:
+    none is taken, and `projector_path` says which.
+    """
+    if len(model.projectors) > 1:
+        log.warning(
+            "%s: %d projectors beside it (%s); set projector_path to use one",
+            model.path.name,
+            len(model.projectors),
+            ", ".join(path.name for path in model.projectors),
+        )
+    return model.projectors[0] if len(model.projectors) == 1 else None
+
+
+def model_file(host: Host, path: Path) -> ModelFile | None:
+    """What a backend says the file at `path` is (`kronk_model_file`)."""
+    found: ModelFile | None = host.hook.kronk_model_file(path=path)
+    return found
+
+
+def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
+    """The models under <base>/models the backends recognise (`kronk_model_file`; skipped
+    with `installed=False`), those PyPI packages ship (`kronk_packaged_models`), and how to
+    get others (`kronk_pull_hint`)."""
+    root = models_dir(host.config)
+    found = find_model_files(root, partial(model_file, host)) if installed else {}
+    packaged = {m.id: m for answer in host.hook.kronk_packaged_models() for m in answer}
+    hints = tuple(hint for hint in host.hook.kronk_pull_hint() if hint)
+    return ModelSources(installed=found, packaged=packaged, hints=hints)
+
+
+def provided_models(host: Host) -> dict[str, Mapping[str, Any]]:
+    """The models plugins provide (`kronk_models`) with their settings, by id.
+
+    Asked anew each time: a plugin answers from what is on disk now (a catalog model pulled
+    a second ago is there). The first answer for an id wins.
+    """
+    found: dict[str, Mapping[str, Any]] = {}
+    for models in host.hook.kronk_models(kronk=host):
+        for model_id, settings in (models or {}).items():
+            found.setdefault(model_id, settings)
+    return found
+
+
+def resolve_reference(host: Host, reference: str, *, pull: bool) -> str | None:
+    """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
+    found: str | None = host.hook.kronk_resolve_model(kronk=host, reference=reference, pull=pull)
+    return found
