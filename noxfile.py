@@ -167,6 +167,7 @@ def core(session: nox.Session) -> None:
 TYPED_PACKAGES = [
     "kronk_core",
     "kronk_api",
+    "kronk_testing",
     *(f"plugins/{name}/kronk_{name.replace('-', '_')}" for name in PLUGINS),
     f"{EXAMPLE_PLUGIN}/kronk_example",
 ]
@@ -176,7 +177,8 @@ TYPED_PACKAGES = [
 def lint(session: nox.Session) -> None:
     """ruff, and mypy (strict) on every package with its dependencies installed."""
     session.env.update(build_environment(session))
-    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
+    # The test extra: the harness (kronk_testing) is checked against pytest, gguf, redis.
+    session.install("ruff", "mypy", "types-PyYAML", "-e", ".[test]")
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
     session.run("mypy", *TYPED_PACKAGES)

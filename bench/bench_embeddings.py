@@ -11,16 +11,13 @@ the same cores; the ratio shows what running contexts side by side buys.
 from __future__ import annotations
 
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from convert_minilm import minilm_gguf
-from gguf_output import default_out_dir
+from kronk_testing.models.minilm import minilm_gguf
+from kronk_testing.models.output import default_out_dir
 
 SUBJECTS = ["The cat", "A scientist", "My neighbour", "The old train", "Our team", "The river"]
 VERBS = ["watches", "builds", "forgets", "paints", "follows", "measures"]

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,13 +27,7 @@ from typing import Any
 import httpx
 
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+from kronk_testing.server import free_port
 
 
 @contextlib.contextmanager

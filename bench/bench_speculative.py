@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import kronk_llamacpp  # noqa: F401  (llama.cpp's libraries before the scripts' numpy)
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.settings.model_files import cache_dir
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from gguf_output import cached
-from make_draft_model import GEMMA_DRAFT, make_gemma_draft
-from make_tiny_models import TINY_LLAMA, make_tiny_llama
+from kronk_testing.models.draft import GEMMA_DRAFT, make_gemma_draft
+from kronk_testing.models.output import cached
+from kronk_testing.models.tiny import TINY_LLAMA, make_tiny_llama
 
 NOUNS = ["order", "invoice", "parcel", "ticket", "account", "sensor", "report", "route"]
 VERBS = ["load", "check", "merge", "price", "ship", "close", "score", "audit"]

@@ -19,7 +19,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RunningServer, Serve
+    from kronk_testing.server import RunningServer, Serve
 
 CHAT = "/v1/chat/completions"
 SYSTEM = {"role": "system", "content": "Be brief."}

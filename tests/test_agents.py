@@ -38,7 +38,7 @@ from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.settings import SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 GEMMA_TRAINED = 32768
 AGENT = "agent-model"

@@ -16,7 +16,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 MODEL = "SmolLM2-135M-Instruct-Q4_1"
 CHAT = "/v1/chat/completions"

@@ -29,7 +29,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")

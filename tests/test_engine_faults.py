@@ -37,7 +37,7 @@ from kronk_llamacpp.model import decode_error
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 POISON_WORD = " zyzzyva"
 

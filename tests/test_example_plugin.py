@@ -26,7 +26,7 @@ from kronk_core.errors import ConfigError
 from kronk_core.settings.config import load_model_config_file
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 TURNS = [

@@ -32,7 +32,8 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import ModelNotFoundError
 
 if TYPE_CHECKING:
-    from conftest import MultimodalPaths, Serve
+    from kronk_testing.plugin import MultimodalPaths
+    from kronk_testing.server import Serve
 
 HUB_PATHS = ("/api/models/", "/org/")
 

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MultimodalPaths
-from make_tiny_multimodal import image_tokens
 from media_samples import image, mp3_silence, striped, wav
 
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
@@ -20,6 +18,8 @@ from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.chat_stream import collect
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.types import ChatResult
+from kronk_testing.models.multimodal import image_tokens
+from kronk_testing.plugin import MultimodalPaths
 
 # Small steps, so a sound's 150 tokens are decoded over several of them.
 N_BATCH = 64

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MultimodalPaths
 from media_samples import striped, wav
 from replay import ColdReplay, assert_same_first_token, assert_same_logprobs
 
@@ -24,6 +23,7 @@ from kronk_core.prompts import media_of, render_prompt
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.media import LlamaMediaModel
+from kronk_testing.plugin import MultimodalPaths
 
 N_BATCH = 128
 SYSTEM = "You describe pictures and sounds for a ship's crew, briefly and precisely. " * 3

@@ -8,10 +8,11 @@ from datetime import datetime
 
 import httpx
 import pytest
-from conftest import IMC_MODEL_ID, RunningServer, Serve
 from test_server_auth import AuthServer, bearer, mint, running_auth_server
 
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.plugin import IMC_MODEL_ID
+from kronk_testing.server import RunningServer, Serve
 
 ROUTES = [
     "/v1/kronk/models/ps",

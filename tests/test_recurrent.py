@@ -18,14 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from make_tiny_recurrent import (
-    LFM2_ATTENTION,
-    LFM2_HEAD,
-    LFM2_HEAD_KV,
-    N_EMBD,
-    TINY_LFM2,
-    TINY_LFM2_SWA,
-)
 from replay import (
     BatchReplay,
     ColdReplay,
@@ -50,6 +42,8 @@ from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.contract.cache import CacheCounters
 from kronk_core.errors import ConfigError, KronkError
 from kronk_core.types import ChatResult
+from kronk_testing.models import TINY_LFM2, TINY_LFM2_SWA
+from kronk_testing.models.recurrent import LFM2_ATTENTION, LFM2_HEAD, LFM2_HEAD_KV, N_EMBD
 
 # DRY off: greedy is then a pure argmax, which the cold replays reproduce. Speculation is
 # left to its default, which must be off for these models (the replays decode one token

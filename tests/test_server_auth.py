@@ -46,7 +46,7 @@ from kronk_core.settings.config import PluginSelection
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"

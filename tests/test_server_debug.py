@@ -30,7 +30,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 DOCS_DIR = Path(__file__).parents[1] / "docs"
 DOCS = (DOCS_DIR / "observability.md").read_text(encoding="utf-8")

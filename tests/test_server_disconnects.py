@@ -27,7 +27,7 @@ from kronk_core.runtime.reports import StepRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 MODEL = "m"
 SLOTS = 2

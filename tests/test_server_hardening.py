@@ -26,7 +26,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RunningServer, Serve
+    from kronk_testing.server import RunningServer, Serve
 
 MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"

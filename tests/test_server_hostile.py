@@ -26,7 +26,7 @@ from kronk_core.errors import InvalidRequestError
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, DEFAULT_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import RunningServer, Serve
+    from kronk_testing.server import RunningServer, Serve
 
 MODEL = DEFAULT_MODEL_ID
 CHAT = "/v1/chat/completions"

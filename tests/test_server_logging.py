@@ -21,7 +21,7 @@ from kronk_api.logs import JsonFormatter, request_id
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RunningServer
+    from kronk_testing.server import RunningServer
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 

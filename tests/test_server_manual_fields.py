@@ -15,7 +15,7 @@ from openai import OpenAI
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RunningServer
+    from kronk_testing.server import RunningServer
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 

@@ -13,13 +13,14 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MultimodalPaths, Serve
 from file_server import FileServer, Served
-from make_tiny_multimodal import image_tokens
 from media_samples import image, mp3_silence, striped, wav
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
+from kronk_testing.models.multimodal import image_tokens
+from kronk_testing.plugin import MultimodalPaths
+from kronk_testing.server import Serve
 
 MAX_BYTES = 1_000_000
 GREEDY = {"temperature": 0}

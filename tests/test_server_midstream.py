@@ -11,7 +11,7 @@ import httpx
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RunningServer
+    from kronk_testing.server import RunningServer
 
 
 async def test_unload_mid_stream_sends_an_error_event(server: RunningServer) -> None:

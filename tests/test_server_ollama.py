@@ -25,7 +25,8 @@ from kronk_core.media import Media
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import MultimodalPaths, Serve
+    from kronk_testing.plugin import MultimodalPaths
+    from kronk_testing.server import Serve
 
 MODEL = DEFAULT_MODEL_ID + ":latest"
 GREEDY = {"temperature": 0, "num_predict": 24}

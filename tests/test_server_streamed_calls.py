@@ -22,7 +22,7 @@ from kronk_llamacpp.packaged import GEMMA_MODEL_ID, default_model_path
 from kronk_templates.formats import FORMATS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 WEATHER = {
     "type": "object",

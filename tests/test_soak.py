@@ -28,7 +28,7 @@ from kronk_core.records import RequestRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 pytestmark = pytest.mark.soak
 

@@ -16,7 +16,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 # One model per value of the switch; small contexts, one token generated per request.
 REUSE = ("subject", "model", "off")

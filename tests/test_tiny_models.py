@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from make_tiny_models import N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, make_tiny_llama
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.settings.config import ModelConfig
+from kronk_testing.models.tiny import N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, make_tiny_llama
 
 WARNING_TEXT = "beyond the model's training length"
 

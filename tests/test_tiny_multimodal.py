@@ -13,14 +13,15 @@ import llama_cpp
 import numpy as np
 import pytest
 from llama_cpp import mtmd_cpp as mtmd
-from make_tiny_multimodal import (
+from media_samples import image, mp3_silence, wav
+
+from kronk_testing.models.multimodal import (
     AUDIO_PROJECTOR,
     BOTH_PROJECTOR,
     VISION_PROJECTOR,
     image_tokens,
     make_tiny_multimodal,
 )
-from media_samples import image, mp3_silence, wav
 
 TEXT_CHUNK, IMAGE_CHUNK, AUDIO_CHUNK = 0, 1, 2
 

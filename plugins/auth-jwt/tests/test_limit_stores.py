@@ -32,7 +32,8 @@ from kronk_core.errors import ConfigError
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:
-    from conftest import RedisServer, Serve
+    from kronk_testing.redis_server import RedisServer
+    from kronk_testing.server import Serve
 
 MODEL = GEMMA_MODEL_ID
 TOKENIZE = "/v1/tokenize"

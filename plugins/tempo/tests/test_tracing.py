@@ -30,7 +30,7 @@ from kronk_tempo.middleware import STATE_KEY
 from kronk_tempo.tracing import Tracing
 
 if TYPE_CHECKING:
-    from conftest import Serve
+    from kronk_testing.server import Serve
 
 # A word the spans must never carry (prompts stay out of traces).
 SECRET = "zanzibar"

@@ -1,0 +1,76 @@
+"""A real uvicorn on 127.0.0.1 in a thread, for tests: `serving`, `free_port`, `RunningServer`."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+    from kronk_api.timeouts import HttpTimeouts
+    from kronk_core import Kronk
+
+
+@dataclass
+class RunningServer:
+    """A served Kronk: where it listens, the instance and the app."""
+
+    base_url: str
+    kronk: Kronk
+    app: Litestar
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def serving(
+    app: Litestar | HttpTimeouts, lifespan: Literal["on", "off"] = "on", **options: Any
+) -> Iterator[str]:
+    """Run app on a real uvicorn on 127.0.0.1 (free port) in a thread; yield its base URL.
+
+    With lifespan "on" the server's startup and shutdown hooks run, and shutdown
+    closes the app's Kronk. `options` go to uvicorn.Config (timeout_keep_alive, ...).
+    """
+    import uvicorn  # here: the pytest plugin imports this module in every test run
+
+    port = free_port()
+    # The listening socket's send buffer, which its connections inherit: a small one makes
+    # a client that stops reading stall the server's sends within a few kilobytes.
+    send_buffer = options.pop("send_buffer", None)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan, **options
+    )
+    instance = uvicorn.Server(config)
+    sockets = None
+    if send_buffer is not None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        listener.bind(("127.0.0.1", port))
+        sockets = [listener]
+    thread = threading.Thread(target=instance.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not instance.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        instance.should_exit = True
+        thread.join(timeout=10)
+
+
+Serve = Callable[..., contextlib.AbstractContextManager[str]]

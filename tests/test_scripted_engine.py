@@ -1,0 +1,181 @@
+"""The engine and the model pool on the harness's scripted model (kronk_testing.scripted):
+admission, cancellation, LRU and TTL unloading and context trimming, without llama.cpp.
+
+The scripted model holds decodes while paused and lets them through one at a time, so
+every state below is reached by condition, never by the machine's speed; its KV records
+token ids, so the slots' bookkeeping is compared with what the model holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from waiting import wait_until
+
+from kronk_core import Kronk
+from kronk_core.errors import QueueFullError
+from kronk_core.runtime.engine import StepRecord
+from kronk_core.runtime.loading import LoadedModel
+from kronk_testing.plugin import SCRIPTED_MODEL_ID, ScriptedKronk
+from kronk_testing.scripted import Script, ScriptedModel, digest, tokenize
+
+REPLY = Script().default
+
+
+def loaded(kronk: Kronk, model_id: str = SCRIPTED_MODEL_ID) -> tuple[LoadedModel, ScriptedModel]:
+    model = kronk.get_loaded(model_id)
+    assert model is not None and isinstance(model.model, ScriptedModel)
+    return model, model.model
+
+
+def ask(kronk: Kronk, text: str, **params: Any) -> asyncio.Task[Any]:
+    return asyncio.ensure_future(kronk.chat([{"role": "user", "content": text}], **params))
+
+
+async def test_answers_from_its_script_and_the_kv_matches_the_slot(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    script = Script(replies=(("ping", "pong: {tokens} tokens, {digest}"),))
+    kronk = scripted_kronk({"m": {"n_seq_max": 1, "cache": "imc"}}, script=script)
+    result = await kronk.chat([{"role": "user", "content": "ping"}])
+    prompt = tokenize("<|im_start|>user\nping<|im_end|>\n<|im_start|>assistant\n")
+    assert result.content == f"pong: {len(prompt)} tokens, {digest(prompt)}"
+    assert result.usage.prompt_tokens == len(prompt)
+    engine_model, model = loaded(kronk, "m")
+    # IMC kept the conversation: the KV holds the prompt and the answer, as the slot says.
+    slot = engine_model.engine.slots[0]
+    assert model.sequence(slot.seq_id) == slot.tokens
+    assert slot.tokens[: len(prompt)] == prompt
+    assert len(slot.tokens) == len(prompt) + result.usage.completion_tokens
+
+
+async def test_more_requests_than_slots_wait_in_the_queue(fake_kronk: Kronk) -> None:
+    engine_model, model = loaded(fake_kronk)
+    engine = engine_model.engine
+    busy: list[int] = []
+
+    def count(record: StepRecord) -> None:
+        busy.append(len(record.generating) + len(record.prefilling))
+
+    engine.add_step_listener(count)
+    model.pause()
+    tasks = [ask(fake_kronk, "question 0")]
+    await wait_until(lambda: model.held)
+    # The first request is decoding (held): the others wait, a slot free or not.
+    tasks += [ask(fake_kronk, f"question {n}") for n in range(1, 5)]
+    await wait_until(lambda: engine.stats().queued == 4)
+    assert engine.stats().active == 1
+    model.allow(1)
+    # Its prefill done, the engine admits one more into the second slot, and no third.
+    await wait_until(lambda: model.held and engine.stats().active == 2)
+    assert engine.stats().queued == 3
+    assert all(slot.busy for slot in engine.slots)
+    model.resume()
+    results = await asyncio.gather(*tasks)
+    assert [result.content for result in results] == [REPLY] * 5
+    assert max(busy) == 2
+    assert engine.stats().queued == engine.stats().active == 0
+
+
+async def test_a_full_queue_refuses_the_request(scripted_kronk: ScriptedKronk) -> None:
+    kronk = scripted_kronk(
+        {"m": {"n_seq_max": 1, "queue_depth": 1, "cache": "none"}}, queue_wait_seconds=0.05
+    )
+    kronk.load("m")
+    engine_model, model = loaded(kronk, "m")
+    model.pause()
+    running = ask(kronk, "first")
+    await wait_until(lambda: model.held)
+    waiting = ask(kronk, "second")
+    await wait_until(lambda: engine_model.engine.stats().queued == 1)
+    with pytest.raises(QueueFullError):
+        await kronk.chat([{"role": "user", "content": "third"}])
+    model.resume()
+    assert [(await running).content, (await waiting).content] == [REPLY, REPLY]
+
+
+async def test_cancelled_requests_free_their_slot_and_leave_the_queue(fake_kronk: Kronk) -> None:
+    engine_model, model = loaded(fake_kronk)
+    engine = engine_model.engine
+    model.pause()
+    stream = await fake_kronk.start_chat(
+        fake_kronk.chat_request([{"role": "user", "content": "stream"}])
+    )
+    other = ask(fake_kronk, "other")
+    queued = ask(fake_kronk, "queued")
+    await wait_until(lambda: engine.stats().active == 1 and engine.stats().queued == 2)
+    # The queued request goes at once, without a decode.
+    queued.cancel()
+    await wait_until(lambda: engine.stats().queued == 1)
+    # The running one: its prefill and first token, then the consumer leaves.
+    model.allow(2)
+    async for first in stream:
+        assert first.content
+        break  # leaving the iteration cancels the request
+    model.resume()
+    assert (await other).content == REPLY
+    await wait_until(lambda: engine.stats().active == 0)
+    assert not any(slot.busy for slot in engine.slots)
+    # `none` cleared every sequence; the cancelled one holds nothing of its answer.
+    assert [model.sequence(slot.seq_id) for slot in engine.slots] == [[], []]
+    assert engine.stats().generated_tokens < 2 * len(tokenize(REPLY)) + 1
+
+
+async def test_the_least_recently_used_model_makes_room(scripted_kronk: ScriptedKronk) -> None:
+    kronk = scripted_kronk({"a": {}, "b": {}, "c": {}}, models_in_cache=2, cache_ttl=0)
+    for model_id in ("a", "b", "a"):
+        await kronk.chat([{"role": "user", "content": "hi"}], model=model_id)
+    _, b = loaded(kronk, "b")
+    await kronk.chat([{"role": "user", "content": "hi"}], model="c")
+    assert sorted(model.id for model in kronk.loaded_models()) == ["a", "c"]
+    assert b.closed
+
+
+async def test_an_idle_model_unloads_after_its_ttl_and_a_busy_one_stays(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    kronk = scripted_kronk({"a": {}}, cache_ttl=0.2)
+    kronk.load("a")
+    _, model = loaded(kronk, "a")
+    model.pause()
+    task = ask(kronk, "hold on")
+    await wait_until(lambda: model.held)
+    await asyncio.sleep(1.0)  # five TTLs, busy the whole time
+    assert kronk.get_loaded("a") is not None
+    model.resume()
+    assert (await task).content == REPLY
+    await wait_until(lambda: kronk.get_loaded("a") is None)
+    assert model.closed
+
+
+async def test_trimming_drops_the_oldest_messages_the_model_never_sees(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    kronk = scripted_kronk(
+        {"m": {"context_window": 160, "context_overflow": "trim", "cache": "none"}},
+        script=Script(default="{tokens} {digest}"),
+    )
+    system = {"role": "system", "content": "Be brief."}
+    turns = [
+        {"role": role, "content": f"message {n}: " + "x" * 30}
+        for n, role in enumerate(["user", "assistant"] * 3 + ["user"])
+    ]
+
+    def prompt(messages: list[dict[str, str]]) -> list[int]:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return tokenize(text + "<|im_start|>assistant\n")
+
+    max_tokens = 20
+    assert len(prompt([system, *turns])) + max_tokens > 160
+    # The fewest oldest messages dropped so that the rest and the answer fit.
+    fits = [n for n in range(len(turns)) if len(prompt([system, *turns[n:]])) + max_tokens <= 160]
+    dropped = fits[0]
+    kept = prompt([system, *turns[dropped:]])
+    result = await kronk.chat([system, *turns], max_tokens=max_tokens)
+    assert dropped >= 1
+    assert result.content == f"{len(kept)} {digest(kept)}"
+    assert result.usage.prompt_tokens == len(kept)
+    assert result.usage.dropped_tokens == len(prompt([system, *turns])) - len(kept)
+
