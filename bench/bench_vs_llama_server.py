@@ -15,9 +15,8 @@ template), each alone on
       the same sampling sent to both (top-k 40, top-p 0.9, no DRY or penalties, a seed
       per stream): aggregate tok/s, the median of three runs (prompt lookup's gain
       depends on what the stories repeat: single runs of Kronk's defaults spread 1.5x);
-      on Kronk each run is followed by the same run on the same model without
-      speculation (a second entry of the model-config file the benchmark writes), and
-      the worst run's ratio says what speculation on by default costs
+      then the same three runs on a Kronk server whose model has speculation off: the
+      worst pair's ratio says what speculation on by default costs
   F   a fleet of sixteen agents of different tools (a system prompt each), 4 turns, on
       4 slots: first on conversations the server has not seen, then after one agent ran
       12 turns and four agents 8 turns of the same tasks, so that the fleet's
@@ -63,8 +62,6 @@ from kronk_templates.jinja import bundled_source
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
 FLEET_AGENTS, FLEET_TURNS = 16, 4
 SAMPLED_STREAMS, SAMPLED_TOKENS, SAMPLED_RUNS = 4, 256, 3
-# Kronk's default model again, without speculation: part S's other side.
-PLAIN_MODEL = "gemma-no-speculation"
 # Sent to both servers: their defaults differ (Kronk runs DRY, llama-server top-p 0.95).
 SAMPLED = {
     "temperature": 0.8,
@@ -125,8 +122,8 @@ class Results:
     w3_wall: float
     w3: list[list[tuple[Messages, Turn]]]
     sampled: list[float]  # aggregate tok/s of each run
-    # Kronk only: the same runs, each right after its sampled one, on the same model
-    # without speculation (what speculation on by default costs or gains).
+    # Kronk only: the same runs on a server whose model has speculation off (what
+    # speculation on by default costs or gains).
     sampled_plain: list[float] = field(default_factory=list)
     fleet_wall: float = 0.0
     fleet: list[list[tuple[Messages, Turn]]] | None = None
@@ -145,7 +142,7 @@ def long_prompt() -> Messages:
 
 
 async def drive(
-    client: Client, w3: bool, fleets: bool, plain: Client | None = None
+    client: Client, w3: bool, fleets: bool
 ) -> Results:
     w1_wall, (w1,) = await client.agents(1, W1_TURNS, tagged_system("w1"))
     cold = await client.single(long_prompt(), max_tokens=128)
@@ -156,7 +153,7 @@ async def drive(
     if w3:
         w3_wall, w3_runs = await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))
     results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, [])
-    await drive_sampled(client, results, plain)
+    await drive_sampled(client, results)
     if fleets:
         await drive_fleets(client, results)
     return results
@@ -176,24 +173,18 @@ async def drive_fleets(client: Client, results: Results) -> None:
     )
 
 
-async def drive_sampled(client: Client, results: Results, plain: Client | None) -> None:
-    """S, SAMPLED_RUNS times; on Kronk each run followed by one without speculation."""
-    if plain is not None:
-        await warm_up(plain)  # loads it
-    for _ in range(SAMPLED_RUNS):
-        results.sampled.append(await sampled_chats(client))
-        if plain is not None:
-            results.sampled_plain.append(await sampled_chats(plain))
+async def drive_sampled(client: Client, results: Results) -> None:
+    results.sampled += [await sampled_chats(client) for _ in range(SAMPLED_RUNS)]
 
 
-async def drive_only(client: Client, part: str, plain: Client | None) -> Results:
+async def drive_only(client: Client, part: str) -> Results:
     """One part alone: "fleets" (F) or "sampled" (S)."""
     nothing = Turn(0.0, 0.0, 0, 0, 0)
     results = Results([], 0.0, nothing, nothing, 0.0, [], 0.0, [], [])
     if part == "fleets":
         await drive_fleets(client, results)
     else:
-        await drive_sampled(client, results, plain)
+        await drive_sampled(client, results)
     return results
 
 
@@ -236,7 +227,7 @@ def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only: str | None = N
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
         asyncio.run(warm_up(client))
         if only is not None:
-            return asyncio.run(drive_only(client, only, None))
+            return asyncio.run(drive_only(client, only))
         return asyncio.run(drive(client, w3, fleets))
 
 
@@ -253,20 +244,40 @@ def run_kronk(
         "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
         "--model", GEMMA_MODEL_ID,
     ]
-    plain = None
-    if model_config is None:
-        # The same file without speculation, beside the defaults (JSON is YAML).
-        model_config = log_dir / "kronk-models.yaml"
-        entry = {"model_path": str(gemma_model_path()), "draft_strategy": "none"}
-        model_config.write_text(json.dumps({"models": {PLAIN_MODEL: entry}}), encoding="utf-8")
-        plain = Client(f"http://127.0.0.1:{port}", PLAIN_MODEL)
-    command += ["--model-config-file", str(model_config)]
+    if model_config is not None:
+        command += ["--model-config-file", str(model_config)]
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
         if only is not None:
-            return asyncio.run(drive_only(client, only, plain))
-        return asyncio.run(drive(client, w3, fleets, plain))
+            results = asyncio.run(drive_only(client, only))
+        else:
+            results = asyncio.run(drive(client, w3, fleets))
+    if model_config is None and only != "fleets":
+        results.sampled_plain = run_kronk_without_speculation(log_dir)
+    return results
+
+
+def run_kronk_without_speculation(log_dir: Path) -> list[float]:
+    """Part S again, on a server of its own whose default model has speculation off.
+
+    Not a second model in the same server: with llama.cpp built with OpenMP, two
+    models used from two threads of one process slow each other's decode on the CPU
+    (docs/performance.md)."""
+    port = free_port()
+    model_config = log_dir / "kronk-no-speculation.yaml"
+    entry = {GEMMA_MODEL_ID: {"draft_strategy": "none"}}
+    model_config.write_text(json.dumps({"models": entry}), encoding="utf-8")  # JSON is YAML
+    command = [
+        sys.executable, "-m", "kronk_api.cli", "server", "start",
+        "--api-host", f"127.0.0.1:{port}", "--preload",
+        "--base-path", str(log_dir / "kronk-no-speculation"),
+        "--model", GEMMA_MODEL_ID, "--model-config-file", str(model_config),
+    ]  # fmt: skip
+    client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
+    with running("kronk-no-speculation", command, f"{client.base_url}/v1/readiness", log_dir):
+        asyncio.run(warm_up(client))
+        return asyncio.run(drive_only(client, "sampled")).sampled
 
 
 def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:
@@ -399,7 +410,7 @@ def report_sampled(llama: Results, kronk: Results) -> None:
         "tok/s",
     )
     if kronk.sampled_plain:
-        # Each run against the run right after it without speculation: the worst pair.
+        # The i-th run with speculation against the i-th without it: the worst pair.
         pairs = list(zip(kronk.sampled, kronk.sampled_plain, strict=True))
         with_, without = min(pairs, key=lambda pair: pair[0] / pair[1])
         print("S, Kronk with speculation (default) / without, each run: "
