@@ -375,19 +375,26 @@ def _pack_checkpoints(checkpoints: Sequence[Checkpoint]) -> bytes:
     return np.asarray(header, dtype=np.int64).tobytes() + b"".join(c.state for c in checkpoints)
 
 
-def _read_header(data: bytes) -> tuple[list[tuple[int, int, int]], int]:
-    """(length, floor, size) of each checkpoint, and where their states start."""
+def _header_layout(data: bytes) -> tuple[int, int, int]:
+    """From a checkpoints file's first 16 bytes: where its rows start and its header ends,
+    and how many fields a row has (3 with floors, 2 in the older format)."""
     marked = len(data) >= 8 and int(np.frombuffer(data[:8], dtype=np.int64)[0]) == FLOORS_MARK
-    start = 8 if marked else 0
-    fields = 3 if marked else 2
+    start, fields = (8, 3) if marked else (0, 2)
     if len(data) < start + 8:
         raise ValueError("truncated checkpoints file")
     count = int(np.frombuffer(data[start : start + 8], dtype=np.int64)[0])
-    end = start + 8 + 8 * fields * count
-    if count < 0 or len(data) < end:
+    if count < 0:
         raise ValueError("truncated checkpoints file")
-    rows = np.frombuffer(data[start + 8 : end], dtype=np.int64).reshape(count, fields)
-    if marked:
+    return start + 8, start + 8 + 8 * fields * count, fields
+
+
+def _read_header(data: bytes) -> tuple[list[tuple[int, int, int]], int]:
+    """(length, floor, size) of each checkpoint, and where their states start."""
+    begin, end, fields = _header_layout(data[:16])
+    if len(data) < end:
+        raise ValueError("truncated checkpoints file")
+    rows = np.frombuffer(data[begin:end], dtype=np.int64).reshape(-1, fields)
+    if fields == 3:
         return [(int(length), int(floor), int(size)) for length, floor, size in rows], end
     return [(int(length), int(length), int(size)) for length, size in rows], end
 
@@ -409,11 +416,8 @@ def _checkpoint_spans(path: Path) -> tuple[tuple[int, int], ...]:
     try:
         with path.open("rb") as file:
             first = file.read(16)
-            marked = len(first) >= 8 and int(np.frombuffer(first[:8], np.int64)[0]) == FLOORS_MARK
-            start, fields = (8, 3) if marked else (0, 2)
-            count = first[start : start + 8]
-            rows = int(np.frombuffer(count, dtype=np.int64)[0]) if len(count) == 8 else 0
-            header, _ = _read_header(first + file.read(max(0, 8 * fields * rows - 16 + start + 8)))
+            _, end, _ = _header_layout(first)
+            header, _ = _read_header(first + file.read(max(0, end - len(first))))
     except (OSError, ValueError):
         return ()
     return tuple((floor, length) for length, floor, _ in header)
