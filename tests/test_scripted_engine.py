@@ -103,6 +103,8 @@ async def test_cancelled_requests_free_their_slot_and_leave_the_queue(fake_kronk
     stream = await fake_kronk.start_chat(
         fake_kronk.chat_request([{"role": "user", "content": "stream"}])
     )
+    # Held in its prefill before the others arrive, or one step could admit two.
+    await wait_until(lambda: model.held)
     other = ask(fake_kronk, "other")
     queued = ask(fake_kronk, "queued")
     await wait_until(lambda: engine.stats().active == 1 and engine.stats().queued == 2)

