@@ -1,12 +1,13 @@
 """Decode speed of one model while another is loaded and computes on another thread.
 
-Kronk runs each loaded model's decodes on a thread of its own. llama.cpp built with OpenMP
+Kronk runs each loaded model's engine on a thread of its own. llama.cpp built with OpenMP
 keeps a worker pool per computing thread, and once the workers outnumber the cores every
-pool stops spin-waiting between a decode's parallel steps (docs/model-pool.md). This
+pool stops spin-waiting between a decode's parallel steps; so models wholly on the CPU
+compute on one shared thread (kronk_llamacpp/compute.py, docs/model-pool.md). This
 prints four greedy streams' decode rate of model A: alone on the main thread, then on a
 thread of its own while model B's thread, which decoded before, waits for work (as two
-engines in one server), and on the main thread again. Run it with each build of
-llama-cpp-python to compare them.
+engines in one server), and on the main thread again. All four should match; before the
+shared thread, the two in between ran a third slower.
 """
 
 from __future__ import annotations

@@ -261,9 +261,8 @@ def run_kronk(
 def run_kronk_without_speculation(log_dir: Path) -> list[float]:
     """Part S again, on a server of its own whose default model has speculation off.
 
-    Not a second model in the same server: with llama.cpp built with OpenMP, two
-    models used from two threads of one process slow each other's decode on the CPU
-    (docs/performance.md)."""
+    A server of its own rather than a second model in the same one, so that neither
+    run shares its process with the other's model."""
     port = free_port()
     model_config = log_dir / "kronk-no-speculation.yaml"
     entry = {GEMMA_MODEL_ID: {"draft_strategy": "none"}}

@@ -21,6 +21,7 @@ import numpy as np
 from kronk_core.contract.backend import Capability, ModelInfo, Pooling
 from kronk_core.errors import KronkError, ModelLoadError
 from kronk_core.settings.config import ModelConfig
+from kronk_llamacpp.compute import Runner, run_here, runner
 from kronk_llamacpp.params import context_params
 from kronk_llamacpp.settings import SETTINGS
 from kronk_llamacpp.vocab import tokenize
@@ -44,8 +45,12 @@ class _Context:
     """One llama_context (embeddings on, the model's pooling) and its reusable batch."""
 
     def __init__(
-        self, weights: llama_cpp.llama_model_p, params: llama_cpp.llama_context_params
+        self,
+        weights: llama_cpp.llama_model_p,
+        params: llama_cpp.llama_context_params,
+        compute: Runner,
     ) -> None:
+        self._compute = compute
         self.n_batch = int(params.n_batch)
         self._ctx = llama_cpp.llama_init_from_model(weights, params)
         if not self._ctx:
@@ -74,7 +79,7 @@ class _Context:
                 seq_ids[index][0] = seq
             count = end
         self._batch.n_tokens = count
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        status = self._compute(llama_cpp.llama_decode, self._ctx, self._batch)
         if status != 0:
             raise KronkError(f"llama_decode failed with status {status}")
         rows = np.empty((len(inputs), width), dtype=np.float32)
@@ -122,11 +127,15 @@ class LlamaEmbeddingModel:
         params.n_seq_max = SEQS_PER_DECODE
         params.embeddings = True
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # the GGUF's own
-        # The contexts run at once: share the cores instead of oversubscribing them.
-        threads = SETTINGS.of(config).n_threads or max(1, (os.cpu_count() or 1) // config.n_seq_max)
+        compute = runner(config)
+        # The contexts run at once: share the cores instead of oversubscribing them; on the
+        # one CPU compute thread (kronk_llamacpp/compute.py) they take turns, each with all.
+        cores = os.cpu_count() or 1
+        shared = max(1, cores // config.n_seq_max) if compute is run_here else cores
+        threads = SETTINGS.of(config).n_threads or shared
         params.n_threads = params.n_threads_batch = threads
         for _ in range(config.n_seq_max):
-            context = _Context(model, params)
+            context = _Context(model, params, compute)
             self._contexts.append(context)
             self._free.put(context)
         if pooling is Pooling.rank:

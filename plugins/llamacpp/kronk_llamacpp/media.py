@@ -195,7 +195,7 @@ class LlamaMediaModel(LlamaTextModel):
     def encode_media(self, span: MediaSpan) -> object:
         chunk = span.chunk
         assert isinstance(chunk, _Chunk)
-        if mtmd.mtmd_encode_chunk(self._mtmd, chunk.pointer) != 0:
+        if self._compute(mtmd.mtmd_encode_chunk, self._mtmd, chunk.pointer) != 0:
             raise KronkError(f"the projector of {self.info.id} failed to encode a media chunk")
         pointer = mtmd.mtmd_get_output_embd(self._mtmd)
         rows = np.ctypeslib.as_array(pointer, shape=(span.length * self._n_embd_inp,))
@@ -228,7 +228,7 @@ class LlamaMediaModel(LlamaTextModel):
         if embeddings.whole:
             llama_cpp.llama_set_causal_attn(self._ctx, False)
         try:
-            status = llama_cpp.llama_decode(self._ctx, batch)
+            status = self._compute(llama_cpp.llama_decode, self._ctx, batch)
         finally:
             if embeddings.whole:
                 llama_cpp.llama_set_causal_attn(self._ctx, True)

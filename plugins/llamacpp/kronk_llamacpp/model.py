@@ -14,6 +14,7 @@ from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.types import TokenLogprob, TopLogprob
+from kronk_llamacpp.compute import runner
 from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.grammars import GrammarCompiler
@@ -54,6 +55,7 @@ class LlamaTextModel:
         servers = SETTINGS.of(config).rpc_servers
         # Found once the load has connected to them.
         self._rpc = RpcLinks(servers) if servers else None
+        self._compute = runner(config)
         self._ctx: llama_cpp.llama_context_p | None = None
         self._batch: llama_cpp.llama_batch | None = None
         self._dry: DryPrototypes | None = None
@@ -200,7 +202,7 @@ class LlamaTextModel:
             seq_ids[index][0] = seq_id
         self._batch.n_tokens = count
         self.check_workers()
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        status = self._compute(llama_cpp.llama_decode, self._ctx, self._batch)
         if status != 0:
             raise decode_error(status)
 
