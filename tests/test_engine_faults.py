@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from waiting import gated, wait_idle, wait_until
 
 from kronk_api import ServerSettings, create_app
 from kronk_caching.plugin import incremental_cache
@@ -35,6 +34,7 @@ from kronk_core.sampling import SamplerStage
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.model import decode_error
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_testing.waiting import gated, wait_idle, wait_until
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

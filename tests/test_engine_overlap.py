@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from replay import BatchReplay, ColdReplay, assert_same_first_token, assert_same_logprobs
-from test_caching import SYSTEM, prompt_of
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.runtime.reports import StepRecord
@@ -24,6 +22,13 @@ from kronk_core.sampling import Greedy
 from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import gemma_model_path
 from kronk_llamacpp.sampler import GreedySampler
+from kronk_testing.replay import (
+    BatchReplay,
+    ColdReplay,
+    assert_same_first_token,
+    assert_same_logprobs,
+    prompt_of,
+)
 
 MODEL = os.environ.get("KRONK_OVERLAP_MODEL")
 TEMPLATE = os.environ.get("KRONK_OVERLAP_TEMPLATE", "gemma")
@@ -39,6 +44,11 @@ PROMPTS = (
     "The capital of France is",
     "Knock knock. Who's there?",
 )
+# A long system prompt, which the conversation's turns are cached behind.
+SYSTEM = (
+    "You are the ship's computer of the research vessel Kestrel. Answer crew questions about "
+    "navigation, weather, cargo and the ship's systems. Be brief and precise. "
+) * 6
 
 
 def config(llamacpp: dict[str, bool], **settings: Any) -> ModelConfig:

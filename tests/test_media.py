@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_samples import image, mp3_silence, striped, wav
 
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
 from kronk_core.contract.cache import PromptScope
@@ -18,6 +17,7 @@ from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.chat_stream import collect
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.types import ChatResult
+from kronk_testing.media_samples import image, mp3_silence, striped, wav
 from kronk_testing.models.multimodal import image_tokens
 from kronk_testing.plugin import MultimodalPaths
 

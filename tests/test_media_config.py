@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from media_samples import image
 
 from kronk_api.cli import main
 from kronk_core import Kronk, KronkConfig, Media
 from kronk_core.media import MediaKind
 from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import parse_model_config
+from kronk_testing.media_samples import image
 from kronk_testing.plugin import MultimodalPaths
 
 CATALOG = """\

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import gated, wait_until
 
 from kronk_caching.none import NoCache
 from kronk_core import Kronk, KronkConfig, hookimpl
@@ -22,6 +21,7 @@ from kronk_core.runtime.pool import LoadState
 from kronk_core.sdk import LoadedModel
 from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatMessage
+from kronk_testing.waiting import gated, wait_until
 
 
 @contextmanager

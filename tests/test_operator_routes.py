@@ -8,11 +8,12 @@ from datetime import datetime
 
 import httpx
 import pytest
-from test_server_auth import AuthServer, bearer, mint, running_auth_server
 
+from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.auth import AuthServer, bearer, mint, serving_with_auth
 from kronk_testing.plugin import IMC_MODEL_ID
-from kronk_testing.server import RunningServer, Serve
+from kronk_testing.server import RunningServer
 
 ROUTES = [
     "/v1/kronk/models/ps",
@@ -24,9 +25,12 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
-    """A server with authentication on (the auth tests' setup)."""
-    yield from running_auth_server(tmp_path_factory.mktemp("operator-home"), serve)
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
+    """A server with authentication on, its model small (nothing here generates)."""
+    small = {GEMMA_MODEL_ID: ModelConfig(context_window=512, n_seq_max=2)}
+    kronk = Kronk(KronkConfig(base_path=tmp_path_factory.mktemp("operator-home"), models=small))
+    with serving_with_auth(kronk) as server:
+        yield server
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -12,7 +12,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from waiting import wait_until
 
 from kronk_core import Kronk
 from kronk_core.errors import QueueFullError
@@ -20,6 +19,7 @@ from kronk_core.runtime.engine import StepRecord
 from kronk_core.runtime.loading import LoadedModel
 from kronk_testing.plugin import SCRIPTED_MODEL_ID, ScriptedKronk
 from kronk_testing.scripted import Script, ScriptedModel, digest, tokenize
+from kronk_testing.waiting import wait_until
 
 REPLY = Script().default
 

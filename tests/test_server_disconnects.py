@@ -1,7 +1,7 @@
 """Clients that go away, over HTTP: queued requests free their place at once, running ones
 stop within one engine step, on every dialect, streaming or not.
 
-The engine is held by a step listener (waiting.EngineGate) while a client
+The engine is held by a step listener (kronk_testing.waiting.EngineGate) while a client
 disconnects, so "at once" means "while the engine cannot have moved": no
 wait on the machine's speed.
 """
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from waiting import cancelling, gated, wait_idle, wait_until
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
@@ -25,6 +24,7 @@ from kronk_core.records import ChatRecord, RequestRecord
 from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
+from kronk_testing.waiting import cancelling, gated, wait_idle, wait_until
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

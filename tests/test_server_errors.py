@@ -12,11 +12,11 @@ import anthropic
 import httpx
 import openai
 import pytest
-from waiting import gated
 
 from kronk_core.errors import InvalidRequestError
 from kronk_core.types import ChatMessage, ChatRequest
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.waiting import gated
 
 MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"

@@ -13,11 +13,11 @@ import anthropic
 import httpx
 import openai
 import pytest
-from file_server import FileServer, Served
-from media_samples import image, mp3_silence, striped, wav
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
+from kronk_testing.file_server import FileServer, Served
+from kronk_testing.media_samples import image, mp3_silence, striped, wav
 from kronk_testing.models.multimodal import image_tokens
 from kronk_testing.plugin import MultimodalPaths
 from kronk_testing.server import Serve

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 import httpx
-from waiting import reached
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_testing.server import free_port, serving
+from kronk_testing.waiting import reached
 
 PROMPT = "Write a very long story about a lighthouse keeper and the sea."
 

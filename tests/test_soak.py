@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from waiting import wait_idle
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.records import RequestRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
+from kronk_testing.waiting import wait_idle
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

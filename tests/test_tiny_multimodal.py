@@ -13,8 +13,8 @@ import llama_cpp
 import numpy as np
 import pytest
 from llama_cpp import mtmd_cpp as mtmd
-from media_samples import image, mp3_silence, wav
 
+from kronk_testing.media_samples import image, mp3_silence, wav
 from kronk_testing.models.multimodal import (
     AUDIO_PROJECTOR,
     BOTH_PROJECTOR,

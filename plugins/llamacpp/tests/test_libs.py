@@ -1,6 +1,6 @@
 """`kronk libs`: a real CPU build from the pinned llama-cpp-python sdist, installed and used.
 
-The build is the one the tests share (tests/kronk_libs_build.py: with the RPC backend, which
+The build is the one the tests share (kronk_libs_build.py beside it: with the RPC backend, which
 test_rpc.py needs too), kept in ~/.cache/kronk/libs: a later run finds it up to date.
 """
 

@@ -1,6 +1,6 @@
 """One model's layers spread over two llama.cpp RPC workers on loopback (`rpc_servers`).
 
-Real parts throughout: the shared `kronk libs --rpc` build (tests/kronk_libs_build.py),
+Real parts throughout: the shared `kronk libs --rpc` build (kronk_libs_build.py, beside this file),
 two `kronk rpc start` workers (ggml-rpc-server), a `kronk server start` that loads those
 libraries, and the default model. The spread model answers the same greedy tokens as the
 same model in one process; a worker that is down, or dies, is a clear error, never a hang.
@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from waiting import reached
 
 from kronk_core.errors import BackendUnavailableError
 from kronk_libs_build import LIBS, USE_IT, build, kronk
@@ -28,6 +27,7 @@ from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
 from kronk_llamacpp.packaged import default_model_path
 from kronk_llamacpp.rpc import handshake
+from kronk_testing.waiting import reached
 
 KRONK = (sys.executable, "-m", "kronk_api.cli")
 CHAT = "/v1/chat/completions"

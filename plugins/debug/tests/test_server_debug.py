@@ -22,17 +22,17 @@ from litestar import get
 from litestar.config.app import AppConfig
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import gated
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_testing.waiting import gated
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
 
-DOCS_DIR = Path(__file__).parents[1] / "docs"
+DOCS_DIR = Path(__file__).parents[3] / "docs"
 DOCS = (DOCS_DIR / "observability.md").read_text(encoding="utf-8")
 DASHBOARD = json.loads((DOCS_DIR / "grafana" / "kronk-dashboard.json").read_text(encoding="utf-8"))
 CHAT = "chat-completions"

@@ -1,5 +1,5 @@
 """Models by the names users already use (`org/repo`, `org/repo:Q4_K_M`, `hf.co/...`), resolved
-by the real huggingface_hub client against a local Hub (tests/hub_server.py) given through
+by the real huggingface_hub client against a local Hub (kronk_testing.hub_server) given through
 HF_ENDPOINT, fetched by Kronk's downloader, then loaded and asked by real llama.cpp."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 from click.testing import CliRunner
-from hub_server import Hub, HubRepo
 from openai import NotFoundError, OpenAI
 
 from kronk_api import ServerSettings, create_app
@@ -30,6 +29,7 @@ from kronk_catalog.references import (
 )
 from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import ModelNotFoundError
+from kronk_testing.hub_server import Hub, HubRepo
 
 if TYPE_CHECKING:
     from kronk_testing.plugin import MultimodalPaths

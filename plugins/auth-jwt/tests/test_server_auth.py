@@ -14,11 +14,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anthropic
 import httpx
@@ -44,9 +45,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.errors import ConfigError, KronkError
 from kronk_core.settings.config import PluginSelection
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
-
-if TYPE_CHECKING:
-    from kronk_testing.server import Serve
+from kronk_testing.auth import AuthServer, bearer, mint, serving_with_auth
 
 MODEL = GEMMA_MODEL_ID
 CHAT = "/v1/chat/completions"
@@ -79,53 +78,20 @@ class ProbeDialect:
         )
 
 
-@dataclass
-class AuthServer:
-    base_url: str
-    base: Path
-    admin: str
-    app: Litestar
-
-    @property
-    def api_host(self) -> str:
-        return self.base_url.removeprefix("http://")
-
-
-def auth_app(base: Path, **settings: Any) -> Litestar:
+@contextmanager
+def running_auth_server(base: Path, **settings: Any) -> Iterator[AuthServer]:
+    """A server with auth on, served from `base`, with the probe dialect beside the built-ins."""
     kronk = Kronk(
         KronkConfig(base_path=base, models=SMALL_MODEL), plugins={"probe": ProbeDialect()}
     )
-    server = ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}}, **settings)
-    return create_app(server, kronk=kronk)
-
-
-def running_auth_server(base: Path, serve: Serve, **settings: Any) -> Iterator[AuthServer]:
-    """An auth server's fixture body: served from `base`, with the admin token it made."""
-    app = auth_app(base, **settings)
-    with serve(app) as base_url:
-        admin = (base / "keys" / "master.jwt").read_text()
-        yield AuthServer(base_url=base_url, base=base, admin=admin, app=app)
+    with serving_with_auth(kronk, **settings) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[AuthServer]:
-    yield from running_auth_server(tmp_path_factory.mktemp("auth-home"), serve)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def mint(server: AuthServer, endpoints: str, duration: str = "1h") -> str:
-    """A user token from the server's admin route."""
-    response = httpx.post(
-        f"{server.base_url}/v1/kronk/security/tokens",
-        json={"duration": duration, "endpoints": endpoints},
-        headers=bearer(server.admin),
-    )
-    assert response.status_code == 201, response.text
-    token: str = response.json()["token"]
-    return token
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
+    with running_auth_server(tmp_path_factory.mktemp("auth-home")) as server:
+        yield server
 
 
 def kronk_cli(server: AuthServer, *args: str) -> Any:
@@ -450,11 +416,10 @@ def test_an_untampered_copy_of_a_forgery_base_is_accepted(auth_server: AuthServe
 
 
 @pytest.fixture(scope="module")
-def small_body_server(
-    tmp_path_factory: pytest.TempPathFactory, serve: Serve
-) -> Iterator[AuthServer]:
+def small_body_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
     base = tmp_path_factory.mktemp("small-body-home")
-    yield from running_auth_server(base, serve, max_request_bytes=4096)
+    with running_auth_server(base, max_request_bytes=4096) as server:
+        yield server
 
 
 def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: AuthServer) -> None:

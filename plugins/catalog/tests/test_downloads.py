@@ -5,7 +5,6 @@ then loads and answers."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -17,20 +16,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from file_server import FileServer, Served
 
 from kronk_api.cli import main
 from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
 from kronk_core import Kronk, KronkConfig
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while block := source.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+from kronk_testing.file_server import FileServer, Served
+from kronk_testing.pulls import leftovers, sha256
 
 
 def pull(base: Path, *arguments: str) -> tuple[int, str]:
@@ -41,12 +33,6 @@ def pull(base: Path, *arguments: str) -> tuple[int, str]:
 def pull_command(url: str) -> list[str]:
     """`kronk model pull URL` as its own process (for signals, locks and resource limits)."""
     return [sys.executable, "-m", "kronk_api.cli", "model", "pull", url]
-
-
-def leftovers(base: Path) -> list[str]:
-    """Files under <base>/models: partial downloads, lock files and models alike."""
-    root = base / "models"
-    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
 
 
 def answers(base: Path, model_id: str) -> str:

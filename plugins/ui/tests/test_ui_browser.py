@@ -14,15 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
-from file_server import FileServer, Served
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-from test_catalog import TINY_PATH, write_catalog
-from test_reasoning import THINKING_GEMMA
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
 from kronk_core.settings.config import parse_model_config
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.file_server import FileServer, Served
+from kronk_testing.pulls import TINY_PATH, write_catalog
+from kronk_testing.templates import THINKING_GEMMA
 from kronk_ui.plugin import CONTENT_SECURITY_POLICY
 
 # Chromium as the tests run it: no sandbox (root in a container), no network of its own.
@@ -53,7 +53,7 @@ def chromium() -> str:
     return found
 
 
-SOURCE_TREE = Path(__file__).resolve().parents[1]
+SOURCE_TREE = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

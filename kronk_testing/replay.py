@@ -7,25 +7,48 @@ generated tokens + chunk, differs by up to 0.9 nats with no cache at all, and wh
 sequence's cells lie in the pool changes rounding too. So "the cache is exact" and
 "speculation is exact" are checked against a replay of the same decode layout: every
 token, its log-prob and the top log-probs within TOLERANCE nats, to the end of the answer.
+
+`ColdReplay` replays one conversation's chunks, `BatchReplay` the engine's batches
+(`step_records` collects them); a cache strategy or a draft strategy of a plugin is proved
+exact the same way. The replays run on the llamacpp plugin's model, imported when one is
+made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from waiting import wait_until
+from typing import TYPE_CHECKING, Any
 
 from kronk_core.contract.backend import Batch, Sampler
-from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.sampling import Greedy, SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.types import ChatResult, FinishReason, TokenLogprob
-from kronk_llamacpp.model import LlamaTextModel
+from kronk_testing.waiting import wait_until
+
+if TYPE_CHECKING:
+    from kronk_core import Kronk
+    from kronk_core.runtime.engine import Engine
+    from kronk_llamacpp.model import LlamaTextModel
 
 TOLERANCE = 0.02
 GREEDY: tuple[SamplerStage, ...] = (Greedy(),)
+
+
+def _llama_model(config: ModelConfig) -> LlamaTextModel:
+    from kronk_llamacpp.model import LlamaTextModel
+
+    return LlamaTextModel(config)
+
+
+def prompt_of(kronk: Kronk, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The token ids `messages` render to on the loaded `model`: the prompt a request
+    decodes, for a replay's `prefill` and `start`."""
+    loaded = kronk.get_loaded(model)
+    assert loaded is not None
+    request = kronk.chat_request(messages, model=model)
+    return loaded.render(request.messages, kronk.render_options(request))
 
 
 class ColdReplay:
@@ -36,7 +59,7 @@ class ColdReplay:
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        self.model = LlamaTextModel(config.model_copy(update={"n_seq_max": 1}))
+        self.model = _llama_model(config.model_copy(update={"n_seq_max": 1}))
         self.tokens: list[int] = []
         # Each token the last generate() sampled, with the top-5 log-probs at its position.
         self.logprobs: list[TokenLogprob] = []
@@ -128,7 +151,7 @@ class BatchReplay:
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        self.model = LlamaTextModel(config)
+        self.model = _llama_model(config)
         # Without a cache a slot's sequence is emptied as its request ends.
         self._empties = config.cache == "none"
         self.tokens: dict[int, list[int]] = {}
@@ -258,8 +281,12 @@ class BatchReplay:
         done = 0
         while starts or not all(self.ended(slot) for slot in requests):
             if done == len(records):
+
+                def more(seen: int = done) -> bool:
+                    return len(records) > seen
+
                 try:
-                    await wait_until(lambda seen=done: len(records) > seen)
+                    await wait_until(more)
                 except AssertionError:
                     break
             for record in records[done:]:

@@ -18,14 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from replay import (
-    BatchReplay,
-    ColdReplay,
-    Start,
-    assert_same_first_token,
-    assert_same_logprobs,
-    step_records,
-)
 from test_caching import (
     AGENT_SYSTEMS,
     MAX_TOKENS,
@@ -36,7 +28,6 @@ from test_caching import (
     slot_of,
     user_turn,
 )
-from waiting import gated, wait_until
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.contract.cache import CacheCounters
@@ -44,6 +35,15 @@ from kronk_core.errors import ConfigError, KronkError
 from kronk_core.types import ChatResult
 from kronk_testing.models import TINY_LFM2, TINY_LFM2_SWA
 from kronk_testing.models.recurrent import LFM2_ATTENTION, LFM2_HEAD, LFM2_HEAD_KV, N_EMBD
+from kronk_testing.replay import (
+    BatchReplay,
+    ColdReplay,
+    Start,
+    assert_same_first_token,
+    assert_same_logprobs,
+    step_records,
+)
+from kronk_testing.waiting import gated, wait_until
 
 # DRY off: greedy is then a pure argmax, which the cold replays reproduce. Speculation is
 # left to its default, which must be off for these models (the replays decode one token

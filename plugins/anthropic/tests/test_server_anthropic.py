@@ -20,9 +20,9 @@ from anthropic.types import (
     ToolResultBlockParam,
     ToolUseBlock,
 )
-from tool_results import MORE, tokens_of_more
 
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.tool_results import MORE, tokens_of_more
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."

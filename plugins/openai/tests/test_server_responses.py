@@ -10,9 +10,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from tool_results import MORE, tokens_of_more
 
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.tool_results import MORE, tokens_of_more
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",

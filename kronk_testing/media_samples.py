@@ -1,4 +1,6 @@
-"""Media for the multimodal tests, made in memory: images (Pillow), WAV (wave) and MP3 clips."""
+"""Media for multimodal tests, made in memory: images (Pillow, the `test` extra), WAV
+(the standard library's `wave`) and MP3 clips. Pillow is imported by the functions that
+draw."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ import math
 import struct
 import wave
 
-from PIL import Image
-
 
 def image(color: tuple[int, int, int], size: tuple[int, int] = (64, 48), fmt: str = "PNG") -> bytes:
     """A one-color image; `fmt` is a Pillow format name (PNG, JPEG, GIF, BMP)."""
+    from PIL import Image
+
     out = io.BytesIO()
     Image.new("RGB", size, color).save(out, format=fmt)
     return out.getvalue()
@@ -19,6 +21,8 @@ def image(color: tuple[int, int, int], size: tuple[int, int] = (64, 48), fmt: st
 
 def striped(size: tuple[int, int] = (64, 48), shift: int = 0) -> bytes:
     """A PNG of vertical stripes; `shift` moves them (same size, different content)."""
+    from PIL import Image
+
     width, height = size
     picture = Image.new("RGB", size)
     picture.putdata(

@@ -4,7 +4,7 @@ The target is Gemma 3 270M; its draft model is the same model requantized to
 Q4_0, so it agrees with the target often but not always; prompt lookup drafts
 from the prompt; a draft strategy of the target's own second choices drafts
 near misses on SmolLM2-135M-Instruct, whose prose hesitates often. Every
-greedy answer is checked against a replay (tests/replay.py) that decodes the
+greedy answer is checked against a replay (kronk_testing.replay) that decodes the
 batches the speculating engine decoded (the draft tokens included, at the same
 positions and slots), picks greedily from its own logits, keeps a draft token
 only where it picked that token, and cuts the rest from the KV: every token and
@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from replay import BatchReplay, Start
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig, hookimpl
@@ -47,6 +46,7 @@ from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import default_model_path
 from kronk_sampling.plugin import default_stages
 from kronk_speculative.draft_model import draft_stages
+from kronk_testing.replay import BatchReplay, Start
 
 BASE: dict[str, Any] = {
     "templates": {"template": "gemma"},

@@ -1,9 +1,10 @@
 """A server process that dies by `kill -9` in the middle of writing its host tier to disk.
 
-Run by tests/test_caching.py as `python host_tier_writer.py SPEC` (SPEC: JSON with the model
-file, the Kronk home, the caching settings, the scenario and the stage to die at). It holds
-conversations on model "m" as test_caching.fresh() serves it (one slot), pickles each answer
-to SPEC["answers"], and sends itself SIGKILL at `stage` of the scenario's last disk write:
+Run by test_caching.py, beside it (which it imports), as `python host_tier_writer.py SPEC`
+(SPEC: JSON with the model file, the Kronk home, the caching settings, the scenario and the
+stage to die at). It holds conversations on model "m" as test_caching.fresh() serves it (one
+slot), pickles each answer to SPEC["answers"], and sends itself SIGKILL at `stage` of the
+scenario's last disk write:
 
 - scenario "evict": A, then B (A is evicted to disk, whole), then C: B's eviction is cut.
 - scenario "write-through" (`host_cache_shared`: written after every request): A (written

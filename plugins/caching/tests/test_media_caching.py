@@ -1,6 +1,6 @@
 """Media is cached exactly: conversations with images and sounds against cold replays.
 
-As for text (tests/test_caching.py), a cached run is compared with a cache-less context
+As for text (test_caching.py), a cached run is compared with a cache-less context
 that decodes the same chunks: the kept prefix stays in its sequence, the rest is decoded
 as the engine decodes it (text up to a media chunk, the chunk's embeddings, text after).
 """
@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_samples import striped, wav
-from replay import ColdReplay, assert_same_first_token, assert_same_logprobs
 
 from kronk_core import Kronk, KronkConfig, Media, ModelConfig
 from kronk_core.contract.backend import Batch
@@ -23,7 +21,9 @@ from kronk_core.prompts import media_of, render_prompt
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.media import LlamaMediaModel
+from kronk_testing.media_samples import striped, wav
 from kronk_testing.plugin import MultimodalPaths
+from kronk_testing.replay import ColdReplay, assert_same_first_token, assert_same_logprobs
 
 N_BATCH = 128
 SYSTEM = "You describe pictures and sounds for a ship's crew, briefly and precisely. " * 3

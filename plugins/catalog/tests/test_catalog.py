@@ -14,8 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from file_server import FileServer, Served
-from test_downloads import leftovers, sha256
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
@@ -25,46 +23,13 @@ from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import parse_model_config
 from kronk_core.settings.model_files import resolve_model_config
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, PACKAGED_MODELS
-
-TINY_CATALOG = """\
-catalog: Tests
-models:
-  - id: tiny-chat
-    category: Text-Generation
-    owned_by: kronk
-    files:
-      models:
-        - url: kronk/tiny-GGUF/tiny-llama.gguf
-          size: {size}
-          sha256: "{sha}"
-    capabilities:
-      endpoint: chat_completion
-    metadata:
-      description: A tiny random-weight chat model.
-    config:
-      context-window: 128
-      nseq-max: 2
-      sampling-parameters:
-        temperature: 0
-  - id: tiny-missing
-    category: Embedding
-    files:
-      models:
-        - url: kronk/tiny-GGUF/missing.gguf
-"""
-TINY_PATH = "/kronk/tiny-GGUF/resolve/main/tiny-llama.gguf"
+from kronk_testing.file_server import FileServer, Served
+from kronk_testing.pulls import TINY_CATALOG, TINY_PATH, leftovers, sha256, write_catalog
 
 
 def cli(base: Path, *arguments: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, [*arguments, "--base-path", str(base)])
     return result.exit_code, result.output
-
-
-def write_catalog(base: Path, model: Path, name: str = "tests.yaml") -> None:
-    folder = base / "catalogs"
-    folder.mkdir(parents=True, exist_ok=True)
-    text = TINY_CATALOG.format(size=model.stat().st_size, sha=sha256(model))
-    (folder / name).write_text(text, encoding="utf-8")
 
 
 @pytest.mark.parametrize("model_id", list(PACKAGED_MODELS))

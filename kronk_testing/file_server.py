@@ -1,7 +1,9 @@
 """A local HTTP file server for download tests: Range and If-Range, redirects, and the
 failures a real one has (a connection dropped halfway, a stall until told to go on, 404).
 
-It stands in for Hugging Face and other hosts, which tests cannot reach.
+It stands in for Hugging Face and other hosts, which tests cannot reach: `with FileServer()
+as server:`, then `server.routes["/a/model.gguf"] = Served(path=...)`; `server.requests`
+records what was asked. The standard library only.
 """
 
 from __future__ import annotations

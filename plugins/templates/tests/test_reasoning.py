@@ -15,19 +15,8 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.sdk import collect
 from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
+from kronk_testing.templates import THINKING_GEMMA
 
-THINKING_GEMMA = """{{- bos_token -}}
-{%- for message in messages -%}
-{{- '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else 'user') ~ '\\n' -}}
-{%- if message['reasoning_content'] -%}
-{{- '<think>' ~ message['reasoning_content'] ~ '</think>' -}}
-{%- endif -%}
-{{- (message['content'] or '') ~ '<end_of_turn>\\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-{{- '<start_of_turn>model\\n' -}}{%- if enable_thinking -%}{{- '<think>\\n' -}}{%- endif -%}
-{%- endif -%}
-"""
 MODEL = "thinking-gemma"
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 

@@ -1,4 +1,5 @@
-"""A Hugging Face Hub on 127.0.0.1 for the tests, which cannot reach the real one.
+"""A Hugging Face Hub on 127.0.0.1 for the tests, which cannot reach the real one: give its
+`url` to `huggingface_hub` (HF_ENDPOINT) or to the catalog plugin (`hf_endpoint`).
 
 It speaks the routes and headers the real Hub answers `huggingface_hub` and
 downloaders with:
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from file_server import FileServer, Request, Served
+from kronk_testing.file_server import FileServer, Request, Served
 
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")

@@ -14,6 +14,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_testing.auth import AuthServer, bearer, mint, serving_with_auth
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
@@ -25,44 +26,29 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 @dataclass
 class Servers:
-    service: str
+    service: AuthServer
     replica: str
-    admin: str
+
+
+def _kronk(base: Path) -> Kronk:
+    models = {MODEL: ModelConfig(context_window=512, n_seq_max=1)}
+    return Kronk(KronkConfig(base_path=base, models=models))
 
 
 def _app(base: Path, **settings: Any) -> Any:
-    models = {MODEL: ModelConfig(context_window=512, n_seq_max=1)}
-    kronk = Kronk(KronkConfig(base_path=base, models=models))
     server = ServerSettings.model_validate({"base_path": base, **settings})
-    return create_app(server, kronk=kronk)
+    return create_app(server, kronk=_kronk(base))
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Iterator[Servers]:
-    service_base = tmp_path_factory.mktemp("auth-service")
-    with serve(_app(service_base, **{"auth-jwt": {"enabled": True}})) as service:
+    with serving_with_auth(_kronk(tmp_path_factory.mktemp("auth-service"))) as service:
         replica_base = tmp_path_factory.mktemp("replica")
         # The manual's keys (a settings file's `auth_enabled`, `auth_host`; --auth-host).
-        host = service.removeprefix("http://")
+        host = service.api_host
         with serve(_app(replica_base, auth_enabled=True, auth_host=host)) as replica:
-            admin = (service_base / "keys" / "master.jwt").read_text()
             assert not (replica_base / "keys").exists()  # the replica holds no keys
-            yield Servers(service, replica, admin)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def mint(servers: Servers, endpoints: str) -> str:
-    answer = httpx.post(
-        f"{servers.service}/v1/kronk/security/tokens",
-        json={"duration": "1h", "endpoints": endpoints},
-        headers=bearer(servers.admin),
-    )
-    assert answer.status_code == 201, answer.text
-    token: str = answer.json()["token"]
-    return token
+            yield Servers(service, replica)
 
 
 def error_of(response: httpx.Response) -> str:
@@ -71,13 +57,13 @@ def error_of(response: httpx.Response) -> str:
 
 
 def test_the_replica_admits_what_the_service_admits(servers: Servers) -> None:
-    token = mint(servers, "chat-completions")
+    token = mint(servers.service, "chat-completions")
     answer = httpx.post(f"{servers.replica}{CHAT}", json=BODY, headers=bearer(token), timeout=60)
     assert answer.status_code == 200, answer.text
     # Anthropic's clients send the token as x-api-key; it is passed on the same way.
     models = httpx.get(f"{servers.replica}/v1/models", headers={"x-api-key": token})
     assert models.status_code == 200
-    admin = httpx.get(f"{servers.replica}/v1/kronk/slots", headers=bearer(servers.admin))
+    admin = httpx.get(f"{servers.replica}/v1/kronk/slots", headers=bearer(servers.service.admin))
     assert admin.status_code == 200
 
 
@@ -87,7 +73,7 @@ def test_the_replica_refuses_what_the_service_refuses(servers: Servers) -> None:
     assert "missing bearer token" in error_of(anonymous)
     forged = httpx.post(f"{servers.replica}{CHAT}", json=BODY, headers=bearer("a.b.c"))
     assert forged.status_code == 401
-    other = mint(servers, "tokenize")
+    other = mint(servers.service, "tokenize")
     denied = httpx.post(f"{servers.replica}{CHAT}", json=BODY, headers=bearer(other))
     assert denied.status_code == 403
     assert "does not grant the 'chat-completions' endpoint" in error_of(denied)
@@ -96,9 +82,9 @@ def test_the_replica_refuses_what_the_service_refuses(servers: Servers) -> None:
 
 
 def test_one_quota_across_the_service_and_the_replica(servers: Servers) -> None:
-    token = mint(servers, "tokenize:2/day")
+    token = mint(servers.service, "tokenize:2/day")
     body = {"model": MODEL, "input": "hi"}
-    first = httpx.post(f"{servers.service}/v1/tokenize", json=body, headers=bearer(token))
+    first = httpx.post(f"{servers.service.base_url}/v1/tokenize", json=body, headers=bearer(token))
     second = httpx.post(f"{servers.replica}/v1/tokenize", json=body, headers=bearer(token))
     third = httpx.post(f"{servers.replica}/v1/tokenize", json=body, headers=bearer(token))
     assert [first.status_code, second.status_code, third.status_code] == [200, 200, 429]
@@ -107,7 +93,8 @@ def test_one_quota_across_the_service_and_the_replica(servers: Servers) -> None:
 
 
 def test_keys_are_managed_on_the_service_only(servers: Servers) -> None:
-    answer = httpx.get(f"{servers.replica}/v1/kronk/security/keys", headers=bearer(servers.admin))
+    admin = bearer(servers.service.admin)
+    answer = httpx.get(f"{servers.replica}/v1/kronk/security/keys", headers=admin)
     assert answer.status_code == 400
     assert "checked by the auth service at 127.0.0.1:" in error_of(answer)
 

@@ -1,4 +1,9 @@
-"""Waiting on engine state in tests: conditions, never the machine's speed."""
+"""Waiting on engine state in tests: conditions, never the machine's speed.
+
+`wait_until` and `reached` poll a condition; `wait_idle` waits for an engine to have no
+request left; `gated` holds an engine after a chosen decode step, so a test sees requests
+running or queued for as long as it needs. Imports nothing of Kronk at run time.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
-from kronk_core.runtime.engine import Engine
-from kronk_core.runtime.reports import EngineStats, StepRecord
+if TYPE_CHECKING:
+    from kronk_core.runtime.engine import Engine
+    from kronk_core.runtime.reports import EngineStats, StepRecord
 
 
-async def wait_until(condition: Any, timeout: float = 10.0) -> None:
+async def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    """Return once `condition()` is true (polled every 5 ms in the event loop); fail the
+    test with AssertionError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -74,6 +82,8 @@ class EngineGate:
 def gated(
     engine: Engine, when: Callable[[StepRecord], bool] = lambda _: True
 ) -> Iterator[EngineGate]:
+    """`with gated(engine, when) as gate:` an EngineGate listening to `engine`'s steps,
+    released and removed when the block ends, whatever the test did."""
     gate = EngineGate(engine, when)
     engine.add_step_listener(gate)
     try:

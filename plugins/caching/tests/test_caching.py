@@ -21,14 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from replay import (
-    BatchReplay,
-    ColdReplay,
-    Start,
-    assert_same_first_token,
-    assert_same_logprobs,
-    step_records,
-)
 
 from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
@@ -40,14 +32,23 @@ from kronk_core.sampling import Greedy, resolve_sampling
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import default_model_path, gemma_model_path
+from kronk_testing.replay import (
+    BatchReplay,
+    ColdReplay,
+    Start,
+    assert_same_first_token,
+    assert_same_logprobs,
+    prompt_of,
+    step_records,
+)
 
-# DRY off: greedy is then a pure argmax, which the replays (tests/replay.py) reproduce. Each
+# DRY off: greedy is then a pure argmax, which the replays (kronk_testing.replay) reproduce. Each
 # model renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
 BASE = {
     "context_window": 4096,
     "sampling": {"dry_multiplier": 0.0},
     # The cold replays decode what each engine step decoded: one token per generating slot
-    # (speculation's exactness is tests/test_speculative.py's).
+    # (speculation's exactness is plugins/speculative/tests/test_speculative.py's).
     "draft_strategy": "none",
 }
 SYSTEM = (
@@ -170,13 +171,6 @@ def assert_same_text_or_a_near_tie(
             picks,
         )
         return
-
-
-def prompt_of(kronk: Kronk, model: str, messages: list[dict[str, str]]) -> list[int]:
-    loaded = kronk.get_loaded(model)
-    assert loaded is not None
-    request = kronk.chat_request(messages, model=model)
-    return loaded.render(request.messages, kronk.render_options(request))
 
 
 @on_both_models
