@@ -1,8 +1,9 @@
 """Waiting on engine state in tests: conditions, never the machine's speed.
 
 `wait_until` and `reached` poll a condition; `wait_idle` waits for an engine to have no
-request left; `gated` holds an engine after a chosen decode step, so a test sees requests
-running or queued for as long as it needs. Imports nothing of Kronk at run time.
+request left; `all_steps_reported` for a step listener to have every step the engine ran;
+`gated` holds an engine after a chosen decode step, so a test sees requests running or
+queued for as long as it needs. Imports nothing of Kronk at run time.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,13 @@ async def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+async def all_steps_reported(engine: Engine, records: Sequence[StepRecord]) -> None:
+    """Wait until `records` (a step listener's) ends with the engine's latest step: the
+    engine reports a step after handing out the answers it finished, so a request's last
+    step may not be in yet when its answer is."""
+    await wait_until(lambda: bool(records) and records[-1].index >= engine.stats().steps)
 
 
 def reached(condition: Callable[[], bool], seconds: float) -> bool:

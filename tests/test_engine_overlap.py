@@ -29,6 +29,7 @@ from kronk_testing.replay import (
     assert_same_logprobs,
     prompt_of,
 )
+from kronk_testing.waiting import all_steps_reported
 
 MODEL = os.environ.get("KRONK_OVERLAP_MODEL")
 TEMPLATE = os.environ.get("KRONK_OVERLAP_TEMPLATE", "gemma")
@@ -174,12 +175,14 @@ async def test_batched_streams_match_a_replay_of_their_batches(
     assert isinstance(loaded, LoadedModel)
     prompts = [*PROMPTS, *(f"{prompt} Again:" for prompt in PROMPTS)]
     stops = [stop_inside(result.content) for result in host_answers[0::4]] + [[]] * len(PROMPTS)
-    steps: list[tuple[StepRecord, dict[int, list[int]]]] = []
+    records: list[StepRecord] = []
+    prefilled: list[dict[int, list[int]]] = []
 
     def listener(record: StepRecord) -> None:
         # The slots keep their prompts (IMC), also where the request ended in this step.
         slots = loaded.engine.slots
-        steps.append((record, {i: slots[i].tokens[:n] for i, n in record.prefilling.items()}))
+        prefilled.append({i: slots[i].tokens[:n] for i, n in record.prefilling.items()})
+        records.append(record)
 
     loaded.engine.add_step_listener(listener)
     try:
@@ -190,10 +193,11 @@ async def test_batched_streams_match_a_replay_of_their_batches(
                 for prompt, stop in zip(prompts, stops, strict=True)
             )
         )  # fmt: skip
+        await all_steps_reported(loaded.engine, records)
     finally:
         loaded.engine.remove_step_listener(listener)
     assert sum(r.finish_reason is FinishReason.stop for r in results) >= 2
-    assert max(len(record.generating) for record, _ in steps) == 4
+    assert max(len(record.generating) for record in records) == 4
 
     # A fresh context with the same slots, decoding the same batches: a slot's next request
     # empties it first, as IMC does with a prompt that shares nothing with it.
@@ -201,7 +205,7 @@ async def test_batched_streams_match_a_replay_of_their_batches(
     runs: dict[tuple[int, ...], tuple[bytes, list[list[tuple[str, float]]]]] = {}
     running: dict[int, tuple[int, ...]] = {}
     try:
-        for record, prefills in steps:
+        for record, prefills in zip(records, prefilled, strict=True):
             for slot, tokens in prefills.items():
                 assert len(tokens) == record.prefilling[slot], "one chunk per prompt"
                 if slot in running:

@@ -424,6 +424,9 @@ class Engine:
             self._fail(job, error)
         if not parts and not media:
             return bool(failed)
+        # Counted before the step's answers go out: a listener's record of it then comes
+        # after stats() shows it (kronk_testing.replay.settled waits for that).
+        self._steps += 1
         if parts:
             self._step_tokens(parts, drafts, began, timed=not media)
         self._decode_media(media)
@@ -624,7 +627,6 @@ class Engine:
         slot.tokens.clear()
 
     def _record_step(self, parts: Sequence[Part], media: Sequence[MediaPart] = ()) -> None:
-        self._steps += 1
         generating = {
             p.job.slot.id: len(p.tokens) for p in parts if p.generated and p.job.slot is not None
         }

@@ -348,13 +348,18 @@ async def test_drafts_of_the_targets_second_choices_never_stand(
     strategy = replayed.loaded.engine.draft_strategy
     assert isinstance(strategy, NearMisses)
     rejected = 0
+    earlier: list[ChatResult] = []
     try:
-        for turn in range(2):
+        for _ in range(2):
             results = await replayed.ask(conversations)
             rejected += sum(result.usage.rejected_prediction_tokens for result in results)
             assert sum(result.usage.accepted_prediction_tokens for result in results) > 100
-            if turn and model == "near-misses-imc":
-                assert all(result.usage.cached_tokens > 200 for result in results)
+            if earlier and model == "near-misses-imc":
+                # The next turn reuses the last one's prompt and answer (whose length
+                # differs run to run: its batches do).
+                for before, after in zip(earlier, results, strict=True):
+                    assert after.usage.cached_tokens > before.usage.prompt_tokens
+            earlier = results
             for messages, result in zip(conversations, results, strict=True):
                 messages += [
                     {"role": "assistant", "content": result.content},
