@@ -1,10 +1,11 @@
 """The host-memory tier: sequence states of evicted conversations, in RAM and optionally on disk.
 
-Bounded by bytes (LRU). On disk, entries live under a fingerprint of the
-model file and the KV-shaping config, so a different model or layout never
-restores a wrong state. The disk is an addition, never a condition: when its
-directory cannot be written (gone, read-only, full), conversations are kept in
-RAM only and a warning is logged; no request fails for it.
+Bounded by bytes: which conversations leave RAM first follows what restores more on the
+traffic seen (eviction.py: the least recently used, or keep what it holds). On disk,
+entries live under a fingerprint of the model file and the KV-shaping config, so a
+different model or layout never restores a wrong state. The disk is an addition, never a
+condition: when its directory cannot be written (gone, read-only, full), conversations are
+kept in RAM only and a warning is logged; no request fails for it.
 
 The directory is bounded too, by age (since an entry was last written) and by bytes
 (least recently written first). Any server sharing it removes what is past the bounds,
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kronk_caching.eviction import Duel, Placement, continued, place
 from kronk_caching.prefix import token_key
 from kronk_core.tokens import common_prefix
 
@@ -111,8 +113,13 @@ class HostStore:
         # Shared with other servers: their entries are picked up when the directory changes.
         self._shared = shared
         self._scanned_at = 0
+        # Least recently used first, unless the duel's placement keeps what is here.
         self._entries: OrderedDict[bytes, StoredConversation] = OrderedDict()
         self._bytes = 0
+        # Key → prompt tokens its last restore kept, for conversations restored from here.
+        self._restored: dict[bytes, int] = {}
+        self._duel = Duel(max_bytes) if max_bytes else None
+        self._placement = Placement.recent
         self._directory = directory / fingerprint if directory is not None else None
         # Whether the last disk write failed (its warning is logged once until one succeeds).
         self._disk_failing = False
@@ -133,6 +140,11 @@ class HostStore:
     def max_bytes(self) -> int:
         return self._max_bytes
 
+    @property
+    def placement(self) -> Placement:
+        """Which conversations leave RAM first now (eviction.py)."""
+        return self._placement
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -151,6 +163,8 @@ class HostStore:
         entry = StoredConversation(
             tuple(tokens), state, None, floor, tuple(c.span for c in ordered), ordered
         )
+        extends = continued(self._restored, lambda k: self._entries[k].tokens, tokens)
+        kept = max((self._restored[k] for k in extends), default=0)
         superseded = [
             k
             for k, e in self._entries.items()
@@ -167,6 +181,14 @@ class HostStore:
             self._drop(other, unlink=other != key)
         self._entries[key] = entry
         self._bytes += entry.ram_bytes
+        if kept:
+            self._restored[key] = kept
+        if self._duel is not None:
+            churn = self._duel.churn()
+            light = StoredConversation(entry.tokens, None, None, floor, entry.checkpoint_spans)
+            self._duel.put(key, light, entry.ram_bytes, superseded, churn)
+            self._follow(self._duel.placement)
+            place(self._placement, self._entries, key, extends, churn)
         self._shrink()
         if time.monotonic() - self._expired_at >= self._expire_every:
             self.expire()
@@ -227,10 +249,25 @@ class HostStore:
             keep = usable(entry, common_prefix(entry.tokens, prompt))
             if keep and keep >= best_keep:
                 best_keep, best_key = keep, key
+        if self._duel is not None:
+            self._duel.lookup(prompt, usable)
         if not best_keep:
             return 0, None
         self._entries.move_to_end(best_key)
+        self._restored[best_key] = best_keep
         return best_keep, self._entries[best_key]
+
+    def _follow(self, placement: Placement) -> None:
+        if placement is self._placement:
+            return
+        self._placement = placement
+        if placement is Placement.keep:
+            log.info(
+                "host cache: conversations come back in a cycle longer than it holds; "
+                "keeping those it has rather than the least recently used"
+            )
+        else:
+            log.info("host cache: evicting the least recently used conversations again")
 
     def state_of(self, entry: StoredConversation) -> bytes | None:
         if entry.state is not None:
@@ -264,13 +301,17 @@ class HostStore:
             if entry.file is not None and entry.file.with_suffix(".tokens").exists():
                 entry.state = entry.checkpoints = None  # still on disk
             else:  # never written, or removed from the disk since (another server expired it)
-                del self._entries[key]
+                self._forget(key)
 
     def _drop(self, key: bytes, *, unlink: bool = True) -> None:
-        entry = self._entries.pop(key)
+        entry = self._forget(key)
         self._bytes -= entry.ram_bytes
         if unlink and entry.file is not None:
             _remove(entry.file)
+
+    def _forget(self, key: bytes) -> StoredConversation:
+        self._restored.pop(key, None)
+        return self._entries.pop(key)
 
     def expire(self) -> None:
         """Remove the directory's entries past its bounds (whoever wrote them) and dead
@@ -313,7 +354,7 @@ class HostStore:
             if entry.file in removed:
                 entry.file = None
                 if entry.state is None:
-                    del self._entries[key]
+                    self._forget(key)
         log.info(
             "host cache: removed %d conversations past its bounds from %s",
             len(removed),
@@ -334,7 +375,7 @@ class HostStore:
         for key, entry in list(self._entries.items()):
             gone = entry.file is not None and not entry.file.with_suffix(".tokens").exists()
             if entry.state is None and gone:
-                del self._entries[key]
+                self._forget(key)
         self._load_index()
 
     def _load_index(self) -> None:

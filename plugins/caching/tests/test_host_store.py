@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kronk_caching.eviction import Placement
 from kronk_caching.host_store import LEFTOVER_SECONDS, Checkpoint, HostStore, StoredConversation
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
@@ -300,3 +302,66 @@ def test_a_checkpoints_file_written_before_floors_reaches_only_its_lengths(
     _, entry = restarted.best(range(1000), longest)
     assert entry is not None and entry.checkpoint_spans == ((300, 300),)
     assert restarted.checkpoints_of(entry) == (Checkpoint(300, b"c" * 64, 300),)
+
+
+# ---- which conversations stay when they do not all fit ----------------------------------
+
+
+def restores(store: HostStore, visits: list[int]) -> int:
+    """Conversations visited in this order, each visit a turn: the prompt is the
+    conversation so far plus ten tokens; then the answer's five tokens follow and the
+    conversation is stored (100 bytes). How many turns found their whole conversation."""
+    conversations: dict[int, list[int]] = {}
+    found = 0
+    for visit in visits:
+        conversation = conversations.get(visit, [1000 + visit])
+        prompt = [*conversation, *[7] * 10]
+        keep, _ = store.best(prompt, longest)
+        found += visit in conversations and keep >= len(conversation)
+        conversations[visit] = [*prompt, *[8] * 5]
+        store.put(conversations[visit], b"x" * 100)
+    return found
+
+
+def agents_in_turn(agents: int, rounds: int) -> list[int]:
+    return [agent for _ in range(rounds) for agent in range(agents)]
+
+
+def chats_of_a_person(steps: int) -> list[int]:
+    """A new chat every ten steps; otherwise back to the newest or one of the two before."""
+    rng, newest, visits = random.Random(1), 0, []
+    for step in range(steps):
+        newest += step % 10 == 0
+        visits.append(newest if step % 10 == 0 else max(1, newest - rng.choice([0, 0, 1, 2])))
+    return visits
+
+
+def test_agents_taking_turns_beyond_the_tier_keep_a_steady_share_restored() -> None:
+    """Eight agents in a cycle, a tier holding three conversations: the least recently
+    used is always the next one back, so that alone restores nothing; the tier keeps
+    three of them instead, restored every round after the first."""
+    store = HostStore(max_bytes=350, directory=None, fingerprint="f")
+    assert restores(store, agents_in_turn(8, 12)) == 3 * 11
+    assert store.placement is Placement.keep
+
+
+def test_a_person_going_back_to_recent_chats_keeps_the_least_recently_used_order() -> None:
+    """Back to the chat before each new one, and a person's drift over their newest chats:
+    the tier restores what the least recently used order does (keeping what it holds would
+    restore a third of that)."""
+    back = [visit for chat in range(30) for visit in ([chat, chat - 1] if chat else [chat])]
+    for visits, expected in ((back, 29), (chats_of_a_person(200), 166)):
+        store = HostStore(max_bytes=350, directory=None, fingerprint="f")
+        assert restores(store, visits) == expected
+        assert store.placement is Placement.recent
+
+
+def test_the_tier_follows_its_traffic_from_a_fleet_to_a_person() -> None:
+    """Eight agents in turn, then a person's chats on the same tier: it keeps what it holds
+    while the fleet runs, and goes back to the least recently used order for the person
+    (166 restores alone, 29 keeping what the fleet left)."""
+    store = HostStore(max_bytes=350, directory=None, fingerprint="f")
+    assert restores(store, agents_in_turn(8, 12)) == 33
+    assert store.placement is Placement.keep
+    assert restores(store, [100 + chat for chat in chats_of_a_person(200)]) >= 160
+    assert store.placement is Placement.recent
