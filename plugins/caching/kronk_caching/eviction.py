@@ -148,17 +148,15 @@ class Duel:
         self._puts += 1
         return self._puts % KEEP_CHURN == 0
 
-    def put(
-        self,
-        key: bytes,
-        entry: StoredConversation,
-        size: int,
-        superseded: Iterable[bytes],
-        churn: bool,
-    ) -> None:
-        """`entry` (its state not needed) of `size` bytes was put, dropping `superseded`."""
+    def put(self, key: bytes, entry: StoredConversation, size: int, churn: bool) -> None:
+        """`entry` (its state not needed) of `size` bytes was put; it drops the conversations
+        it extends and can be cut back to, as the tier does."""
+        dropped = tuple(
+            other
+            for other, known in self._known.items()
+            if entry.tokens[: len(known.tokens)] == known.tokens and entry.keeps(len(known.tokens))
+        )
         self._known[key] = entry
-        dropped = tuple(superseded)
         for shadow in self._shadows:
             shadow.put(key, size, entry.tokens, dropped, self._known, churn)
         held = {k for shadow in self._shadows for k in shadow.order}

@@ -186,7 +186,7 @@ class HostStore:
         if self._duel is not None:
             churn = self._duel.churn()
             light = StoredConversation(entry.tokens, None, None, floor, entry.checkpoint_spans)
-            self._duel.put(key, light, entry.ram_bytes, superseded, churn)
+            self._duel.put(key, light, entry.ram_bytes, churn)
             self._follow(self._duel.placement)
             place(self._placement, self._entries, key, extends, churn)
         self._shrink()
