@@ -67,11 +67,12 @@ def place(
     goes to the front (unless `churn`), and the older versions it continues go first."""
     if placement is Placement.recent:
         return
-    older = [other for other in extends if other != key and other in order]
-    if not older and not churn:
+    extends = tuple(extends)
+    if not extends and not churn:
         order.move_to_end(key, last=False)
-    for other in older:
-        order.move_to_end(other, last=False)
+    for other in extends:
+        if other != key and other in order:  # not superseded: an older version stays
+            order.move_to_end(other, last=False)
 
 
 @dataclass

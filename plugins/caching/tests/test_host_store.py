@@ -9,12 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kronk_caching.eviction import Placement
+from kronk_caching.eviction import Placement, place
 from kronk_caching.host_store import LEFTOVER_SECONDS, Checkpoint, HostStore, StoredConversation
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
@@ -365,3 +366,17 @@ def test_the_tier_follows_its_traffic_from_a_fleet_to_a_person() -> None:
     assert store.placement is Placement.keep
     assert restores(store, [100 + chat for chat in chats_of_a_person(200)]) >= 160
     assert store.placement is Placement.recent
+
+
+def test_keeping_puts_a_continuation_last_in_line_and_a_new_conversation_first() -> None:
+    """Under `keep`, a conversation that goes on with a restored one (which it superseded,
+    so no longer held) leaves last; a new one first; an older version still held first."""
+    order: OrderedDict[bytes, None] = OrderedDict.fromkeys([b"a", b"b", b"next"])
+    place(Placement.keep, order, b"next", extends=[b"gone"], churn=False)
+    assert list(order) == [b"a", b"b", b"next"]
+    order[b"new"] = None
+    place(Placement.keep, order, b"new", extends=[], churn=False)
+    assert list(order) == [b"new", b"a", b"b", b"next"]
+    order[b"b2"] = None
+    place(Placement.keep, order, b"b2", extends=[b"b"], churn=False)
+    assert list(order) == [b"b", b"new", b"a", b"next", b"b2"]
