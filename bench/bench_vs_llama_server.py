@@ -13,10 +13,12 @@ template), each alone on
   W3  sixteen agents at once, 4 turns each (more agents than llama-server's 4 slots)
   S   four chats at once at temperature 0.8 (a chat UI's traffic), 256 tokens each, with
       the same sampling sent to both (top-k 40, top-p 0.9, no DRY or penalties, a seed
-      per stream): aggregate tok/s, the median of three runs (prompt lookup's gain
-      depends on what the stories repeat: single runs of Kronk's defaults spread 1.5x);
-      then the same three runs on a Kronk server whose model has speculation off: the
-      worst pair's ratio says what speculation on by default costs
+      per stream and round): output tok/s over eight rounds with seeds of their own.
+      Kronk's rounds run interleaved, in turns whose order rotates, on three servers up
+      at once: its defaults, and two whose model has speculation off. The defaults
+      against the first says what speculation on by default costs or gains, over all
+      rounds and round by round; the two without it against each other say how far one
+      round moves when nothing differs (on a 2-core machine, as far as 8%)
   F   a fleet of sixteen agents of different tools (a system prompt each), 4 turns, on
       4 slots: first on conversations the server has not seen, then after one agent ran
       12 turns and four agents 8 turns of the same tasks, so that the fleet's
@@ -61,7 +63,7 @@ from kronk_templates.jinja import bundled_source
 
 W1_TURNS, W2_AGENTS, W2_TURNS, W3_AGENTS, W3_TURNS = 12, 4, 8, 16, 4
 FLEET_AGENTS, FLEET_TURNS = 16, 4
-SAMPLED_STREAMS, SAMPLED_TOKENS, SAMPLED_RUNS = 4, 256, 3
+SAMPLED_STREAMS, SAMPLED_TOKENS, SAMPLED_ROUNDS = 4, 256, 8
 # Sent to both servers: their defaults differ (Kronk runs DRY, llama-server top-p 0.95).
 SAMPLED = {
     "temperature": 0.8,
@@ -111,6 +113,19 @@ def running(
         log.close()
 
 
+@dataclass(frozen=True)
+class Output:
+    """Tokens one round of part S output, and the seconds it took."""
+
+    tokens: int
+    seconds: float
+
+
+def rate(outputs: list[Output]) -> float:
+    """Output tok/s over all of them."""
+    return sum(o.tokens for o in outputs) / sum(o.seconds for o in outputs)
+
+
 @dataclass
 class Results:
     w1: list[tuple[Messages, Turn]]
@@ -121,10 +136,12 @@ class Results:
     w2: list[list[tuple[Messages, Turn]]]
     w3_wall: float
     w3: list[list[tuple[Messages, Turn]]]
-    sampled: list[float]  # aggregate tok/s of each run
-    # Kronk only: the same runs on a server whose model has speculation off (what
-    # speculation on by default costs or gains).
-    sampled_plain: list[float] = field(default_factory=list)
+    sampled: list[Output]  # each round's
+    # Kronk only: the same rounds, interleaved with those above, on two servers whose
+    # model has speculation off (what speculation on by default costs or gains, and what
+    # one round moves by when nothing differs).
+    sampled_plain: list[Output] = field(default_factory=list)
+    sampled_control: list[Output] = field(default_factory=list)
     fleet_wall: float = 0.0
     fleet: list[list[tuple[Messages, Turn]]] | None = None
     branched_wall: float = 0.0
@@ -141,9 +158,7 @@ def long_prompt() -> Messages:
     return [{"role": "user", "content": f"{text}\n\nNow count from 1 to 500, one number a line."}]
 
 
-async def drive(
-    client: Client, w3: bool, fleets: bool
-) -> Results:
+async def drive(client: Client, w3: bool, fleets: bool, sampled: bool = True) -> Results:
     w1_wall, (w1,) = await client.agents(1, W1_TURNS, tagged_system("w1"))
     cold = await client.single(long_prompt(), max_tokens=128)
     # The same prompt again: cached, so this measures decode at ~4k tokens of context.
@@ -153,7 +168,8 @@ async def drive(
     if w3:
         w3_wall, w3_runs = await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))
     results = Results(w1, w1_wall, cold, decode, w2_wall, w2, w3_wall, w3_runs, [])
-    await drive_sampled(client, results)
+    if sampled:
+        await drive_sampled(client, results)
     if fleets:
         await drive_fleets(client, results)
     return results
@@ -174,24 +190,36 @@ async def drive_fleets(client: Client, results: Results) -> None:
 
 
 async def drive_sampled(client: Client, results: Results) -> None:
-    results.sampled += [await sampled_chats(client) for _ in range(SAMPLED_RUNS)]
+    results.sampled += [await sampled_chats(client, round_) for round_ in range(SAMPLED_ROUNDS)]
 
 
-async def drive_only(client: Client, part: str) -> Results:
+async def sampled_side_by_side(clients: list[Client]) -> list[list[Output]]:
+    """Part S on several servers up at once: each round on each, in an order that rotates
+    from round to round, so that neither the machine's slower stretches nor going first
+    favour one of them."""
+    outputs: list[list[Output]] = [[] for _ in clients]
+    for round_ in range(SAMPLED_ROUNDS):
+        for turn in range(len(clients)):
+            index = (round_ + turn) % len(clients)
+            outputs[index].append(await sampled_chats(clients[index], round_))
+    return outputs
+
+
+async def drive_only(client: Client, part: str, sampled: bool = True) -> Results:
     """One part alone: "fleets" (F) or "sampled" (S)."""
     nothing = Turn(0.0, 0.0, 0, 0, 0)
     results = Results([], 0.0, nothing, nothing, 0.0, [], 0.0, [], [])
     if part == "fleets":
         await drive_fleets(client, results)
-    else:
+    elif sampled:
         await drive_sampled(client, results)
     return results
 
 
-async def sampled_chats(client: Client) -> float:
-    """SAMPLED_STREAMS chats at once at temperature 0.8: their aggregate tok/s."""
+async def sampled_chats(client: Client, round_: int) -> Output:
+    """SAMPLED_STREAMS chats at once at temperature 0.8, seeded by the round."""
     streams = [
-        Client(client.base_url, client.model, extra={**SAMPLED, "seed": index})
+        Client(client.base_url, client.model, extra={**SAMPLED, "seed": 100 * round_ + index})
         for index in range(SAMPLED_STREAMS)
     ]
     topics = ("a lighthouse keeper", "a lost robot", "two rival bakers", "a winter journey")
@@ -205,7 +233,8 @@ async def sampled_chats(client: Client) -> float:
             for index, stream in enumerate(streams)
         )
     )
-    return sum(turn.completion_tokens for turn in turns) / (time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    return Output(sum(turn.completion_tokens for turn in turns), seconds)
 
 
 async def warm_up(client: Client) -> None:
@@ -247,36 +276,41 @@ def run_kronk(
     if model_config is not None:
         command += ["--model-config-file", str(model_config)]
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
+    # With its defaults, part S runs afterwards, interleaved with servers without speculation.
+    side_by_side = model_config is None
     with running("kronk", command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
         if only is not None:
-            results = asyncio.run(drive_only(client, only))
+            results = asyncio.run(drive_only(client, only, sampled=not side_by_side))
         else:
-            results = asyncio.run(drive(client, w3, fleets))
-    if model_config is None and only != "fleets":
-        results.sampled_plain = run_kronk_without_speculation(log_dir)
+            results = asyncio.run(drive(client, w3, fleets, sampled=not side_by_side))
+        if side_by_side and only != "fleets":
+            with without_speculation(log_dir, "kronk-no-speculation") as plain, \
+                    without_speculation(log_dir, "kronk-no-speculation-2") as control:  # fmt: skip
+                outputs = asyncio.run(sampled_side_by_side([client, plain, control]))
+            results.sampled, results.sampled_plain, results.sampled_control = outputs
     return results
 
 
-def run_kronk_without_speculation(log_dir: Path) -> list[float]:
-    """Part S again, on a server of its own whose default model has speculation off.
+@contextmanager
+def without_speculation(log_dir: Path, name: str) -> Iterator[Client]:
+    """A Kronk server whose default model has speculation off, warmed up.
 
-    A server of its own rather than a second model in the same one, so that neither
-    run shares its process with the other's model."""
+    A server of its own rather than a second model in the same one: idle, it takes no
+    time from the others, while a second model in one process would."""
     port = free_port()
-    model_config = log_dir / "kronk-no-speculation.yaml"
+    model_config = log_dir / f"{name}.yaml"
     entry = {GEMMA_MODEL_ID: {"draft_strategy": "none"}}
     model_config.write_text(json.dumps({"models": entry}), encoding="utf-8")  # JSON is YAML
     command = [
         sys.executable, "-m", "kronk_api.cli", "server", "start",
-        "--api-host", f"127.0.0.1:{port}", "--preload",
-        "--base-path", str(log_dir / "kronk-no-speculation"),
+        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / name),
         "--model", GEMMA_MODEL_ID, "--model-config-file", str(model_config),
     ]  # fmt: skip
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
-    with running("kronk-no-speculation", command, f"{client.base_url}/v1/readiness", log_dir):
+    with running(name, command, f"{client.base_url}/v1/readiness", log_dir):
         asyncio.run(warm_up(client))
-        return asyncio.run(drive_only(client, "sampled")).sampled
+        yield client
 
 
 def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple[int, float]]]:
@@ -401,21 +435,19 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
 
 
 def report_sampled(llama: Results, kronk: Results) -> None:
-    _row(
-        f"S: {SAMPLED_STREAMS} chats at temperature 0.8, aggregate",
-        statistics.median(llama.sampled),
-        statistics.median(kronk.sampled),
-        ">= 0.97x",
-        "tok/s",
-    )
-    if kronk.sampled_plain:
-        # The i-th run with speculation against the i-th without it: the worst pair.
-        pairs = list(zip(kronk.sampled, kronk.sampled_plain, strict=True))
-        with_, without = min(pairs, key=lambda pair: pair[0] / pair[1])
-        print("S, Kronk with speculation (default) / without, each run: "
-              + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in pairs) + " tok/s")
-        print(f"{'S: speculation, worst run (without | with)':<44}{without:>12.2f}{with_:>12.2f}"
-              f"{_ratio(with_, without):>9}  >= 0.97x  (tok/s)")
+    label = f"S: {SAMPLED_STREAMS} chats at temperature 0.8, {SAMPLED_ROUNDS} rounds"
+    _row(label, rate(llama.sampled), rate(kronk.sampled), ">= 0.97x", "tok/s")
+    if not kronk.sampled_plain:
+        return
+    for name, ours, theirs in (
+        ("with speculation (default) / without", kronk.sampled, kronk.sampled_plain),
+        ("without / without (nothing differs)", kronk.sampled_control, kronk.sampled_plain),
+    ):
+        ratios = [rate([a]) / rate([b]) for a, b in zip(ours, theirs, strict=True)]
+        print(f"S, Kronk {name}, each round: " + ", ".join(f"{r:.2f}" for r in ratios)
+              + f" (worst {min(ratios):.2f}x)")
+    _row("S: speculation, all rounds (without | with)", rate(kronk.sampled_plain),
+         rate(kronk.sampled), ">= 0.97x", "tok/s")
 
 
 def report_fleets(llama: Results, kronk: Results) -> None:
