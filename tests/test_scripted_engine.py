@@ -139,11 +139,13 @@ async def test_an_idle_model_unloads_after_its_ttl_and_a_busy_one_stays(
     scripted_kronk: ScriptedKronk,
 ) -> None:
     kronk = scripted_kronk({"a": {}}, cache_ttl=0.2)
-    kronk.load("a")
-    _, model = loaded(kronk, "a")
-    model.pause()
-    task = ask(kronk, "hold on")
-    await wait_until(lambda: model.held)
+    # Held until the request keeps it busy: an idle moment between the load and the
+    # request (a busy machine's 0.2 s) would let it expire before the test begins.
+    with await kronk.lease("a"):
+        _, model = loaded(kronk, "a")
+        model.pause()
+        task = ask(kronk, "hold on")
+        await wait_until(lambda: model.held)
     await asyncio.sleep(1.0)  # five TTLs, busy the whole time
     assert kronk.get_loaded("a") is not None
     model.resume()
