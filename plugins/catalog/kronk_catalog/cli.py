@@ -159,6 +159,7 @@ def add_commands(group: click.Group) -> None:
                 f"becomes {variable})",
             ),
         )
+
     @group.group("catalog")
     def catalog() -> None:
         """The catalog of verified models: list, show, pull, update."""

@@ -145,9 +145,11 @@ class Pull:
     async def watch(self) -> AsyncIterator[dict[str, Any]]:
         """Snapshots as the pull moves (at most EVENTS_PER_SECOND), the last one final."""
         while True:
-            seen = self.version
-            yield self.snapshot()
-            if self.finished:
+            # The pull may end while a watcher holds a snapshot: whether to go on is read
+            # from the snapshot sent, so that the last one sent is always the final one.
+            seen, snapshot = self.version, self.snapshot()
+            yield snapshot
+            if snapshot["status"] != "running":
                 return
             await self.changed(seen)
             if not self.finished:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 
 from kronk_api.cli import main
 from kronk_catalog.download import ChecksumError, Downloader, FileSpec, PullError
+from kronk_catalog.pulls import Pull
 from kronk_core import Kronk, KronkConfig
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 from kronk_testing.file_server import FileServer, Served
@@ -234,6 +236,23 @@ async def test_two_pulls_of_one_file_share_one_download(
     assert sha256(spec.dest) == sha256(tiny_llama_path)
     # Pulled once, a file is not fetched again.
     await Downloader(hf_endpoint="http://127.0.0.1:9").fetch(spec, lambda *_: None)
+
+
+async def test_a_watcher_holding_a_snapshot_while_the_pull_ends_still_gets_the_final_one(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    # CI once saw a pull's events end on `progress` at 100% with no `done`: the pull
+    # ended between the watcher's last snapshot and its next look.
+    spec = FileSpec(url="http://127.0.0.1:9/tiny.gguf", dest=tmp_path / "tiny.gguf")
+    shutil.copyfile(tiny_llama_path, spec.dest)  # already there: the pull ends at once
+    pull = Pull(model="tiny", files=[spec], kind="catalog")
+    watcher = pull.watch()
+    assert (await anext(watcher))["status"] == "running"
+    await pull.run(Downloader(hf_endpoint="http://127.0.0.1:9"))
+    last = await anext(watcher)
+    assert (last["status"], last["percent"]) == ("done", 100.0)
+    with pytest.raises(StopAsyncIteration):
+        await anext(watcher)
 
 
 def test_two_processes_pulling_one_file_download_it_once(
