@@ -92,8 +92,13 @@ def test_readiness_is_503_while_every_slot_is_busy_and_the_queue_full(
         threads = [threading.Thread(target=generate) for _ in range(2)]
         for thread in threads:
             thread.start()
-            time.sleep(0.5)  # the first takes the slot, the second the queue's one place
+        # One takes the slot, the other the queue's one place; a loaded machine may take a
+        # while to get both there, so the test waits for it rather than for a fixed time.
+        deadline = time.monotonic() + 60
         busy = _load(url)
+        while busy[2] != "slots_busy=1; slots_total=1; queued=1" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            busy = _load(url)
         assert busy[0] == 503, busy
         assert busy[1]["status"] == "busy" and busy[1]["load"]["saturated"]
         assert busy[2] == "slots_busy=1; slots_total=1; queued=1"
