@@ -64,6 +64,8 @@ def _chat(stream: bool, max_tokens: int) -> bytes:
 def test_a_slow_body_is_408_and_closed(kronk: Kronk) -> None:
     with serving(_app(kronk, read=1.0), lifespan="off") as base_url:
         body = _chat(False, 4)
+        # Timed from before the connection: the server's 1 s cannot start earlier.
+        started = time.monotonic()
         with socket.create_connection(_address(base_url)) as client:
             client.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -71,12 +73,11 @@ def test_a_slow_body_is_408_and_closed(kronk: Kronk) -> None:
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body[:10]
             )
-            started = time.monotonic()
             answer = _until_closed(client)
             waited = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert b"request_timeout" in answer
-        assert 0.8 < waited < 5  # and the server closed the connection (recv gave b"")
+        assert 0.95 < waited < 30  # and the server closed the connection (recv gave b"")
         # A body sent in time is served.
         response = httpx.post(f"{base_url}/v1/chat/completions", content=body, timeout=60)
         assert response.status_code == 200
@@ -87,11 +88,11 @@ def test_an_idle_keep_alive_connection_is_closed(kronk: Kronk) -> None:
         serving(_app(kronk), lifespan="off", timeout_keep_alive=1) as base_url,
         socket.create_connection(_address(base_url)) as client,
     ):
+        started = time.monotonic()  # before the request: the idle 1 s starts after it
         client.sendall(b"GET /v1/liveness HTTP/1.1\r\nHost: x\r\n\r\n")
-        started = time.monotonic()
         answer = _until_closed(client)  # closed by the server, not by us
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"}")
-        assert 0.8 < time.monotonic() - started < 5
+        assert 0.95 < time.monotonic() - started < 30
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_generation_cancelled(
@@ -128,6 +129,7 @@ def test_a_client_that_stops_reading_is_dropped_and_its_generation_cancelled(
 
 def test_shutdown_drains_streams_then_cancels_them(kronk: Kronk) -> None:
     outcomes: dict[str, str] = {}
+    answering = {"short": threading.Event(), "long": threading.Event()}
 
     def stream(name: str, base_url: str, max_tokens: int) -> None:
         try:
@@ -138,26 +140,28 @@ def test_shutdown_drains_streams_then_cancels_them(kronk: Kronk) -> None:
                 headers={"Content-Type": "application/json"},
                 timeout=60,
             ) as response:
+                answering[name].set()
                 text = "".join(response.iter_text())
             outcomes[name] = "finished" if "[DONE]" in text else "cut"
         except httpx.HTTPError:
             outcomes[name] = "cut"
 
-    with serving(_app(kronk), lifespan="off", timeout_graceful_shutdown=2) as base_url:
+    with serving(_app(kronk), lifespan="off", timeout_graceful_shutdown=5) as base_url:
         threads = [
             threading.Thread(target=stream, args=("short", base_url, 8)),
             threading.Thread(target=stream, args=("long", base_url, 3000)),
         ]
         for thread in threads:
             thread.start()
-        assert reached(lambda: not _slots_free(kronk), 10)
+        # Both are being answered (a request the server has not read yet is not drained).
+        assert all(event.wait(60) for event in answering.values())
         stopping = time.monotonic()
     # Leaving `serving` stopped the server: the short stream finished in the drain, the
-    # long one was cancelled after the shutdown timeout (2 s), and its slot freed.
+    # long one was cancelled after the shutdown timeout (5 s), and its slot freed.
     for thread in threads:
         thread.join(30)
     assert outcomes == {"short": "finished", "long": "cut"}
-    assert time.monotonic() - stopping < 15
+    assert time.monotonic() - stopping < 30
     assert reached(lambda: _slots_free(kronk), 10)
 
 

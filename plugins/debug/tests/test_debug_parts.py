@@ -114,7 +114,7 @@ def test_loop_lag_probes_a_running_loop() -> None:
 def test_a_stuck_loop_leaves_probes_pending() -> None:
     loop = asyncio.new_event_loop()  # never run: every probe stays pending
     try:
-        lag = probe_loop_lag(loop, 0.05, 0.01)
+        lag = probe_loop_lag(loop, 0.3, 0.01)
     finally:
         loop.close()
     assert lag.samples == 0 and lag.pending >= 3

@@ -27,7 +27,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
-from kronk_testing.waiting import gated
+from kronk_testing.waiting import gated, reached
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
@@ -437,8 +437,12 @@ def test_a_blocked_event_loop_shows_in_the_probe_the_stacks_and_the_histogram(
             break
         assert time.monotonic() < deadline, "no lag observed"
         time.sleep(0.1)
-    released = httpx.get(f"{debug.debug}/debug/loop-lag", params={"seconds": 0.1}).json()
-    assert released["pending"] == 0
+
+    def released() -> bool:  # every probe comes back (a loaded machine may need more tries)
+        lag = httpx.get(f"{debug.debug}/debug/loop-lag", params={"seconds": 0.1}).json()
+        return bool(lag["pending"] == 0)
+
+    assert reached(released, 30)
 
 
 @pytest.mark.parametrize(
