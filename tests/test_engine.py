@@ -22,7 +22,7 @@ from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, TokenLogprob, Usage
-from kronk_testing.waiting import wait_idle, wait_until
+from kronk_testing.waiting import gated, wait_idle, wait_until
 
 GREEDY: dict[str, Any] = {"temperature": 0}
 
@@ -157,10 +157,16 @@ async def test_concurrent_streams_match_sequential_runs(kronk: Kronk) -> None:
     params = {"max_tokens": 16, **GREEDY}
     alone = [await run(kronk, prompt, **params) for prompt in STABLE_PROMPTS]
 
+    before = engine.stats().steps
     with step_records(engine) as records:
-        together = await asyncio.gather(
-            *(run(kronk, prompt, **params) for prompt in STABLE_PROMPTS)
-        )
+        # The first is held after its first step until the other seven are queued: however
+        # slow the machine, the slots then fill together.
+        with gated(engine, lambda record: record.index > before) as gate:
+            first = asyncio.ensure_future(run(kronk, STABLE_PROMPTS[0], **params))
+            await gate.wait_held()
+            rest = [asyncio.ensure_future(run(kronk, p, **params)) for p in STABLE_PROMPTS[1:]]
+            await wait_until(lambda: engine.stats().queued == len(rest), timeout=60)
+        together = await asyncio.gather(first, *rest)
 
     assert len(together) == len(STABLE_PROMPTS) == 8
     for prompt, solo, batched in zip(STABLE_PROMPTS, alone, together, strict=True):

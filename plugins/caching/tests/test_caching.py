@@ -41,6 +41,7 @@ from kronk_testing.replay import (
     prompt_of,
     step_records,
 )
+from kronk_testing.waiting import gated, wait_until
 
 # DRY off: greedy is then a pure argmax, which the replays (kronk_testing.replay) reproduce. Each
 # model renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
@@ -955,14 +956,23 @@ async def test_conversations_running_at_once_match_cold_replays(
     loaded = kronk.load("m")
     assert isinstance(loaded, LoadedModel)
     replay = BatchReplay(loaded.config)
-    records = step_records(loaded.engine)
+    engine = loaded.engine
+    records = step_records(engine)
     try:
         conversations = [[{"role": "system", "content": system}] for system in AGENT_SYSTEMS]
         for turn in range(3):
             for index, messages in enumerate(conversations):
                 messages.append(user_turn(turn * 3 + index))
             records.clear()  # the last turn's were all in when it was checked
-            results = await asyncio.gather(*(ask(kronk, "m", m) for m in conversations))
+            # The first turn is held after its first step until the other two are queued:
+            # however slow the machine, all three then share steps.
+            before = engine.stats().steps
+            with gated(engine, lambda record, before=before: record.index > before) as gate:
+                first = asyncio.ensure_future(ask(kronk, "m", conversations[0]))
+                await gate.wait_held()
+                rest = [asyncio.ensure_future(ask(kronk, "m", m)) for m in conversations[1:]]
+                await wait_until(lambda: engine.stats().queued == 2, timeout=60)
+            results = await asyncio.gather(first, *rest)
             assert any(len(r.generating) + len(r.prefilling) == 3 for r in records)
             prompts = [await prompt_tokens(kronk, messages) for messages in conversations]
             slots = [slot_of(kronk, prompt) for prompt in prompts]

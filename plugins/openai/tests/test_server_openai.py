@@ -14,6 +14,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.waiting import gated, wait_until
 
 MODEL = GEMMA_MODEL_ID
 PROMPT = "Tell me about cats."
@@ -636,7 +637,15 @@ async def test_concurrent_streams_match_sequential(client: openai.OpenAI, server
     engine.add_step_listener(listener)
     try:
         async with _async_client(server) as aclient:
-            results = await asyncio.gather(*(streamed(aclient, prompt) for prompt in prompts))
+            # The first stream is held after its first step until the others are queued:
+            # however slow the machine, they then share steps.
+            before = engine.stats().steps
+            with gated(engine, lambda record: record.index > before) as gate:
+                first = asyncio.ensure_future(streamed(aclient, prompts[0]))
+                await gate.wait_held()
+                rest = [asyncio.ensure_future(streamed(aclient, p)) for p in prompts[1:]]
+                await wait_until(lambda: engine.stats().queued == len(rest), timeout=60)
+            results = await asyncio.gather(first, *rest)
     finally:
         engine.remove_step_listener(listener)
     assert max(widths) >= 2, "the streams were never batched together"
