@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -26,12 +28,40 @@ class RunningServer:
     app: Litestar
 
 
+def _ports_below_ephemeral() -> Iterator[int]:
+    """Ports under the kernel's ephemeral range, from a random start, each once per process.
+
+    Outgoing connections take their local ports from the ephemeral range, so a port found
+    free there can be taken in the seconds before a server started by a test binds it.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    first = 10000
+    if low - first < 1000:
+        return
+    start = random.randrange(first, low)
+    yield from range(start, low)
+    yield from range(first, start)
+
+
+_candidates = _ports_below_ephemeral()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
+    """A TCP port on 127.0.0.1 that nothing listens on now (and no connection will take)."""
+    for port in _candidates:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # none left below the ephemeral range: the kernel's pick
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+        chosen: int = probe.getsockname()[1]
+    return chosen
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from kronk_api.settings import (
 )
 from kronk_core.errors import ConfigError
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
+from kronk_testing.server import free_port
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 
@@ -52,13 +52,6 @@ def _kronk(
         timeout=timeout,
         check=False,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def _answers(port: int) -> bool:
@@ -295,7 +288,7 @@ def test_server_start_logs_stop(tmp_path: Path) -> None:
     detached child is started with the resolved settings as KRONK_* variables
     and no flags, so its binding to B also shows the environment used on its own.
     """
-    env_port, flag_port = _free_port(), _free_port()
+    env_port, flag_port = free_port(), free_port()
     base = tmp_path / "home"
     env = _environment(KRONK_API_HOST=f"127.0.0.1:{env_port}")
     pid: int | None = None

@@ -27,6 +27,7 @@ from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
 from kronk_llamacpp.packaged import default_model_path
 from kronk_llamacpp.rpc import handshake
+from kronk_testing.server import free_port
 from kronk_testing.waiting import reached
 
 KRONK = (sys.executable, "-m", "kronk_api.cli")
@@ -34,13 +35,6 @@ CHAT = "/v1/chat/completions"
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 # Greedy, the model counts on for as long as it may: a request still running when a worker dies.
 LONG = [{"role": "user", "content": "Count from 1 to 400, separated by commas."}]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def _listening(port: int) -> bool:

@@ -23,6 +23,8 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from kronk_testing.server import free_port
+
 if TYPE_CHECKING:
     from conftest import BraveSearchDouble
 
@@ -39,13 +41,6 @@ def kronk(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def wait_listening(port: int, process: subprocess.Popen[str] | None = None) -> None:
