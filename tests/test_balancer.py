@@ -204,7 +204,16 @@ def cluster(
             balancer_process = _start_balancer(request.param, root, listen, replicas)
             balancer = f"http://{listen}"
             _wait(lambda: _status(balancer + "/v1/readiness") == 200, request.param)
-            time.sleep(2.5)  # HAProxy: both replicas pass `rise 2` health checks
+            # Both replicas in rotation (HAProxy: they passed `rise 2` health checks): a
+            # request without X-Kronk-Session goes round-robin, so both answer in turn.
+            seen: set[str] = set()
+
+            def both_answer() -> bool:
+                answer = httpx.get(balancer + "/v1/readiness", timeout=5)
+                seen.add(answer.headers.get("x-kronk-replica", ""))
+                return {r.host for r in replicas} <= seen
+
+            _wait(both_answer, "both replicas in rotation")
             admin = (service_base / "keys" / "master.jwt").read_text()
             yield Cluster(service, admin, balancer, {r.host: r for r in replicas}, shared)
         finally:
