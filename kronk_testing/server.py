@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import socket
 import threading
@@ -28,37 +29,33 @@ class RunningServer:
     app: Litestar
 
 
-def _ports_below_ephemeral() -> Iterator[int]:
-    """Ports under the kernel's ephemeral range, from a random start, each once per process.
-
-    Outgoing connections take their local ports from the ephemeral range, so a port found
-    free there can be taken in the seconds before a server started by a test binds it.
-    """
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral range starts: outgoing connections take ports above it."""
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default
-    first = 10000
-    if low - first < 1000:
-        return
-    start = random.randrange(first, low)
-    yield from range(start, low)
-    yield from range(first, start)
+        return 32768  # Linux's default
 
 
-_candidates = _ports_below_ephemeral()
+# Test ports come from below the ephemeral range, in turn from a random start (next() on a
+# count is safe across threads): a port found free there stays free until the server
+# started by the test binds it, seconds later.
+_FIRST_PORT, _LOW = 10000, _ephemeral_low()
+_next_port = itertools.count(random.randrange(_FIRST_PORT, max(_LOW, _FIRST_PORT + 1)))
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (and no connection will take)."""
-    for port in _candidates:
+    span = _LOW - _FIRST_PORT
+    for _ in range(1000 if span >= 1000 else 0):
+        port = _FIRST_PORT + (next(_next_port) - _FIRST_PORT) % span
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as probe:  # none left below the ephemeral range: the kernel's pick
+    with socket.socket() as probe:  # no room below the ephemeral range: the kernel's pick
         probe.bind(("127.0.0.1", 0))
         chosen: int = probe.getsockname()[1]
     return chosen
