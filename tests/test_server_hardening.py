@@ -246,7 +246,19 @@ def _nested_schema(levels: int) -> dict[str, Any]:
 
 # Schemas past the structured-output limits (each a 400 that names the limit), and a few
 # the converter or llama.cpp refuse.
-HOSTILE_SCHEMA = st.sampled_from(
+# A billion, as llama-cpp-python's pattern parser reads numbers (int(): signs, spaces,
+# underscores), in each place of a quantifier.
+BILLION = st.sampled_from(["1000000000", "+1000000000", " 1000000000 ", "1_000_000_000"])
+QUANTIFIER = st.one_of(
+    BILLION.map(lambda n: "{" + n + "}"),
+    st.tuples(st.sampled_from(["", " ", "0", "+2"]), BILLION).map(lambda p: f"{{{p[0]},{p[1]}}}"),
+)
+HOSTILE_PATTERN = st.builds(
+    lambda unit, quantifier: {"type": "string", "pattern": f"^{unit}{quantifier}$"},
+    st.sampled_from(["a", "(ab)", "[a-z]", "."]),
+    QUANTIFIER,
+)
+HOSTILE_SCHEMA = HOSTILE_PATTERN | st.sampled_from(
     [
         {"type": "array", "items": {"type": "integer"}, "minItems": 10**9},
         {"type": "array", "items": {}, "maxItems": 10**12},

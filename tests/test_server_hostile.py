@@ -86,6 +86,8 @@ class Outcome:
     response: httpx.Response
     growth: int
     bystanders: list[float]
+    # RSS after the request (and a bystander after it) less RSS before it.
+    retained: int
 
 
 async def _bystander(client: httpx.AsyncClient) -> float:
@@ -111,7 +113,7 @@ async def hostile(base_url: str, path: str, body: bytes) -> Outcome:
                 bystanders.append(await _bystander(client))
             response = await request
         bystanders.append(await _bystander(client))
-    return Outcome(response, watch.growth, bystanders)
+    return Outcome(response, watch.growth, bystanders, _rss() - watch.start)
 
 
 def assert_harmless(outcome: Outcome) -> None:
@@ -185,7 +187,7 @@ REFUSED: dict[str, tuple[dict[str, Any], int, tuple[str, ...]]] = {
     "pattern_repeated_1e9": (
         chat(json_schema={"type": "string", "pattern": "^a{1000000000}$"}),
         400,
-        ("{1000000000}", f"{LIMITS}.max_repetition"),
+        ("1000000000 times", f"{LIMITS}.max_repetition"),
     ),
     "enum_of_20000": (
         _schema({"enum": [f"value number {index}" for index in range(20_000)]}),
@@ -265,6 +267,86 @@ async def test_hostile_request_is_refused_and_harms_no_one(
     body, status, words = REFUSED[case]
     outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
     assert_refused(outcome, status, *words)
+
+
+# Every spelling of a billion repetitions that llama-cpp-python's pattern parser reads
+# (it splits on "," and calls int(), which takes signs, spaces and underscores).
+QUANTIFIERS = ["{1000000000}", "{,1000000000}", "{ ,1000000000}", "{+1000000000}",
+               "{1_000_000_000}", "{2,1000000000}"]
+
+
+def _tool_schema(pattern: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"q": {"type": "string", "pattern": pattern}},
+        "required": ["q"],
+    }
+
+
+# Each way a request constrains its output with a JSON schema: (path, body for a pattern).
+SCHEMA_ENTRY_POINTS: dict[str, tuple[str, Any]] = {
+    "openai_response_format": (CHAT, lambda p: _schema({"type": "string", "pattern": p})),
+    "openai_forced_tool": (
+        CHAT,
+        lambda p: chat(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": _tool_schema(p)}}],
+            tool_choice="required",
+        ),
+    ),
+    "anthropic_forced_tool": (
+        "/v1/messages",
+        lambda p: {
+            "model": MODEL,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": _tool_schema(p)}],
+            "tool_choice": {"type": "tool", "name": "f"},
+        },
+    ),
+    "ollama_format": (
+        "/api/chat",
+        lambda p: {
+            "model": MODEL,
+            "stream": False,
+            "messages": [{"role": "user", "content": "hi"}],
+            "format": {"type": "string", "pattern": p},
+            "options": {"num_predict": 4},
+        },
+    ),
+    "responses_text_format": (
+        "/v1/responses",
+        lambda p: {
+            "model": MODEL,
+            "input": "hi",
+            "max_output_tokens": 4,
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "x",
+                    "schema": {"type": "string", "pattern": p},
+                }
+            },
+        },
+    ),
+}
+# What the server may still hold after a refusal, against its size before the request.
+MAX_RETAINED_BYTES = 64 << 20
+
+
+@pytest.mark.parametrize("entry", list(SCHEMA_ENTRY_POINTS))
+@pytest.mark.parametrize("quantifier", QUANTIFIERS)
+async def test_a_pattern_repeated_a_billion_times_is_refused_in_every_spelling_and_dialect(
+    server: RunningServer, entry: str, quantifier: str
+) -> None:
+    """The converter's own parser reads the counts, and its repetition builder refuses them
+    before writing anything out; memory goes back to where it was."""
+    path, body = SCHEMA_ENTRY_POINTS[entry]
+    outcome = await hostile(server.base_url, path, json.dumps(body(f"^a{quantifier}$")).encode())
+    assert_harmless(outcome)
+    assert outcome.response.status_code == 400, outcome.response.text
+    assert f"{LIMITS}.max_repetition" in outcome.response.text
+    assert "1000000000 times" in outcome.response.text
+    assert outcome.retained < MAX_RETAINED_BYTES, f"kept {outcome.retained >> 20} MiB"
 
 
 async def test_a_logit_bias_over_most_of_the_vocabulary_is_served(server: RunningServer) -> None:

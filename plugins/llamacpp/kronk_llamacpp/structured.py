@@ -3,23 +3,27 @@
 llama-cpp-python's converter writes repetitions out in full (`minItems: 1e9`
 is a billion copies of the item, built in memory before anything fails) and
 an enum as one alternative per value. So the schema is measured before it is
-converted, the conversion runs against a deadline, and enums are written as a
-tree of their shared prefixes: the same language, with as many open branches
-as a value has possible next characters instead of one per value.
+converted, and the conversion itself is bounded where its work happens: every
+repetition the converter builds (a pattern's quantifier in any spelling its
+parser takes, `minItems`, `maxLength`, ...) and every rule it adds passes
+through `_Work`, which refuses a count past `max_repetition`, a grammar that
+would grow past `max_grammar_bytes` (measured before the repetition's text is
+built) and work past `compile_seconds`. Enums are written as a tree of their
+shared prefixes: the same language, with as many open branches as a value has
+possible next characters instead of one per value.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import re
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from contextvars import ContextVar
 from typing import Any
 
+from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from kronk_core.errors import InvalidRequestError, LimitExceededError
@@ -37,8 +41,6 @@ REPETITION_KEYWORDS = (
     "maxProperties",
 )
 ALTERNATIVE_KEYWORDS = ("anyOf", "oneOf", "allOf")
-# A regex quantifier: {m}, {m,} or {m,n}.
-_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 # Past this many levels of shared prefixes an enum's values are plain alternatives again.
 _TRIE_DEPTH = 64
 
@@ -111,13 +113,6 @@ def _check_node(node: dict[str, Any], refuse: Refusal, param: str) -> None:
         value = node.get(keyword)
         if isinstance(value, int | float) and value > limits.max_repetition:
             raise refuse(param, f"{keyword} is {value}", "max_repetition")
-    pattern = node.get("pattern")
-    if isinstance(pattern, str):
-        for match in _QUANTIFIER.finditer(pattern):
-            counts = [int(group) for group in match.groups() if group]
-            if max(counts) > limits.max_repetition:
-                what = f"the pattern repeats {match.group(0)} times"
-                raise refuse(param, what, "max_repetition")
 
 
 def to_gbnf(output: StructuredOutput, refuse: Refusal, param: str) -> str:
@@ -133,7 +128,7 @@ def to_gbnf(output: StructuredOutput, refuse: Refusal, param: str) -> str:
         raise refuse(param, f"the tools' JSON schemas are {total} bytes", "max_schema_bytes")
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     choices = []
-    with _deadline(time.monotonic() + limits.compile_seconds):
+    with _bounded(_Work(refuse, param, time.monotonic() + limits.compile_seconds)):
         try:
             for index, (segment, schema) in enumerate(zip(output.choices, schemas, strict=True)):
                 resolved = converter.resolve_refs(schema, "stdin")
@@ -141,9 +136,8 @@ def to_gbnf(output: StructuredOutput, refuse: Refusal, param: str) -> str:
                 parts = [_literal(segment.prefix), body, _literal(segment.suffix)]
                 choices.append(" ".join(part for part in parts if part))
             rules = converter.format_grammar()
-        except _CompileTimeout:
-            what = "turning the JSON schema into a grammar took too long"
-            raise refuse(param, what, "compile_seconds") from None
+        except _Refused as refused:
+            raise refused.error from None
         except Exception as exc:  # the converter raises bare Exceptions, asserts, ValueErrors
             raise InvalidRequestError(
                 f"{param}: the JSON schema cannot be turned into a grammar: {exc}", param=param
@@ -158,31 +152,118 @@ def _literal(text: str) -> str:
     return json.dumps(text) if text else ""
 
 
-class _CompileTimeout(BaseException):
-    """Raised into the converter when its deadline passes. A BaseException, so that no
-    `except Exception` on the way swallows it."""
+class _Refused(BaseException):
+    """Carries a refusal out of the converter. A BaseException, so that no `except
+    Exception` in the converter's code swallows it."""
+
+    def __init__(self, error: LimitExceededError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Work:
+    """What one conversion may still do: the bytes of text it may build, and its deadline.
+
+    Checked at each repetition and each rule, the points where the converter's memory and
+    time go; between two of them its work is bounded by the schema's size. A repetition's
+    text ends up in a rule, so a grammar of `max_grammar_bytes` builds at most twice that.
+    """
+
+    def __init__(self, refuse: Refusal, param: str, deadline: float) -> None:
+        self._refuse = refuse
+        self._param = param
+        self._deadline = deadline
+        self._left = 2 * refuse.limits.max_grammar_bytes
+
+    def repetition(
+        self, item: str, separator: str | None, least: int, most: int | None, literal: bool
+    ) -> None:
+        """Before the converter writes `item` out `least` to `most` times: the count, and the
+        length of the text it would build (llama_grammar._build_repetition's layout)."""
+        self.on_time()
+        count = max(least, most or 0)
+        if count > self._refuse.limits.max_repetition:
+            what = (
+                f"the schema repeats an item {count} times (a pattern's quantifier, or an "
+                "items or length bound)"
+            )
+            raise _Refused(self._refuse(self._param, what, "max_repetition"))
+        joint = len(separator) + 2 if separator else 1
+        # Required copies: a literal's text run together, else items joined by separators;
+        # optional ones: "(" separator item " " ... ")?" each.
+        required = (len(item) - 2 if literal and not separator else len(item) + joint) * least
+        optional = (len(item) + joint + 4) * max(0, (most or least) - least)
+        self._spend(required + optional + 8)
+
+    def rule(self, name: str, rule: str) -> None:
+        """The converter added a rule."""
+        self._spend(len(name) + len(rule) + 5)  # "name ::= rule\n"
+
+    def on_time(self) -> None:
+        if time.monotonic() > self._deadline:
+            what = "turning the JSON schema into a grammar took too long"
+            raise _Refused(self._refuse(self._param, what, "compile_seconds"))
+
+    def _spend(self, size: int) -> None:
+        self._left -= size
+        if self._left < 0:
+            what = "the grammar the JSON schema becomes is too large"
+            raise _Refused(self._refuse(self._param, what, "max_grammar_bytes"))
+
+
+# The conversion under way in this thread (or task), if any.
+_WORK: ContextVar[_Work | None] = ContextVar("kronk_grammar_work", default=None)
 
 
 @contextmanager
-def _deadline(deadline: float) -> Iterator[None]:
-    """Stop pure-Python work in this thread at `deadline` (monotonic): a trace hook runs on
-    every function call and raises _CompileTimeout once it is past."""
-
-    def trace(frame: FrameType, event: str, arg: Any) -> None:
-        if time.monotonic() > deadline:
-            raise _CompileTimeout
-        return None  # no line events: a check per call is enough
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
+def _bounded(work: _Work) -> Iterator[None]:
+    token = _WORK.set(work)
     try:
         yield
     finally:
-        sys.settrace(previous)
+        _WORK.reset(token)
+
+
+_build_repetition = llama_grammar._build_repetition
+
+
+def _bounded_repetition(
+    item_rule: str,
+    min_items: int,
+    max_items: int | None,
+    separator_rule: str | None = None,
+    item_rule_is_literal: bool = False,
+) -> str:
+    """llama-cpp-python's repetition builder, checked first against the conversion's work.
+    Every repetition the converter writes comes here with the counts its own parser read,
+    so no spelling of a quantifier (`{,N}`, `{+N}`, `{1_000}`) gets past the limit."""
+    work = _WORK.get()
+    if work is not None:
+        work.repetition(item_rule, separator_rule, min_items, max_items, item_rule_is_literal)
+    built: str = _build_repetition(
+        item_rule, min_items, max_items, separator_rule, item_rule_is_literal
+    )
+    return built
+
+
+# The converter calls the module's function by name; outside a bounded conversion the
+# replacement does exactly what the original does.
+llama_grammar._build_repetition = _bounded_repetition
 
 
 class _Converter(SchemaConverter):  # type: ignore[misc]
-    """llama-cpp-python's converter, with enums written as a tree of shared prefixes."""
+    """llama-cpp-python's converter, with enums written as a tree of shared prefixes and
+    each rule checked against the conversion's work."""
+
+    def _add_rule(self, name: str, rule: str) -> str:
+        work = _WORK.get()
+        if work is not None:
+            work.on_time()
+        count = len(self._rules)
+        key: str = super()._add_rule(name, rule)
+        if work is not None and len(self._rules) > count:  # a rule added again is no growth
+            work.rule(key, rule)
+        return key
 
     def visit(self, schema: Any, name: str) -> str:
         enum = schema.get("enum") if isinstance(schema, dict) else None

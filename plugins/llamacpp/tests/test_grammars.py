@@ -146,7 +146,17 @@ def test_an_enum_is_a_tree_of_shared_prefixes(model: LlamaTextModel) -> None:
     ("stage", "words"),
     [
         (_schema({"type": "string", "maxLength": 1001}), ("maxLength is 1001", "max_repetition")),
-        (_schema({"type": "string", "pattern": "^(ab){2,5000}$"}), ("{2,5000}", "max_repetition")),
+        (_schema({"type": "string", "pattern": "^(ab){2,5000}$"}), ("5000 times",)),
+        # Spellings the converter's parser reads (split on ",", then int()).
+        (_schema({"type": "string", "pattern": "^a{,5000}$"}), ("5000 times", "max_repetition")),
+        (_schema({"type": "string", "pattern": "^a{+5000}$"}), ("5000 times", "max_repetition")),
+        (_schema({"type": "string", "pattern": "^a{5_000}$"}), ("5000 times", "max_repetition")),
+        # Each repetition within max_repetition, together past max_grammar_bytes: refused as
+        # the grammar grows, before it is all written out.
+        (
+            _schema({"type": "string", "pattern": "^" + "([a-z]){1000}" * 200 + "$"}),
+            ("too large", "max_grammar_bytes"),
+        ),
         (_schema({"anyOf": [{"const": i} for i in range(129)]}), ("129 alternatives",)),
         (_schema({"type": ["string"] * 129}), ("129 types", "max_alternatives")),
         (
