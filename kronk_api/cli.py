@@ -206,6 +206,7 @@ def _run(settings: ServerSettings, sock: socket.socket) -> None:
     import uvicorn
 
     from kronk_api.app import create_app
+    from kronk_api.connections import ConnectionGuard
 
     try:
         app = create_app(settings)
@@ -216,6 +217,11 @@ def _run(settings: ServerSettings, sock: socket.socket) -> None:
     except KronkError as exc:
         sock.close()
         _fail(exc)
+    guard = ConnectionGuard(
+        read_header_timeout=settings.read_header_timeout,
+        max_connections_per_client=settings.max_connections_per_client,
+        max_header_bytes=settings.max_header_bytes,
+    )
     # log_config=None: uvicorn's loggers propagate to Kronk's handler.
     config = uvicorn.Config(
         HttpTimeouts(app, settings.read_timeout, settings.write_timeout),
@@ -227,6 +233,8 @@ def _run(settings: ServerSettings, sock: socket.socket) -> None:
         # Running requests get this long to finish; then uvicorn cancels them, and their
         # streams' cancellation frees their slots.
         timeout_graceful_shutdown=settings.shutdown_timeout,  # type: ignore[arg-type]
+        # The header deadline and the connection limits: uvicorn's h11 protocol, guarded.
+        **guard.uvicorn_options(),
     )
     # After a graceful stop uvicorn raises the signal again; Ctrl-C then ends quietly.
     with contextlib.suppress(KeyboardInterrupt):

@@ -106,6 +106,16 @@ class ServerSettings(BaseModel):
     max_request_bytes: Annotated[int, Field(ge=1024)] = Field(
         default=32 << 20, description="Largest request body; larger is 413"
     )
+    max_header_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=32 << 10,
+        description="Largest request line and headers, in bytes; larger is 400 and the "
+        "connection closed",
+    )
+    max_connections_per_client: Annotated[int, Field(ge=1)] = Field(
+        default=256,
+        description="Most connections open at once from one client address; more are answered "
+        "429 and closed",
+    )
     json_max_depth: Annotated[int, Field(ge=2)] = Field(
         default=64, description="Deepest JSON nesting in a request body"
     )
@@ -130,8 +140,13 @@ class ServerSettings(BaseModel):
     media_fetch_timeout: Annotated[float, Field(gt=0.0)] = Field(
         default=10.0, description="Seconds fetching one image URL may take"
     )
-    # The manual's HTTP timeouts (Go's http.Server's, which its names are), enforced by
-    # kronk_api.timeouts and uvicorn.
+    # The manual's HTTP timeouts (Go's http.Server's, which its names are, as is
+    # read_header_timeout's), enforced by kronk_api.timeouts, kronk_api.connections and uvicorn.
+    read_header_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
+        default=10.0,
+        description="How long a client may take to send a request's headers, e.g. 10s, from "
+        "when it connects or starts its next request; slower is closed",
+    )
     read_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
         default=30.0,
         description="How long a client may take to send a request's body, e.g. 30s; slower is "

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from typing import Annotated
 
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kronk_api.auth import Checked
+from kronk_auth_jwt.tokens import MAX_SUBJECT_CHARS
 from kronk_core.errors import (
     AuthenticationError,
     KronkError,
@@ -23,14 +26,19 @@ from kronk_core.errors import (
     UnavailableError,
 )
 
+log = logging.getLogger(__name__)
+
 AUTHENTICATE_PATH = "/v1/kronk/security/authenticate"
 TIMEOUT_SECONDS = 10.0
 
 
 class CheckAnswer(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """The service's 200, parsed strictly: `"admin": "false"` or `1` is no answer at all,
+    never a boolean by conversion."""
 
-    subject: str
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    subject: Annotated[str, Field(min_length=1, max_length=MAX_SUBJECT_CHARS)]
     admin: bool
 
 
@@ -66,7 +74,16 @@ class RemoteAuthenticator:
         if response.status_code == 200:
             try:
                 answer = CheckAnswer.model_validate_json(response.content)
-            except ValidationError:
+            except ValidationError as exc:
+                # Fail closed: a service that answers out of shape is a broken service.
+                log.warning(
+                    "the auth service at %s answered a check out of shape (%s): refused",
+                    self.url,
+                    "; ".join(
+                        f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}"
+                        for error in exc.errors()
+                    ),
+                )
                 raise UnavailableError(
                     f"the auth service at {self.url} answered nonsense"
                 ) from None

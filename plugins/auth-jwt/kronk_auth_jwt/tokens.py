@@ -25,6 +25,11 @@ _SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
 # How far in the future `nbf` and `iat` may lie: the clocks of servers that share a key
 # directory differ a little, and a token is used the moment another server issued it.
 CLOCK_SKEW_SECONDS = 60
+# Bounds on what a token may carry: this plugin's own are far below them (a subject is a
+# UUID), and the subject keys the rate-limit counters, so an outsized one must not reach
+# the limit store; nor an outsized token the JWT parser.
+MAX_TOKEN_CHARS = 8192
+MAX_SUBJECT_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,8 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
     Only the header's `alg` and `kid` are read: `jku`, `jwk`, `x5u` and the like never
     choose the key.
     """
+    if len(token) > MAX_TOKEN_CHARS:
+        raise AuthenticationError(f"bearer token is longer than {MAX_TOKEN_CHARS} characters")
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError:  # not a JWT, or a header PyJWT refuses (`kid` not a string, `crit`)
@@ -178,6 +185,11 @@ def verify(token: str, keys: KeyStore, issuer: str) -> Claims:
         raise AuthenticationError(f"token has no {exc.claim!r} claim") from None
     except jwt.PyJWTError:
         raise AuthenticationError("invalid bearer token") from None
+    subject = payload.get("sub")
+    if isinstance(subject, str) and len(subject) > MAX_SUBJECT_CHARS:
+        raise AuthenticationError(
+            f"token subject (sub) is longer than {MAX_SUBJECT_CHARS} characters"
+        )
     try:
         claims = _TokenClaims.model_validate(payload)
     except ValidationError:

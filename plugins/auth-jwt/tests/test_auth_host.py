@@ -3,9 +3,12 @@ checks with its keys, issuer and rate limits, shared by every replica."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,3 +112,88 @@ def test_an_unreachable_service_is_a_503_not_an_open_door(tmp_path: Path, serve:
         assert f"the auth service at http://{nobody}" in error_of(answer)
         assert "did not answer" in error_of(answer)
         assert httpx.get(f"{replica}/v1/liveness").status_code == 200  # public routes stay up
+
+
+@dataclass
+class FakeService:
+    """A local HTTP server playing the auth service: every check gets `answer` with a 200."""
+
+    host: str
+    answer: bytes = b'{"subject": "someone", "admin": false}'
+
+
+@pytest.fixture(scope="module")
+def fake_service() -> Iterator[FakeService]:
+    service = FakeService(host="")
+
+    class CheckHandler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(service.answer)))
+            self.end_headers()
+            self.wfile.write(service.answer)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), CheckHandler)
+    service.host = f"127.0.0.1:{http.server_address[1]}"
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+@pytest.fixture(scope="module")
+def loose_replica(
+    fake_service: FakeService, tmp_path_factory: pytest.TempPathFactory, serve: Serve
+) -> Iterator[str]:
+    settings = {"auth-jwt": {"enabled": True, "host": fake_service.host}}
+    with serve(_app(tmp_path_factory.mktemp("loose-replica"), **settings)) as replica:
+        yield replica
+
+
+def test_a_well_formed_answer_admits(fake_service: FakeService, loose_replica: str) -> None:
+    fake_service.answer = b'{"subject": "someone", "admin": false, "extra": 1}'
+    answer = httpx.get(f"{loose_replica}/v1/models", headers=bearer("a.b.c"))
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"subject": "someone", "admin": "false"},
+        {"subject": "someone", "admin": "true"},
+        {"subject": "someone", "admin": 1},
+        {"subject": "someone", "admin": None},
+        {"subject": "someone"},
+        {"subject": 7, "admin": False},
+        {"subject": "", "admin": False},
+        {"subject": "s" * 100_000, "admin": False},
+        ["someone", False],
+        "not json",
+    ],
+    ids=lambda answer: json.dumps(answer)[:40],
+)
+def test_an_answer_out_of_shape_fails_closed_and_is_logged(
+    fake_service: FakeService,
+    loose_replica: str,
+    answer: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing is read into the answer by conversion (`"admin": "false"` is not a boolean):
+    the request is refused with the 503 of a broken auth service, and the log says why."""
+    fake_service.answer = (
+        answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+    )
+    with caplog.at_level("WARNING", logger="kronk_auth_jwt.remote"):
+        refused = httpx.get(f"{loose_replica}/v1/models", headers=bearer("a.b.c"))
+    assert refused.status_code == 503, refused.text
+    assert f"the auth service at http://{fake_service.host}" in error_of(refused)
+    assert "answered nonsense" in error_of(refused)
+    assert any("answered a check out of shape" in record.message for record in caplog.records)
