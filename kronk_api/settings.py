@@ -134,6 +134,9 @@ class ServerSettings(BaseModel):
     media_max_pixels: Annotated[int, Field(ge=1)] = Field(
         default=50_000_000, description="Most pixels (width x height) of one image"
     )
+    media_max_audio_seconds: Annotated[float, Field(gt=0.0)] = Field(
+        default=600.0, description="Longest sound in a request, in seconds, read from its header"
+    )
     media_fetch_urls: bool = Field(
         default=False, description="Fetch http(s) image URLs in requests (off: data URLs only)"
     )
@@ -210,6 +213,7 @@ class ServerSettings(BaseModel):
                 max_bytes=self.media_max_bytes,
                 max_items=self.media_max_items,
                 max_pixels=self.media_max_pixels,
+                max_audio_seconds=self.media_max_audio_seconds,
                 fetch_urls=self.media_fetch_urls,
                 fetch_timeout=self.media_fetch_timeout,
             ),

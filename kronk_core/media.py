@@ -29,6 +29,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kronk_core.errors import MediaError, MediaLimitError
+from kronk_core.sound import read_sound_header
 
 # Where a media item goes in a message's text. Random per process: a client cannot write
 # it, so text that looks like a marker stays text.
@@ -84,6 +85,8 @@ class MediaConfig(BaseModel):
     max_items: Annotated[int, Field(ge=1)] = 16
     # Width x height of one image.
     max_pixels: Annotated[int, Field(ge=1)] = 50_000_000
+    # Seconds of one sound, as its header declares them (decoding reads no more).
+    max_audio_seconds: Annotated[float, Field(gt=0.0)] = 600.0
     # http(s) image URLs are fetched only when the operator allows it.
     fetch_urls: bool = False
     fetch_timeout: Annotated[float, Field(gt=0.0)] = 10.0
@@ -231,7 +234,8 @@ def check_media(items: Sequence[Media], limits: MediaConfig) -> None:
                 f"{limits.max_bytes}",
                 param="messages",
             )
-        if item.kind is not MediaKind.image:
+        if item.kind is MediaKind.audio:
+            _check_sound(item, number, limits)
             continue
         size = image_size(item.data)
         if size is None:
@@ -245,6 +249,31 @@ def check_media(items: Sequence[Media], limits: MediaConfig) -> None:
                 f"{limits.max_pixels}",
                 param="messages",
             )
+
+
+# Sample rates and channels a sound may declare: telephone speech to studio masters.
+SAMPLE_RATES = range(8_000, 384_001)
+MAX_CHANNELS = 8
+
+
+def _check_sound(item: Media, number: int, limits: MediaConfig) -> None:
+    """A sound's header against the limits, before anything decodes or resamples it."""
+    header = read_sound_header(item.data, where=f"media item {number}")
+    if header.sample_rate not in SAMPLE_RATES or header.channels > MAX_CHANNELS:
+        raise MediaLimitError(
+            f"media item {number} declares {header.channels} channels at "
+            f"{header.sample_rate} Hz; sounds of 1 to {MAX_CHANNELS} channels at "
+            f"{SAMPLE_RATES.start} to {SAMPLE_RATES.stop - 1} Hz are read",
+            param="messages",
+        )
+    if header.frames == 0:
+        raise MediaError(f"media item {number} holds no sound", param="messages")
+    if header.seconds > limits.max_audio_seconds:
+        raise MediaLimitError(
+            f"media item {number} is {header.seconds:.1f} seconds of sound; media "
+            f"max_audio_seconds is {limits.max_audio_seconds:g}",
+            param="messages",
+        )
 
 
 def media_tokens(item: Media, ordinal: int, count: int) -> list[int]:

@@ -24,6 +24,7 @@ from kronk_llamacpp.library import route_log
 from kronk_llamacpp.model import LlamaTextModel, decode_error
 from kronk_llamacpp.params import FLASH_ATTENTION
 from kronk_llamacpp.settings import SETTINGS
+from kronk_llamacpp.sound import decode_sound
 
 try:
     from llama_cpp import mtmd_cpp as mtmd
@@ -148,6 +149,8 @@ class LlamaMediaModel(LlamaTextModel):
                 mtmd.mtmd_bitmap_free(bitmap)
 
     def _bitmap(self, item: Media, number: int) -> int:
+        if item.kind is MediaKind.audio:
+            return self._sound(item, number)
         buffer = (ctypes.c_uint8 * len(item.data)).from_buffer_copy(item.data)
         bitmap: int = mtmd.mtmd_helper_bitmap_init_from_buf(
             self._mtmd, buffer, len(item.data), False
@@ -158,12 +161,24 @@ class LlamaMediaModel(LlamaTextModel):
                 "decoded",
                 param="messages",
             )
-        if mtmd.mtmd_bitmap_is_audio(bitmap) != (item.kind is MediaKind.audio):
+        if mtmd.mtmd_bitmap_is_audio(bitmap):
             mtmd.mtmd_bitmap_free(bitmap)
             raise MediaError(
-                f"media item {number} is declared {item.kind.value} but holds another kind",
-                param="messages",
+                f"media item {number} is declared an image but holds a sound", param="messages"
             )
+        return bitmap
+
+    def _sound(self, item: Media, number: int) -> int:
+        """A sound as mono samples at the projector's rate, decoded here rather than by
+        mtmd's helper, which sizes its buffer by what the file claims and cannot fail
+        without ending the process."""
+        rate = int(mtmd.mtmd_get_audio_sample_rate(self._mtmd))
+        samples = decode_sound(item, rate, where=f"media item {number}")
+        bitmap: int = mtmd.mtmd_bitmap_init_from_audio(
+            len(samples), samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        )
+        if not bitmap:
+            raise MediaError(f"media item {number} could not be decoded", param="messages")
         return bitmap
 
     def _prompt(self, chunks: int, items: list[Media]) -> MediaPrompt:
