@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -42,15 +43,19 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
     """200 while the server accepts requests, whether or not its default model is loaded yet.
 
     503 when a balancer should send new work elsewhere: the server is draining or
-    shutting down, the model's engine has stopped, the model's last load failed, or
-    every loaded model has all its slots busy and a full queue. The body's `load` and
-    the X-Kronk-Load header carry the slots and queue either way.
+    shutting down, the model's engine has stopped, the model's last load failed, a
+    loaded model's engine has been in one step longer than `engine_step_deadline` (it
+    hangs: its requests wait), or every loaded model has all its slots busy and a full
+    queue. The body's `load` and the X-Kronk-Load header carry the slots and queue
+    either way.
     """
     kronk: Kronk = request.app.state.kronk
     drain: Drain = request.app.state.drain
+    settings: ServerSettings = request.app.state.settings
     model_id = kronk.canonical(kronk.default_model)
     state, failure = kronk.pool.state(model_id)
     load = load_of(kronk)
+    stuck = _stuck_engine(kronk, settings.engine_step_deadline)
     body: dict[str, Any] = {
         "status": "ready",
         "model": model_id,
@@ -66,6 +71,14 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
         body["error"] = failure.code if isinstance(failure, KronkError) else "model_load_failed"
     elif state is LoadState.loaded and not _engine_running(kronk, model_id):
         body.update(status="not ready", model_state="stopped")
+    elif stuck is not None:
+        stuck_model, seconds = stuck
+        body.update(
+            status="not ready",
+            error="engine_stuck",
+            stuck_model=stuck_model,
+            stuck_seconds=round(seconds, 1),
+        )
     elif load.saturated:
         body["status"] = "busy"
     return Response(
@@ -78,6 +91,21 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
 def _engine_running(kronk: Kronk, model_id: str) -> bool:
     loaded = kronk.get_loaded(model_id)
     return loaded is None or loaded.engine.alive  # an embedding model has no engine
+
+
+def _stuck_engine(kronk: Kronk, deadline: float) -> tuple[str, float] | None:
+    """The loaded model whose engine has been in one step the longest, past `deadline`
+    seconds, and for how long; None if none is."""
+    now = time.monotonic()
+    longest: tuple[str, float] | None = None
+    for loaded in kronk.loaded_models():
+        started = loaded.engine.step_started
+        if started is None or not loaded.engine.alive:
+            continue
+        seconds = now - started
+        if seconds > deadline and (longest is None or seconds > longest[1]):
+            longest = (loaded.id, seconds)
+    return longest
 
 
 def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = None) -> Litestar:

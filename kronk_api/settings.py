@@ -169,6 +169,11 @@ class ServerSettings(BaseModel):
         description="How long a stopping server lets running requests finish, e.g. 1m; then "
         "they are cancelled",
     )
+    engine_step_deadline: Annotated[Duration, Field(gt=0.0)] = Field(
+        default=60.0,
+        description="How long a model's engine may take over one step (admitting requests, "
+        "a decode) before readiness answers 503, e.g. 60s",
+    )
     # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
     sections: dict[str, Any] = Field(default_factory=dict)
 

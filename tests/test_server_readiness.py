@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from kronk_api import ServerSettings, create_app
-from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_testing.waiting import gated, reached
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
@@ -135,3 +136,46 @@ def test_a_failed_load_is_503_until_a_load_succeeds(
         model.write_bytes(tiny_llama_path.read_bytes())  # the operator fixes the file
         assert http.post(CHAT, json=chat).status_code == 200
         assert readiness(base_url)[1]["model_state"] == "loaded"
+
+
+def test_an_engine_stuck_in_a_step_is_503_until_the_step_ends(
+    tmp_path: Path, serve: Serve, tiny_llama_path: Path
+) -> None:
+    """An engine held in a decode step (gated) past engine_step_deadline: readiness names
+    the model whose engine is stuck and for how long; once the step ends, it is ready."""
+    model = ModelConfig(model_path=tiny_llama_path, template="chatml", context_window=256)
+    kronk = Kronk(KronkConfig(base_path=tmp_path, default_model=TINY, models={TINY: model}))
+    settings = ServerSettings(base_path=tmp_path, engine_step_deadline=0.5)
+    chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    try:
+        loaded = kronk.load()
+        assert isinstance(loaded, LoadedModel)
+        with (
+            serve(create_app(settings, kronk=kronk), lifespan="off") as base_url,
+            httpx.Client(base_url=base_url, timeout=120) as http,
+            gated(loaded.engine) as gate,
+        ):
+            asking = threading.Thread(target=http.post, args=(CHAT,), kwargs={"json": chat})
+            asking.start()
+            try:
+                assert gate.held.wait(60)
+                assert reached(lambda: readiness(base_url)[0] == 503, 30)
+                status, body = readiness(base_url)
+                assert body["stuck_seconds"] > 0.5
+                del body["stuck_seconds"]
+                assert (status, body) == (
+                    503,
+                    {
+                        "status": "not ready",
+                        "model": TINY,
+                        "model_state": "loaded",
+                        "error": "engine_stuck",
+                        "stuck_model": TINY,
+                    },
+                )
+            finally:
+                gate.release()
+                asking.join(120)
+            assert reached(lambda: readiness(base_url)[0] == 200, 30)
+    finally:
+        kronk.close()

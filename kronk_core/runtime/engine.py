@@ -125,6 +125,7 @@ class Engine:
         self._lost: BackendLostError | None = None  # why the engine stopped on its own
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
+        self._step_started: float | None = None
         self._generated = 0
         self._prefilled = 0
         self._thread = threading.Thread(
@@ -240,6 +241,13 @@ class Engine:
         return bool(self._active) or bool(self._waiting)
 
     @property
+    def step_started(self) -> float | None:
+        """When the worker began what it is doing now (admitting requests, then one decode
+        step), by time.monotonic(); None while it waits for work. Read without a lock from
+        any thread (readiness tells a stuck engine by it)."""
+        return self._step_started
+
+    @property
     def alive(self) -> bool:
         """True while the worker thread runs and accepts requests."""
         return self._thread.is_alive() and not self._stopping
@@ -262,15 +270,18 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self._step_started = time.monotonic()
                 self._reap_cancelled()
                 self._admit()
                 if not self._active:
                     self._outbox.flush()
+                    self._step_started = None
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                     continue
                 if not self._step():
                     # Every active request waits for its media to encode: sleep till one is.
+                    self._step_started = None
                     self._wake.wait(_IDLE_WAIT_SECONDS)
                     self._wake.clear()
                 self._outbox.flush()

@@ -76,6 +76,12 @@ def incremental_cache(*, model_config: ModelConfig, model_info: ModelInfo) -> Ca
             shared=settings.host_cache_shared and settings.host_cache_dir is not None,
             disk_max_bytes=settings.host_cache_disk_bytes,
             disk_max_age=settings.host_cache_max_age,
+            # A valid entry holds at most a slot's context (the fingerprint includes it),
+            # and no file of it comes near twice the model's memory, weights and all KV
+            # (0: unknown, no bound).
+            max_tokens=model_info.n_ctx_per_seq,
+            max_file_bytes=2 * model_info.memory_bytes or None,
+            disk_timeout=settings.host_cache_disk_timeout,
         )
     if not model_info.kv_trimmable:
         log.info(

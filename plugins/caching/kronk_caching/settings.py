@@ -45,6 +45,10 @@ class CachingSettings(BaseModel):
     # host_cache_shared every server applies them to all the entries there.
     host_cache_max_age: Duration = 24 * 3600.0
     host_cache_disk_bytes: Annotated[int, Field(ge=0)] = 16 << 30
+    # How long the engine waits for one file-system call of the host tier (a read, a write,
+    # a look at host_cache_dir); past it, the tier goes on without the disk until the call
+    # returns (a hung network file system delays one request, never stops the engine).
+    host_cache_disk_timeout: Annotated[Duration, Field(gt=0.0)] = 30.0
     # SPC: whose remembered system prompt a request without one gets.
     spc_system_prompt_reuse: SystemPromptReuse = SystemPromptReuse.subject
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import signal
@@ -10,17 +12,20 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kronk_caching.disk import DiskCalls, DiskTimeout
 from kronk_caching.eviction import Placement, place
 from kronk_caching.host_store import LEFTOVER_SECONDS, Checkpoint, HostStore, StoredConversation
 from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
 from kronk_core.contract.backend import ModelInfo
 from kronk_core.contract.memory import available_ram
+from kronk_testing.waiting import reached
 
 INFO = ModelInfo(
     id="m", path="m.gguf", architecture="gemma3", n_ctx_train=32768, n_ctx_per_seq=4096,
@@ -94,8 +99,9 @@ def test_a_truncated_checkpoints_file_leaves_the_entry_without_checkpoints(
     file.write_bytes(file.read_bytes()[:-10])
     restarted = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
     _, entry = restarted.best(range(1000), longest)
-    assert entry is not None and entry.checkpoint_spans == ((280, 300),)
-    assert restarted.checkpoints_of(entry) == ()  # unreadable: no cut below the floor
+    # Its header declares more than the file holds: no cut below the floor.
+    assert entry is not None and entry.checkpoint_spans == ()
+    assert restarted.checkpoints_of(entry) == () and restarted.state_of(entry) == b"state"
 
 
 def test_a_conversation_stored_again_keeps_its_files_on_disk(tmp_path: Path) -> None:
@@ -380,3 +386,185 @@ def test_keeping_puts_a_continuation_last_in_line_and_a_new_conversation_first()
     order[b"b2"] = None
     place(Placement.keep, order, b"b2", extends=[b"b"], churn=False)
     assert list(order) == [b"b", b"new", b"a", b"next", b"b2"]
+
+
+# ---- what the reader refuses in the directory ---------------------------------------
+
+
+def stem_of(directory: Path, first_token: int) -> Path:
+    """The files' stem of the entry whose tokens start with `first_token`."""
+    (tokens_file,) = [
+        path
+        for path in directory.glob("*.tokens")
+        if path.is_file() and int(np.fromfile(path, dtype=np.int32)[1]) == first_token
+    ]
+    return tokens_file.with_suffix("")
+
+
+def skipped(caplog: pytest.LogCaptureFixture) -> dict[str, list[str]]:
+    """File name → the reasons the store's warnings gave for skipping it."""
+    found: dict[str, list[str]] = {}
+    for record in caplog.records:
+        message = record.getMessage()
+        if record.levelno == logging.WARNING and message.startswith("host cache: skipping "):
+            path, _, why = message.removeprefix("host cache: skipping ").partition(": ")
+            found.setdefault(Path(path).name, []).append(why)
+    return found
+
+
+def unblock(fifo: Path) -> None:
+    """Let a reader blocked on opening `fifo` go on (its writer opens and closes it)."""
+    with contextlib.suppress(OSError):  # no reader: nothing to unblock
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def in_thread(run: Callable[[], None], fifos: Sequence[Path]) -> None:
+    """Run `run` on a thread; fail, rather than hang, where it blocks on the file system
+    (a FIFO's open waits for a writer): the test's failure detector."""
+    failure: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=guarded, daemon=True)
+    thread.start()
+    thread.join(60)
+    blocked = thread.is_alive()
+    for fifo in fifos:
+        unblock(fifo)
+    thread.join(60)
+    assert not blocked, "the store blocked on a file in its directory"
+    if failure:
+        raise failure[0]
+
+
+HUGE_CHECKPOINTS = np.asarray([-2, 1 << 40], dtype=np.int64).tobytes()
+
+
+def test_hostile_files_are_skipped_and_the_good_entries_beside_them_restore(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entries written whole, then damaged as a shared directory, a disk fault or an older
+    version can leave them: each is skipped with one warning naming its file and why; the
+    one whose checkpoints file declares 2^40 checkpoints keeps its state without them; the
+    good entry restores; nothing blocks on the FIFO."""
+    folder = tmp_path / "f"
+    writer = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    names = ("good", "huge", "short", "fifo", "zero", "directory")
+    for index, _ in enumerate(names):
+        start = 1000 * (index + 1)
+        writer.put(range(start, start + 100), bytes([index + 1]) * 64, floor=90,
+                   checkpoints=[Checkpoint(60, b"c" * 16, 50)])  # fmt: skip
+    stems = {name: stem_of(folder, 1000 * (index + 1)) for index, name in enumerate(names)}
+    stems["huge"].with_suffix(".checkpoints").write_bytes(HUGE_CHECKPOINTS)
+    short = stems["short"].with_suffix(".tokens")
+    short.write_bytes(short.read_bytes()[:-2])  # cut short, mid-token
+    fifo = stems["fifo"].with_suffix(".tokens")
+    fifo.unlink()
+    os.mkfifo(fifo)
+    stems["zero"].with_suffix(".state").unlink()
+    stems["zero"].with_suffix(".state").symlink_to("/dev/zero")
+    stems["directory"].with_suffix(".tokens").unlink()
+    stems["directory"].with_suffix(".tokens").mkdir()
+    stores: list[HostStore] = []
+
+    def restart() -> None:
+        with caplog.at_level(logging.WARNING, logger="kronk_caching.host_store"):
+            store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f", shared=True)
+            stores.append(store)
+            for index, _ in enumerate(names):
+                start = 1000 * (index + 1)
+                store.best(range(start, start + 120), longest)
+            # Other servers write on: every change of the directory is looked at again.
+            writer.put(range(9000, 9100), b"x" * 64)
+            store.best(range(9000, 9120), longest)
+
+    in_thread(restart, [fifo])
+    (store,) = stores
+    assert skipped(caplog) == {
+        fifo.name: ["a FIFO"],
+        short.name: ["402 bytes: not a floor and whole 32-bit tokens"],
+        stems["zero"].with_suffix(".state").name: ["a symbolic link"],
+        stems["directory"].with_suffix(".tokens").name: ["a directory"],
+        stems["huge"].with_suffix(".checkpoints").name: [
+            "it declares 1099511627776 checkpoints, more than its 16 bytes can hold"
+        ],
+    }
+    keep, good = store.best(range(1000, 1120), longest)
+    assert keep == 100 and good is not None and store.state_of(good) == bytes([1]) * 64
+    assert store.checkpoints_of(good) == (Checkpoint(60, b"c" * 16, 50),)
+    keep, huge = store.best(range(2000, 2120), longest)
+    assert keep == 100 and huge is not None and store.state_of(huge) == bytes([2]) * 64
+    assert huge.checkpoint_spans == () and store.checkpoints_of(huge) == ()
+    for start in (3000, 4000, 5000, 6000):
+        assert store.best(range(start, start + 120), longest) == (0, None)
+    assert len(store) == 3  # good, huge and the other server's
+
+
+def test_a_file_that_turns_bad_after_the_scan_is_skipped_when_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The files change under an indexed entry: a state that is now a link to /dev/zero
+    takes its entry out of the index (the request prefills); checkpoints that now declare
+    2^40 entries or are cut short leave the entry without checkpoints. Each warned once."""
+    folder = tmp_path / "f"
+    writer = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    for start in (1000, 2000, 3000):
+        writer.put(range(start, start + 100), b"s" * 64, floor=90,
+                   checkpoints=[Checkpoint(60, b"c" * 16, 50)])  # fmt: skip
+    store = HostStore(max_bytes=0, directory=tmp_path, fingerprint="f")
+    entries = [store.best(range(start, start + 120), longest)[1] for start in (1000, 2000, 3000)]
+    zero, huge, cut = (stem_of(folder, start) for start in (1000, 2000, 3000))
+    zero.with_suffix(".state").unlink()
+    zero.with_suffix(".state").symlink_to("/dev/zero")
+    huge.with_suffix(".checkpoints").write_bytes(HUGE_CHECKPOINTS)
+    checkpoints = cut.with_suffix(".checkpoints")
+    checkpoints.write_bytes(checkpoints.read_bytes()[:-10])
+    with caplog.at_level(logging.WARNING, logger="kronk_caching.host_store"):
+        for _ in range(2):
+            for entry in entries:
+                assert entry is not None
+                store.state_of(entry)
+                store.checkpoints_of(entry)
+    assert skipped(caplog) == {
+        zero.with_suffix(".state").name: ["a symbolic link"],
+        huge.with_suffix(".checkpoints").name: [
+            "it declares 1099511627776 checkpoints, more than its 16 bytes can hold"
+        ],
+        checkpoints.name: ["its checkpoints declare 16 bytes, the file holds 6"],
+    }
+    assert store.best(range(1000, 1120), longest) == (0, None)  # out of the index
+    for start in (2000, 3000):
+        keep, entry = store.best(range(start, start + 120), longest)
+        assert keep == 100 and entry is not None and entry.checkpoint_spans == ()
+        assert not entry.keeps(60) and store.state_of(entry) == b"s" * 64
+
+
+def test_a_file_system_call_that_does_not_return_holds_the_caller_up_only_so_long(
+    tmp_path: Path,
+) -> None:
+    """A call blocked in the file system (opening a FIFO without O_NONBLOCK waits for a
+    writer, as a read of an unreachable NFS server waits) times out; later calls fail at
+    once, never queue behind it, until it returns; then the disk is used again."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    calls = DiskCalls(tmp_path, timeout=0.2)
+    try:
+        with pytest.raises(DiskTimeout):
+            calls(fifo.read_bytes)
+        with pytest.raises(DiskTimeout, match="has not returned"):
+            calls(lambda: "never run")
+    finally:
+        unblock(fifo)
+
+    def answers() -> bool:
+        with contextlib.suppress(DiskTimeout):
+            return calls(lambda: "answered") == "answered"
+        return False
+
+    assert reached(answers, 30)
+    with pytest.raises(FileNotFoundError):  # what a call raises reaches its caller
+        calls((tmp_path / "missing").read_bytes)
