@@ -126,6 +126,8 @@ class Dialect:
         too) comes out in its shape."""
         return {
             KronkError: lambda _, exc: self.error_response(exc),
+            # The client left while the handler waited (fetching its image URLs).
+            ClientDisconnected: lambda _, __: Response(None, status_code=CLIENT_CLOSED_REQUEST),
             HTTPException: lambda _, exc: self.http_error_response(exc),
             Exception: self.internal_error_response,
         }

@@ -9,8 +9,10 @@ from litestar import Request
 from pydantic import BaseModel, ValidationError
 
 from kronk_api.body_limits import PARSED_BODY
-from kronk_core.errors import InvalidRequestError
-from kronk_core.media import MediaSources, fetch_urls
+from kronk_api.disconnect import unless_disconnected
+from kronk_core.errors import CapabilityError, InvalidRequestError
+from kronk_core.media import MediaKind, MediaSources, is_remote
+from kronk_core.media_fetch import fetch_urls
 from kronk_core.sdk import Kronk
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -22,10 +24,36 @@ def kronk_of(request: Request[Any, Any, Any]) -> Kronk:
     return kronk
 
 
-async def media_sources(kronk: Kronk, urls: list[str]) -> MediaSources:
-    """The media limits, and the request's http(s) image URLs fetched if the server may."""
+async def media_sources(
+    request: Request[Any, Any, Any], model: str | None, urls: list[str]
+) -> MediaSources:
+    """The media limits, and the request's http(s) image URLs fetched if the server may.
+
+    Only for a model that reads images (CapabilityError first, so that a text model's
+    request reaches no host), and only while the client waits: one that leaves cancels
+    the fetch (ClientDisconnected).
+    """
+    kronk = kronk_of(request)
     limits = kronk.config.media
-    return MediaSources(limits, await fetch_urls(urls, limits))
+    if not limits.fetch_urls or not any(is_remote(url) for url in urls):
+        return MediaSources(limits)
+    # Loaded first, as the request would be: its projector is then known for certain.
+    model_id = (await kronk.aload(model)).id
+    reads = kronk.model_media(model_id)
+    if not reads:
+        raise CapabilityError(
+            f"{model_id} has no projector: it does not read images or sounds, so the "
+            "request's image URLs are not fetched (see docs/vision.md)",
+            param="messages",
+        )
+    if MediaKind.image not in reads:
+        raise CapabilityError(
+            f"the projector of {model_id} reads "
+            + " and ".join(sorted(kind.capability for kind in reads))
+            + " input, not vision: the request's image URLs are not fetched",
+            param="messages",
+        )
+    return MediaSources(limits, await unless_disconnected(request, fetch_urls(urls, limits)))
 
 
 def parse_json(body: bytes) -> Any:

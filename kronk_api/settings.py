@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from kronk_api.logs import LogFormat
 from kronk_core.contract.host import PluginManager
 from kronk_core.errors import ConfigError
-from kronk_core.media import MediaConfig
+from kronk_core.media import MediaConfig, allowed_host
 from kronk_core.settings import spellings
 from kronk_core.settings.config import (
     Duration,
@@ -141,7 +141,13 @@ class ServerSettings(BaseModel):
         default=False, description="Fetch http(s) image URLs in requests (off: data URLs only)"
     )
     media_fetch_timeout: Annotated[float, Field(gt=0.0)] = Field(
-        default=10.0, description="Seconds fetching one image URL may take"
+        default=10.0,
+        description="Seconds fetching a request's image URLs may take, all of them together",
+    )
+    media_fetch_allow_hosts: list[str] = Field(
+        default_factory=list,
+        description="Comma-separated hosts (names, addresses, networks) image URLs may name "
+        "although their addresses are not public (loopback, private, link-local)",
     )
     # The manual's HTTP timeouts (Go's http.Server's, which its names are, as is
     # read_header_timeout's), enforced by kronk_api.timeouts, kronk_api.connections and uvicorn.
@@ -177,10 +183,15 @@ class ServerSettings(BaseModel):
     # Plugin sections by name: raw mappings until bound, then each plugin's validated model.
     sections: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "media_fetch_allow_hosts", mode="before")
     @classmethod
-    def _split_origins(cls, value: Any) -> Any:
+    def _split_lists(cls, value: Any) -> Any:
         return split_list(value)
+
+    @field_validator("media_fetch_allow_hosts")
+    @classmethod
+    def _allowed_hosts(cls, hosts: list[str]) -> list[str]:
+        return [allowed_host(host) for host in hosts]
 
     @field_validator("api_host")
     @classmethod
@@ -221,6 +232,7 @@ class ServerSettings(BaseModel):
                 max_audio_seconds=self.media_max_audio_seconds,
                 fetch_urls=self.media_fetch_urls,
                 fetch_timeout=self.media_fetch_timeout,
+                fetch_allow_hosts=self.media_fetch_allow_hosts,
             ),
         )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import ipaddress
 import re
 import secrets
 import struct
@@ -24,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kronk_core.errors import MediaError, MediaLimitError
 from kronk_core.sound import read_sound_header
@@ -87,9 +88,41 @@ class MediaConfig(BaseModel):
     max_pixels: Annotated[int, Field(ge=1)] = 50_000_000
     # Seconds of one sound, as its header declares them (decoding reads no more).
     max_audio_seconds: Annotated[float, Field(gt=0.0)] = 600.0
-    # http(s) image URLs are fetched only when the operator allows it.
+    # http(s) image URLs are fetched only when the operator allows it (kronk_core.media_fetch).
     fetch_urls: bool = False
+    # Seconds for all of a request's fetches together: every URL, redirect and read.
     fetch_timeout: Annotated[float, Field(gt=0.0)] = 10.0
+    # Hosts a fetch may reach although their addresses are not public (loopback, private,
+    # link-local, ...): names as URLs spell them, addresses, or networks (10.0.0.0/8).
+    fetch_allow_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("fetch_allow_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        return [allowed_host(host) for host in hosts]
+
+
+def allowed_host(entry: str) -> str:
+    """An entry of fetch_allow_hosts: a network or address as written, a host name in its
+    ASCII form, lowercase; ValueError for anything else (a URL, a host with a port)."""
+    text = entry.strip()
+    try:
+        ipaddress.ip_network(text, strict=False)
+        return text
+    except ValueError:
+        pass
+    try:
+        name = text.encode("idna").decode("ascii").lower().rstrip(".")
+    except UnicodeError:
+        name = ""
+    if not _HOST_NAME.fullmatch(name):
+        raise ValueError(
+            f"{entry!r} is not a host name, an IP address or a network (such as 10.0.0.0/8)"
+        )
+    return name
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,44 +388,3 @@ class MediaSources:
 
 def is_remote(url: str) -> bool:
     return url.startswith(("http://", "https://"))
-
-
-async def fetch_urls(urls: Sequence[str], limits: MediaConfig) -> dict[str, Media]:
-    """Fetch the http(s) URLs among `urls`, each within max_bytes and fetch_timeout;
-    nothing is fetched unless fetch_urls is on (MediaSources then says so)."""
-    remote = list(dict.fromkeys(url for url in urls if is_remote(url)))
-    if not remote or not limits.fetch_urls:
-        return {}
-    import httpx  # a dependency of the server (litestar); the SDK alone never fetches
-
-    async with httpx.AsyncClient(timeout=limits.fetch_timeout, follow_redirects=True) as client:
-        fetched = {}
-        for url in remote:
-            fetched[url] = await _fetch(client, url, limits)
-        return fetched
-
-
-async def _fetch(client: Any, url: str, limits: MediaConfig) -> Media:
-    import httpx
-
-    try:
-        async with client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise MediaError(f"fetching {url}: HTTP {response.status_code}", param="messages")
-            data = bytearray()
-            async for piece in response.aiter_bytes():
-                data += piece
-                if len(data) > limits.max_bytes:
-                    raise MediaLimitError(
-                        f"{url} is larger than media max_bytes ({limits.max_bytes} bytes)",
-                        param="messages",
-                    )
-            media_type = response.headers.get("content-type", "").split(";")[0] or None
-    except httpx.TimeoutException:
-        raise MediaError(
-            f"fetching {url} took longer than media fetch_timeout ({limits.fetch_timeout:g} s)",
-            param="messages",
-        ) from None
-    except httpx.HTTPError as exc:
-        raise MediaError(f"fetching {url} failed: {exc}", param="messages") from None
-    return Media.from_bytes(bytes(data), media_type, where=url)

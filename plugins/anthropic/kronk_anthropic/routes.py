@@ -25,7 +25,7 @@ _OPT = {"kronk_endpoint": "messages"}
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body = await parse_body(request, MessagesRequest)
     kronk = kronk_of(request)
-    sources = await media_sources(kronk, body.media_urls())
+    sources = await media_sources(request, body.model, body.media_urls())
     stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
@@ -54,7 +54,7 @@ async def _answer(stream: ChatStream, message_id: str) -> dict[str, Any]:
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, CountTokensRequest)
     kronk = kronk_of(request)
-    sources = await media_sources(kronk, body.media_urls())
+    sources = await media_sources(request, body.model, body.media_urls())
     count = await kronk.count_prompt_tokens(
         body.to_core(sources), add_generation_prompt=True, subject=subject_of(request)
     )

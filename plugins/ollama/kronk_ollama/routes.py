@@ -82,7 +82,7 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     if not body.messages:
         return Response(await _load_only(request, body, answer))
     kronk = kronk_of(request)
-    sources = await media_sources(kronk, [])
+    sources = await media_sources(request, body.model, [])
     stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     return await _answer(request, body, stream, answer)
 
@@ -98,7 +98,7 @@ async def generate(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     if body.raw:
         stream = await kronk.start_completion(body.to_completion())
     else:
-        sources = await media_sources(kronk, [])
+        sources = await media_sources(request, body.model, [])
         stream = await kronk.start_chat(body.to_chat(sources), subject=subject_of(request))
     return await _answer(request, body, stream, answer)
 

@@ -64,7 +64,7 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
     history: tuple[ChatMessage, ...] = ()
     if body.previous_response_id is not None:
         history = store.get(body.previous_response_id, owner).conversation
-    sources = await media_sources(kronk, body.media_urls())
+    sources = await media_sources(request, body.model, body.media_urls())
     conversation = (*history, *body.input_messages(sources))
     instructions = (
         (ChatMessage(role="system", content=body.instructions),) if body.instructions else ()

@@ -37,7 +37,7 @@ from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest, UsageIn
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
-    sources = await media_sources(kronk, body.media_urls())
+    sources = await media_sources(request, body.model, body.media_urls())
     stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
