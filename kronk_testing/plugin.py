@@ -200,6 +200,7 @@ def kronk(
             gemma.GEMMA_MODEL_ID: ModelConfig.model_validate(
                 {
                     **gemma.GEMMA_MODEL_SETTINGS,
+                    "context_window": 8192,
                     "cache": "none",
                     "queue_depth": 2,
                     "draft_strategy": "none",

