@@ -1,5 +1,8 @@
 """Every `kronk ...` command line of the Kronk manual's chapters 2, 7 and 12 parses here.
 
+The lines were taken from the manual once and live in tests/data/manual_commands.txt, each
+group under the chapter and section it came from (the file's header says how).
+
 Each runs with `--help` appended, in process (click's parser checks every option before
 `--help` acts, so nothing else runs): an unknown command or option, or a value given to
 a flag that takes none, fails the test. What Kronk cannot do is in UNSUPPORTED and in
@@ -8,7 +11,6 @@ docs/cli.md ("The manual's commands"), with why.
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,9 @@ from kronk_api import cli
 from kronk_api.cli import main
 from kronk_api.settings import ServerSettings
 
-MANUAL = Path("/work/shared/seeds/001_66209ca6451f2a19.txt")
-CHAPTERS = (2, 7, 12)
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+ROOT = Path(__file__).resolve().parents[1]
+MANUAL_COMMANDS = ROOT / "tests" / "data" / "manual_commands.txt"
+DOCS = ROOT / "docs" / "cli.md"
 
 # Options of the manual that Kronk does not take, each listed in docs/cli.md with why.
 UNSUPPORTED = {"--lib-version", "--catalog-repo-path"}
@@ -42,37 +44,35 @@ PROCESS_VARIABLES = {
 }
 
 
-def chapter_text(number: int) -> str:
-    text = MANUAL.read_text()
-    start = text.index(f"\n## Chapter {number}:")
-    end = text.index("\n## Chapter ", start + 1)
-    return text[start:end]
+def manual_sections() -> dict[str, list[str]]:
+    """The data file's command lines by the "## chapter / section" heading they came from."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in MANUAL_COMMANDS.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line.removeprefix("## "), [])
+        elif line and not line.startswith("#"):
+            assert current is not None, f"a command before any section heading: {line}"
+            current.append(line)
+    return sections
 
 
 def manual_commands() -> list[str]:
-    """The `kronk` command lines of the chapters' shell blocks, continuations joined,
-    comments and leading VAR=value assignments dropped."""
-    found = []
-    for number in CHAPTERS:
-        for block in re.findall(r"```shell\n(.*?)```", chapter_text(number), re.DOTALL):
-            joined = block.replace("\\\n", " ")
-            for line in joined.splitlines():
-                if not re.match(r"([A-Z_]+=\S*\s+)*kronk\b", line.strip()):
-                    continue  # curl's multi-line bodies, go install, ...
-                words = shlex.split(line, comments=True)
-                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-                    words.pop(0)
-                if words and words[0] == "kronk":
-                    found.append(shlex.join(words))
-    return found
+    return [command for commands in manual_sections().values() for command in commands]
 
 
 COMMANDS = manual_commands()
 
 
 def test_the_manual_has_the_commands() -> None:
-    """The parse found the chapters' commands (a changed manual fails here, not silently)."""
+    """The data file holds the chapters' commands, each under its chapter and section."""
+    sections = manual_sections()
     assert len(COMMANDS) >= 30
+    assert all(command.split()[0] == "kronk" for command in COMMANDS)
+    for heading in sections:
+        assert heading.startswith(("Chapter 2: ", "Chapter 7: ", "Chapter 12: ")), heading
+    runtime = sections["Chapter 7: Model Server / 7.9 Runtime Settings"]
+    assert "kronk server start --processor=cuda" in runtime
     for expected in (
         "kronk catalog list --local",
         "kronk catalog pull Qwen3-8B-Q8_0 --local",
