@@ -714,7 +714,7 @@ def _read_header(data: bytes, size: int, n_tokens: int) -> tuple[list[tuple[int,
     else:
         header = [(int(length), int(length), int(nbytes)) for length, nbytes in rows]
     for length, floor, state_size in header:
-        if not (floor >= 0 and 0 <= length <= n_tokens and state_size >= 0):
+        if not (0 <= floor <= length <= n_tokens and state_size >= 0):
             raise Refused(
                 f"a checkpoint of {state_size} bytes at {length} tokens (floor {floor}) in a "
                 f"conversation of {n_tokens}"
