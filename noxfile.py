@@ -148,7 +148,7 @@ def tests(session: nox.Session) -> None:
 def fuzz(session: nox.Session) -> None:
     """The hostile-input property tests (marked `fuzz`) exploring: random examples for
     KRONK_FUZZ_SECONDS (600 unless set) in all, the failing ones kept in .hypothesis/fuzz
-    and tried first next time (tests/fuzzing.py). The suite runs their fixed corpus."""
+    and tried first next time (kronk_testing.fuzzing). The suite runs their fixed corpus."""
     install_suite(session)
     seconds = os.environ.get("KRONK_FUZZ_SECONDS") or "600"
     session.run(

@@ -4,11 +4,16 @@ pytest loads it in every run where kronk is installed, so it imports only pytest
 standard library here; each fixture imports what it needs. Models load on first use, and
 generated test models are cached across sessions (`<cache>/test-models`). Disable it with
 `-p no:kronk`. docs/plugins.md ("Testing your plugin") describes every fixture.
+
+Under CI=true (CI machines set it) a skipped test fails, naming its reason: a CI machine that
+lacks a tool some tests need (HAProxy, nginx, Chromium, a compiler) must not pass green
+without running them. Every run ends with the count of skipped tests ("skipped: N").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +49,58 @@ def packaged() -> Any:
     from kronk_llamacpp import packaged as models
 
     return models
+
+
+# ---- skips: a developer's machine may skip, CI may not ----------------------------------
+
+SKIPPED = pytest.StashKey[int]()
+CI_VALUES = {"true", "1", "yes"}
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's: CI set to true, as CI services and .ci/run's caller set it."""
+    return os.environ.get("CI", "").strip().lower() in CI_VALUES
+
+
+def _counted_skip(config: pytest.Config, report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Count a skip; in CI, turn it into a failure that names the skip's reason."""
+    config.stash[SKIPPED] = config.stash.get(SKIPPED, 0) + 1
+    if not in_ci():
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[SKIPPED] = 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail"):  # an xfail is not a skip
+        _counted_skip(item.config, report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    if report.skipped:  # a module that skips itself (importorskip, allow_module_level)
+        _counted_skip(collector.config, report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    skipped = config.stash.get(SKIPPED, 0)
+    failed = " (CI=true: each one failed)" if skipped and in_ci() else ""
+    terminalreporter.write_line(f"skipped: {skipped}{failed}")
 
 
 # ---- models -------------------------------------------------------------------------

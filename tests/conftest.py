@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The tests' own helpers (fuzzing.py, agent_requests.py) are imported from their folder.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzzing import FuzzBudget, fuzz_seconds
+from kronk_testing.fuzzing import FuzzBudget, fuzz_seconds
 
 FUZZ_BUDGET = pytest.StashKey[FuzzBudget]()
 
@@ -34,7 +30,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 @pytest.fixture
 def explore(request: pytest.FixtureRequest) -> Callable[[Callable[[], None]], None]:
     """Runs a fuzz test's Hypothesis test: once (its corpus), or, when exploring, round after
-    round until the test's share of KRONK_FUZZ_SECONDS is spent (tests/fuzzing.py)."""
+    round until the test's share of KRONK_FUZZ_SECONDS is spent (kronk_testing.fuzzing)."""
     assert request.node.get_closest_marker("fuzz"), "explore is for tests marked fuzz"
     budget = request.config.stash.get(FUZZ_BUDGET, None)
     if budget is None:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import anthropic
 import httpx
 import pytest
-from agent_requests import claude_code, cline, open_webui, opencode
 from openai import OpenAI
 
 from kronk_api import ServerSettings, create_app
@@ -37,6 +36,7 @@ from kronk_llamacpp.estimate import (
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 from kronk_llamacpp.settings import SETTINGS
+from kronk_testing.agent_requests import claude_code, cline, open_webui, opencode
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

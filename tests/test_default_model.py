@@ -16,21 +16,9 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
+from kronk_testing.answers import assert_english_about_the_sea
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-# What an answer about the sea mentions (a base model continues the prompt's text instead).
-SEA_WORDS = ("sea", "ocean", "wave", "water", "tide", "shore", "surf", "beach", "coast", "sail")
-ENGLISH_WORDS = {"the", "a", "of", "and", "in", "is", "to", "with", "its", "on", "where", "that"}
-
-
-def assert_english_about_the_sea(answer: str) -> None:
-    words = [word.lower() for word in re.findall(r"[A-Za-z']+", answer)]
-    assert len(words) >= 5, answer
-    letters = [char for char in answer if char.isalpha()]
-    assert sum(char.isascii() for char in letters) >= 0.95 * len(letters), answer
-    assert len(ENGLISH_WORDS.intersection(words)) >= 2, answer
-    assert any(word.startswith(SEA_WORDS) for word in words), answer
-    assert not answer.lower().startswith("write a haiku"), answer  # not a continuation
 
 
 def readme_chat_request() -> dict[str, Any]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_default_model import assert_english_about_the_sea
+from kronk_testing.answers import assert_english_about_the_sea
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from fuzzing import fuzz_settings
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
+from kronk_testing.fuzzing import fuzz_settings
 from kronk_testing.media_samples import flac, mp3_silence, mp3_with_xing, raw_wav, wav
 from kronk_testing.plugin import MultimodalPaths
 from kronk_testing.server import Serve

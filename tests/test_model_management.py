@@ -11,11 +11,11 @@ from typing import Any
 import gguf
 import httpx
 import pytest
-from test_server_logging import _cli as kronk
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
+from kronk_testing.cli import kronk_at as kronk
 
 
 def parameters(*files: Path) -> int:

@@ -14,7 +14,6 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
-from fuzzing import fuzz_settings
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from litestar import Litestar
@@ -24,6 +23,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_testing.file_server import FileServer, Served
+from kronk_testing.fuzzing import fuzz_settings
 
 if TYPE_CHECKING:
     from kronk_testing.server import RunningServer, Serve

@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,11 +17,10 @@ import pytest
 
 from kronk_api.logs import JsonFormatter, request_id
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
+from kronk_testing.cli import kronk_at
 
 if TYPE_CHECKING:
     from kronk_testing.server import RunningServer
-
-CLI = [sys.executable, "-m", "kronk_api.cli"]
 
 
 def test_request_id_is_echoed_or_made(server: RunningServer) -> None:
@@ -49,22 +46,10 @@ def test_json_log_line_carries_the_request_id() -> None:
 # ---- the log file of a real server ---------------------------------------------------------
 
 
-def _cli(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("KRONK_")}
-    return subprocess.run(
-        [*CLI, *args, "--base-path", str(base)],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 @contextlib.contextmanager
 def detached_server(base: Path, host: str, *flags: str) -> Iterator[str]:
     """`kronk server start -d` on `host`, ready; stopped (killed if need be) on leaving."""
-    started = _cli(base, "server", "start", "-d", "--api-host", host, *flags)
+    started = kronk_at(base, "server", "start", "-d", "--api-host", host, *flags)
     assert started.returncode == 0, started.stderr
     try:
         deadline = time.monotonic() + 120
@@ -79,7 +64,7 @@ def detached_server(base: Path, host: str, *flags: str) -> Iterator[str]:
             time.sleep(0.2)
         yield f"http://{host}"
     finally:
-        stopped = _cli(base, "server", "stop")
+        stopped = kronk_at(base, "server", "stop")
         pid_file = base / "server.pid"
         if stopped.returncode != 0 and pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -137,7 +122,7 @@ def test_bearer_tokens_never_reach_the_log_file(logged_server: str, tmp_path: Pa
                 else http.post(path, json=body, headers=headers)
             )
             assert response.status_code == status, (path, scheme, response.text)
-    _cli(tmp_path, "server", "stop")
+    kronk_at(tmp_path, "server", "stop")
 
     log = (tmp_path / "logs" / "server.log").read_text(errors="replace")
     # The log did record these requests, their bodies included (insecure logging).

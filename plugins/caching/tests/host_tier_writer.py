@@ -1,8 +1,8 @@
 """A server process that dies by `kill -9` in the middle of writing its host tier to disk.
 
-Run by test_caching.py, beside it (which it imports), as `python host_tier_writer.py SPEC`
-(SPEC: JSON with the model file, the Kronk home, the caching settings, the scenario and the
-stage to die at). It holds conversations on model "m" as test_caching.fresh() serves it (one
+Run by test_caching.py, beside it, as `python host_tier_writer.py SPEC` (SPEC: JSON with
+the model file, the Kronk home, the caching settings, the scenario and the stage to die at).
+It holds conversations on model "m" as kronk_testing.conversations.fresh() serves it (one
 slot), pickles each answer to SPEC["answers"], and sends itself SIGKILL at `stage` of the
 scenario's last disk write:
 
@@ -27,9 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_caching import AGENT_SYSTEMS, ask, conversation, fresh
-
 from kronk_core.types import ChatResult
+from kronk_testing.conversations import AGENT_SYSTEMS, ask, conversation, fresh
 
 
 def die_while_writing(directory: Path, stage: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from kronk_caching.host_store import HostStore, StoredConversation
-from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core import Kronk, KronkConfig, LoadedModel
 from kronk_core.contract.cache import PromptScope
 from kronk_core.errors import ContextOverflowError
 from kronk_core.prompts import PreparedChat, prepare_chat
@@ -32,6 +32,19 @@ from kronk_core.sampling import Greedy, resolve_sampling
 from kronk_core.tokens import common_prefix
 from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import default_model_path, gemma_model_path
+from kronk_testing.conversations import (
+    AGENT_SYSTEMS,
+    MAX_TOKENS,
+    SYSTEM,
+    ask,
+    continued,
+    conversation,
+    fresh,
+    model_config,
+    prompt_tokens,
+    slot_of,
+    user_turn,
+)
 from kronk_testing.replay import (
     BatchReplay,
     ColdReplay,
@@ -43,43 +56,7 @@ from kronk_testing.replay import (
 )
 from kronk_testing.waiting import gated, wait_until
 
-# DRY off: greedy is then a pure argmax, which the replays (kronk_testing.replay) reproduce. Each
-# model renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).
-BASE = {
-    "context_window": 4096,
-    "sampling": {"dry_multiplier": 0.0},
-    # The cold replays decode what each engine step decoded: one token per generating slot
-    # (speculation's exactness is plugins/speculative/tests/test_speculative.py's).
-    "draft_strategy": "none",
-}
-SYSTEM = (
-    "You are the ship's computer of the research vessel Kestrel. Answer crew questions about "
-    "navigation, weather, cargo and the ship's systems. Be brief and precise. "
-) * 6
-TOPICS = [
-    "the current heading and speed of the ship",
-    "the forecast for the next twelve hours at our position",
-    "how much fresh water is left in the tanks",
-    "the status of the port engine after yesterday's repair",
-    "which cargo containers hold the sampling equipment",
-    "the nearest harbour with a repair dock",
-    "the fuel consumption at our current speed",
-    "the crew rota for the night watch",
-    "the battery charge of the survey drone",
-    "when we will reach the first sampling station",
-]
-
-
-def user_turn(index: int) -> dict[str, str]:
-    detail = " Please include every figure you know and explain how it was measured." * 2
-    return {"role": "user", "content": f"Turn {index}: tell me about {TOPICS[index % 10]}.{detail}"}
-
-
 NO_HOST_TIER = {"host_cache_bytes": 0}
-
-
-def model_config(path: str | Path, **settings: Any) -> ModelConfig:
-    return ModelConfig.model_validate({"model_path": path, **BASE, **settings})
 
 
 CHAT_MODELS: dict[str, Callable[[], Path]] = {
@@ -111,22 +88,6 @@ def models(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     kronk = Kronk(config)
     yield kronk
     kronk.close()
-
-
-# Each answer's length at most (an instruction-tuned model often ends sooner).
-MAX_TOKENS = 12
-
-
-async def ask(kronk: Kronk, model: str, messages: list[dict[str, str]], **extra: Any) -> ChatResult:
-    return await kronk.chat(
-        messages,
-        model=model,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=5,
-        **extra,
-    )
 
 
 # How close a one-chunk cold run's two best picks may be where a cached answer parts from
@@ -213,33 +174,9 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     assert counters.hits + counters.partial_hits >= 9 and counters.rebuilds >= 1
 
 
-def fresh(path: str | Path, tmp_path: Path, **settings: Any) -> Kronk:
-    """A Kronk serving the model at `path` as "m" (two slots unless `settings` say)."""
-    settings = {"n_seq_max": 2, **settings}
-    config = KronkConfig(base_path=tmp_path, models={"m": model_config(path, **settings)})
-    kronk = Kronk(config)
-    kronk.load("m")
-    return kronk
-
-
-def conversation(system: str, turns: int) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system}]
-    for turn in range(turns):
-        messages.append(user_turn(turn))
-        if turn < turns - 1:
-            messages.append({"role": "assistant", "content": f"Answer {turn}: noted."})
-    return messages
-
-
 def disk_tier(directory: Path) -> dict[str, Any]:
     """One slot (each new conversation evicts the last), a host tier in RAM and on disk."""
     return {"caching": {"host_cache_dir": directory, "host_cache_bytes": 1 << 30}, "n_seq_max": 1}
-
-
-def continued(messages: list[dict[str, str]], answer: ChatResult) -> list[dict[str, str]]:
-    """The conversation with its answer and the next user turn."""
-    turn = sum(1 for message in messages if message["role"] == "user")
-    return [*messages, {"role": "assistant", "content": answer.content}, user_turn(turn)]
 
 
 @on_both_models
@@ -271,23 +208,6 @@ async def test_build_extend_hit_edit_and_rebuild(model_path: Path, tmp_path: Pat
 def slot_holding(kronk: Kronk, prefix_of: list[int]) -> list[int]:
     engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
     return [slot.id for slot in engine.slots if slot.tokens[:50] == prefix_of[:50]]
-
-
-def slot_of(kronk: Kronk, prompt: list[int]) -> int:
-    """The slot that answered this prompt last (its tokens begin with all of it)."""
-    engine = kronk.get_loaded("m").engine  # type: ignore[union-attr]
-    (slot,) = [slot.id for slot in engine.slots if slot.tokens[: len(prompt)] == prompt]
-    return slot
-
-
-async def prompt_tokens(kronk: Kronk, messages: list[dict[str, str]]) -> list[int]:
-    loaded = kronk.get_loaded("m")
-    assert loaded is not None
-    request = kronk.chat_request(messages)
-    return loaded.render(request.messages, kronk.render_options(request))
-
-
-AGENT_SYSTEMS = [f"You are sub-agent {name}. " + SYSTEM for name in ("Alpha", "Bravo", "Charlie")]
 
 
 async def test_sub_agents_keep_their_slots(gemma_path: str, tmp_path: Path) -> None:

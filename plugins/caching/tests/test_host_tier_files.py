@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from test_caching import AGENT_SYSTEMS, ask, continued, conversation, fresh
 
 from kronk_core import Kronk, LoadedModel
 from kronk_core.types import ChatResult
+from kronk_testing.conversations import AGENT_SYSTEMS, ask, continued, conversation, fresh
 
 # Each request's limit: a healthy one takes seconds; past this, the engine is taken as hung.
 ANSWER_SECONDS = 300

@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_caching import (
+
+from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core.contract.cache import CacheCounters
+from kronk_core.errors import ConfigError, KronkError
+from kronk_core.types import ChatResult
+from kronk_testing.conversations import (
     AGENT_SYSTEMS,
     MAX_TOKENS,
     SYSTEM,
@@ -28,11 +33,6 @@ from test_caching import (
     slot_of,
     user_turn,
 )
-
-from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
-from kronk_core.contract.cache import CacheCounters
-from kronk_core.errors import ConfigError, KronkError
-from kronk_core.types import ChatResult
 from kronk_testing.models import TINY_LFM2, TINY_LFM2_SWA
 from kronk_testing.models.recurrent import LFM2_ATTENTION, LFM2_HEAD, LFM2_HEAD_KV, N_EMBD
 from kronk_testing.replay import (

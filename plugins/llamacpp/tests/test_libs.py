@@ -1,6 +1,6 @@
 """`kronk libs`: a real CPU build from the pinned llama-cpp-python sdist, installed and used.
 
-The build is the one the tests share (kronk_libs_build.py beside it: with the RPC backend, which
+The build is the one the tests share (kronk_testing.libs_build: with the RPC backend, which
 test_rpc.py needs too), kept in ~/.cache/kronk/libs: a later run finds it up to date.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kronk_libs_build import BUILD, LIBS, USE_IT, kronk
 from kronk_llamacpp.detect import Detected, detect
 from kronk_llamacpp.libs import BuildProgress, worker_name
 from kronk_llamacpp.native import MANIFEST
+from kronk_testing.libs_build import BUILD, LIBS, USE_IT, kronk
 
 USE_THEM = """
 import asyncio

@@ -22,11 +22,11 @@ import httpx
 import pytest
 
 from kronk_core.errors import BackendUnavailableError
-from kronk_libs_build import LIBS, USE_IT, build, kronk
 from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
 from kronk_llamacpp.packaged import default_model_path
 from kronk_llamacpp.rpc import handshake
+from kronk_testing.libs_build import LIBS, USE_IT, build, kronk
 from kronk_testing.server import free_port
 from kronk_testing.waiting import reached
 

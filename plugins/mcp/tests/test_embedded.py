@@ -40,7 +40,8 @@ from kronk_mcp.service import _bind as bind_service
 from kronk_mcp.settings import DEFAULT_LISTEN
 
 if TYPE_CHECKING:
-    from conftest import BraveSearchDouble, RawFactory
+    from kronk_testing.brave_search import BraveSearchDouble
+    from kronk_testing.mcp_session import RawFactory
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from kronk_testing.server import free_port
 
 if TYPE_CHECKING:
-    from conftest import BraveSearchDouble
+    from kronk_testing.brave_search import BraveSearchDouble
 
 CLI = [sys.executable, "-m", "kronk_api.cli"]
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import RawFactory, ServiceFactory
+    from kronk_testing.mcp_session import RawFactory, ServiceFactory
 
 
 def port_of(url: str) -> int:

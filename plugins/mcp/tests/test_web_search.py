@@ -1,6 +1,6 @@
 """The MCP service over Streamable HTTP, driven by the official MCP client and by plain HTTP.
 
-Brave Search is the local double of conftest.py; everything else is real: the
+Brave Search is the local double of kronk_testing.brave_search; everything else is real: the
 service on uvicorn, the SDK's transport and sessions, the client.
 """
 
@@ -16,7 +16,8 @@ import pytest
 from mcp import Client
 
 if TYPE_CHECKING:
-    from conftest import BraveSearchDouble, RawFactory, ServiceFactory
+    from kronk_testing.brave_search import BraveSearchDouble
+    from kronk_testing.mcp_session import RawFactory, ServiceFactory
 
 
 def text(result: types.CallToolResult) -> str:

@@ -23,11 +23,11 @@ from kronk_core.types import (
     ChatDelta,
     JsonSegment,
     StructuredOutput,
-    ToolCallDelta,
     ToolChoice,
     ToolSpec,
 )
 from kronk_templates.formats import FORMATS, detect_format, reasoning_opened, uses_think
+from kronk_testing.streamed_calls import check_streamed_calls
 
 SEEDS = 30
 
@@ -95,29 +95,6 @@ def _check_delta(delta: ChatDelta) -> None:
         arguments = json.loads(call.arguments)
         assert isinstance(arguments, dict)
         assert call.arguments == json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-
-
-def check_streamed_calls(deltas: list[ChatDelta]) -> None:
-    """Each call streams before it arrives whole: a head with its name, then fragments that
-    add up to its arguments; one call at a time."""
-    open_call: ToolCallDelta | None = None
-    fragments: list[str] = []
-    for delta in deltas:
-        for piece in delta.tool_call_deltas:
-            if open_call is None:
-                assert piece.name, piece
-                open_call, fragments = piece, []
-            else:
-                assert piece.id == open_call.id and piece.name is None, piece
-            fragments.append(piece.arguments)
-        for call in delta.tool_calls:
-            assert open_call is not None and call.id == open_call.id, call
-            assert call.name == open_call.name
-            assert "".join(fragments) == call.arguments
-            open_call = None
-        if delta.content or delta.reasoning:
-            assert open_call is None, delta
-    assert open_call is None
 
 
 def run(family: str, pieces: list[str], options: Options = Options()) -> Parsed:

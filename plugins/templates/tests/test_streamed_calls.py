@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from kronk_core.types import ChatDelta, ToolSpec
 from kronk_templates.formats import FORMATS
 from kronk_templates.formats.calls import compact_json
-
-from .test_formats import check_streamed_calls
+from kronk_testing.streamed_calls import check_streamed_calls
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 KEYS = st.text("abcxyz_", min_size=1, max_size=6)

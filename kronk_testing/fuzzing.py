@@ -9,6 +9,9 @@ after round, until the tests' shares of that many seconds are spent. An example 
 is kept in .hypothesis/fuzz and tried first by every later exploring run until it passes;
 it joins the corpus when its falsifying example is written into the test as an `@example`
 entry (docs/install.md, "Fuzzing").
+
+tests/conftest.py shares the budget among the selected fuzz tests (FuzzBudget) and gives
+them the `explore` fixture; a test takes its settings from `fuzz_settings`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 FUZZ_SECONDS = "KRONK_FUZZ_SECONDS"
-DATABASE = Path(__file__).resolve().parents[1] / ".hypothesis" / "fuzz"
+# Beside Hypothesis' own example database (.hypothesis/ in the folder pytest runs in).
+DATABASE = Path(".hypothesis") / "fuzz"
 
 
 def fuzz_seconds() -> float | None:

@@ -2,8 +2,8 @@
 
 It goes to ~/.cache/kronk/libs, outside the checkout, and is kept: the first test that
 needs it builds it (measured on 2 cores: 130 s from scratch, 104 s from a build without
-RPC), every later one finds its manifest up to date. plugins/llamacpp/tests/test_libs.py
-and test_rpc.py, beside it, both use it, so CI pays once.
+RPC), every later one finds its manifest up to date. The llamacpp plugin's test_libs.py
+and test_rpc.py both use it, so CI pays once.
 """
 
 from __future__ import annotations
