@@ -29,6 +29,19 @@ class ContextOverflowError(InvalidRequestError):
 
     code = "context_length_exceeded"
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        prompt_tokens: int | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        # The counts, for dialects whose clients read them from their own wording.
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
 
 class LimitExceededError(InvalidRequestError):
     """The request is past a configured limit; the message names the setting that raises it."""

@@ -259,6 +259,8 @@ def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, para
             f"this request needs {prompt_len + 1} tokens ({prompt_len} in the prompt "
             f"+ 1 to generate) but the context window of {loaded.id} is {limit} tokens",
             param=param,
+            prompt_tokens=prompt_len,
+            context_window=limit,
         )
     wanted = explicit if explicit is not None else loaded.config.sampling.max_tokens
     return min(wanted or DEFAULT_MAX_TOKENS, room)

@@ -28,9 +28,7 @@ class AnthropicDialect(Dialect):
     server_error_type: ClassVar[str] = "api_error"
     keepalive_frame: ClassVar[bytes] = sse_frame({"type": "ping"}, "ping")
 
-    def error_body(
-        self, status: int, message: str, code: str, param: str | None
-    ) -> dict[str, Any]:
+    def error_body(self, status: int, message: str, code: str, param: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "type": "error",
             "error": {"type": self.error_type(status), "message": message},
@@ -41,10 +39,17 @@ class AnthropicDialect(Dialect):
         return body
 
     def message(self, error: KronkError) -> str:
-        if isinstance(error, ContextOverflowError):
-            # Claude Code recognises this prefix and compacts the conversation.
+        if not isinstance(error, ContextOverflowError):
+            return super().message(error)
+        # Anthropic's wording, which Claude Code reads as its cue to compact the conversation
+        # (and, from the two counts, by how much). The prompt may hold one token less than
+        # the window: the answer needs one.
+        if error.prompt_tokens is None or error.context_window is None:
             return f"prompt is too long: {error.message}"
-        return super().message(error)
+        return (
+            f"prompt is too long: {error.prompt_tokens} tokens > {error.context_window - 1} "
+            f"maximum ({error.message})"
+        )
 
     def stream_error(self, error: KronkError) -> bytes:
         return sse_frame(self._kronk_body(error), "error")

@@ -7,14 +7,49 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
+from kronk_api.client_extras import FieldRules
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
 
 # Separates the text blocks of one message: they are distinct paragraphs to the client.
 BLOCK_SEPARATOR = "\n\n"
+
+# The one place that says what the dialect does with top-level fields it does not model
+# (kronk_api.client_extras): unknown ones are accepted and logged once.
+FIELDS = FieldRules(
+    dialect="anthropic",
+    ignored={
+        "metadata": "who is asking (user_id), for the caller's records; not part of the prompt",
+        "service_tier": "which of Anthropic's capacity pools serves the request",
+        "inference_geo": "where Anthropic runs the request",
+        "speed": "fast mode of Anthropic's own models",
+        "diagnostics": "reports on Anthropic's prompt cache",
+        "cache_control": "asks Anthropic to cache the prompt; Kronk's cache strategy caches "
+        "every prompt unasked",
+        "container": "the container of Anthropic's code-execution tool, which Kronk leaves out",
+        "context_management": "Anthropic's server-side edits of earlier turns (clearing old "
+        "thinking or tool results); Kronk prompts the conversation as sent, and the chat "
+        "template decides which earlier thinking it renders",
+    },
+    refused={
+        "mcp_servers": "remote MCP servers are not supported; connect the MCP server to the "
+        "agent and send its tools as custom tools",
+    },
+)
+
+# Anthropic's effort levels → the reasoning_effort chat templates know.
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
 class _Block(BaseModel):
@@ -97,6 +132,7 @@ ContentBlock = Annotated[
 _ALLOWED = {
     "user": (TextBlock, ImageBlock, ToolResultBlock),
     "assistant": (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock),
+    "system": (TextBlock,),
 }
 
 
@@ -129,8 +165,13 @@ def image_urls(blocks: Sequence[Any]) -> list[str]:
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["user", "assistant"]
+    # A system message among the messages applies from where it stands (its per-message
+    # output_config is ignored: the request's effort applies to the whole answer).
+    role: Literal["user", "assistant", "system"]
     content: list[ContentBlock]
+    # A system message's lifetime: "next_user_message" shows it only until a later user
+    # message exists.
+    clear_at: Literal["next_user_message", "never"] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -147,6 +188,11 @@ class Message(BaseModel):
     def to_core(self, sources: MediaSources, where: str) -> list[ChatMessage]:
         if self.role == "assistant":
             return [self._assistant()]
+        if self.role == "system":
+            text = BLOCK_SEPARATOR.join(
+                block.text for block in self.content if isinstance(block, TextBlock)
+            )
+            return [ChatMessage(role="system", content=text)] if text else []
         # Tool results become tool messages and text a user message, in the order given.
         out: list[ChatMessage] = []
         texts: list[TextBlock | ImageBlock] = []
@@ -185,23 +231,44 @@ def _user(
     return [ChatMessage(role="user", content=text, media=media)]
 
 
-class Tool(BaseModel):
+class CustomTool(BaseModel):
+    """A tool the client runs: name, description and the JSON schema of its input."""
+
     model_config = ConfigDict(extra="ignore")
 
     name: Annotated[str, Field(min_length=1)]
     description: str = ""
     input_schema: dict[str, Any]
-    type: str | None = None
+    type: Literal["custom"] | None = None
 
-    @field_validator("type")
-    @classmethod
-    def _custom_only(cls, value: str | None) -> str | None:
-        if value not in (None, "custom"):
-            raise ValueError(
-                f"server tool {value!r} is not supported; only custom tools "
-                "(name, description, input_schema) are"
-            )
-        return value
+    def to_core(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters_json=json.dumps(self.input_schema),
+        )
+
+
+class DefinedTool(BaseModel):
+    """A tool Anthropic defines by its versioned type (web_search_20250305, bash_20250124,
+    code_execution_..., text_editor_...): Kronk has no definition of it to show the model,
+    so it is left out of the prompt and named in the omitted-tools header."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    name: str = ""
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "CustomTool" if kind in (None, "custom") else "DefinedTool"
+
+
+Tool = Annotated[
+    Annotated[CustomTool, Tag("CustomTool")] | Annotated[DefinedTool, Tag("DefinedTool")],
+    Discriminator(_tool_kind),
+]
 
 
 _CHOICE_MODES: dict[str, Literal["auto", "required", "none"]] = {
@@ -233,16 +300,38 @@ class ToolChoiceParam(BaseModel):
 class ThinkingParam(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    # "adaptive" lets the model decide; a local model given the option thinks when it will.
-    type: Literal["enabled", "adaptive", "disabled"]
+    # "adaptive" lets the model decide, "between_tools" thinks between tool calls: a local
+    # model given the option thinks when it will.
+    type: Literal["enabled", "adaptive", "between_tools", "disabled"]
     # Accepted for compatibility; a local model's reasoning has no token budget.
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
+    # "omitted" asks Anthropic to leave the thinking text out; Kronk returns the reasoning
+    # the model wrote.
+    display: Literal["summarized", "omitted"] | None = None
 
 
-class _Conversation(BaseModel):
-    """What /v1/messages and /v1/messages/count_tokens share: the prompt."""
+class JsonOutputFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    """Effort is passed to the template as reasoning_effort; a format constrains the answer.
+    task_budget, an advisory countdown, is accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
+class Conversation(BaseModel):
+    """What /v1/messages and /v1/messages/count_tokens share: the prompt. Fields it does
+    not model follow FIELDS."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -250,10 +339,22 @@ class _Conversation(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
+    # The structured-outputs beta's spelling of output_config.format.
+    output_format: JsonOutputFormat | None = None
+
+    @model_validator(mode="after")
+    def _refused_fields(self) -> Conversation:
+        FIELDS.refuse(self.model_extra or {})
+        return self
 
     def media_urls(self) -> list[str]:
         """The image URLs the messages name (those to fetch before `to_core`)."""
         return [url for message in self.messages for url in image_urls(message.content)]
+
+    def omitted_tools(self) -> list[str]:
+        """The types of the tools left out of the prompt, as the client sent them."""
+        return [tool.type for tool in self.tools or () if isinstance(tool, DefinedTool)]
 
     def core_messages(self, sources: MediaSources) -> tuple[ChatMessage, ...]:
         out: list[ChatMessage] = []
@@ -262,37 +363,46 @@ class _Conversation(BaseModel):
             system = BLOCK_SEPARATOR.join(block.text for block in system)
         if system:
             out.append(ChatMessage(role="system", content=system))
+        last_user = max(
+            (index for index, message in enumerate(self.messages) if message.role == "user"),
+            default=-1,
+        )
         for index, message in enumerate(self.messages):
+            if message.clear_at == "next_user_message" and index < last_user:
+                continue
             out.extend(message.to_core(sources, f"messages[{index}]"))
         return tuple(out)
 
+    def _json_schema(self) -> str | None:
+        output = self.output_config.format if self.output_config else None
+        output = output or self.output_format
+        return None if output is None else json.dumps(output.schema_ or {"type": "object"})
+
     def to_core(self, sources: MediaSources | None = None) -> ChatRequest:
         choice = self.tool_choice
+        effort = self.output_config.effort if self.output_config else None
         return ChatRequest(
             messages=self.core_messages(sources or MediaSources()),
             model=self.model,
             tools=tuple(
-                ToolSpec(
-                    name=tool.name,
-                    description=tool.description,
-                    parameters_json=json.dumps(tool.input_schema),
-                )
-                for tool in self.tools or ()
+                tool.to_core() for tool in self.tools or () if isinstance(tool, CustomTool)
             ),
             tool_choice=choice.to_core() if choice is not None else ToolChoice(),
             parallel_tool_calls=choice is None or not choice.disable_parallel_tool_use,
             enable_thinking=self.thinking is not None and self.thinking.type != "disabled",
+            reasoning_effort=None if effort is None else _EFFORT[effort],
+            json_schema=self._json_schema(),
             # A final assistant message is a prefill: the answer continues its text.
             continue_final_message=self.messages[-1].role == "assistant",
         )
 
 
-class CountTokensRequest(_Conversation):
+class CountTokensRequest(Conversation):
     """POST /v1/messages/count_tokens."""
 
 
-class MessagesRequest(_Conversation):
-    """POST /v1/messages. Unknown fields (metadata, service_tier, ...) are ignored."""
+class MessagesRequest(Conversation):
+    """POST /v1/messages."""
 
     max_tokens: Annotated[int, Field(ge=1)]
     stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None

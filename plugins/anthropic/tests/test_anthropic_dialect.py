@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, signature
-from kronk_anthropic.schemas import BLOCK_SEPARATOR, MessagesRequest
+from kronk_anthropic.schemas import BLOCK_SEPARATOR, FIELDS, MessagesRequest
 from kronk_anthropic.stream import sse
 from kronk_api import ServerSettings, create_app
 from kronk_api.dialect import keepalive
@@ -151,7 +151,16 @@ def test_tool_choice(choice: dict[str, str], expected: ToolChoice) -> None:
     ("body", "message"),
     [
         ({"temperature": 1.5}, "temperature"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tool"),
+        (
+            {"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]},
+            "mcp_servers: remote MCP servers are not supported",
+        ),
+        ({"tools": [{"name": "get_weather"}]}, "input_schema"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]},
+            "messages.0.content",
+        ),
         ({"tool_choice": {"type": "tool"}}, "needs a name"),
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content"),
         (
@@ -163,6 +172,65 @@ def test_tool_choice(choice: dict[str, str], expected: ToolChoice) -> None:
 def test_invalid_requests(body: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         _request(**body)
+
+
+def test_system_messages_among_the_messages_stay_in_place() -> None:
+    request = _request(
+        system="Rules.",
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "system", "content": "Always shown.", "clear_at": "never"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "system", "content": "Gone once answered.", "clear_at": "next_user_message"},
+            {"role": "user", "content": "Again?"},
+            {
+                "role": "system",
+                "content": "Shown: no user turn follows.",
+                "clear_at": "next_user_message",
+            },
+        ],
+    )
+    assert request.to_core().messages == (
+        ChatMessage(role="system", content="Rules."),
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="system", content="Always shown."),
+        ChatMessage(role="assistant", content="Hello."),
+        ChatMessage(role="user", content="Again?"),
+        ChatMessage(role="system", content="Shown: no user turn follows."),
+    )
+
+
+def test_claude_code_s_fields_map_or_are_ignored() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = _request(
+        thinking={"type": "adaptive", "display": "omitted"},
+        output_config={"effort": "max", "format": {"type": "json_schema", "schema": schema}},
+        context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        metadata={"user_id": "{}"},
+        cache_control={"type": "ephemeral"},
+        frobnicate=1,
+        tools=[
+            WEATHER,
+            {"type": "custom", **WEATHER, "name": "other"},
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+            {"type": "bash_20250124", "name": "bash"},
+        ],
+    )
+    core = request.to_core()
+    assert core.enable_thinking is True and core.reasoning_effort == "high"
+    assert core.json_schema is not None and json.loads(core.json_schema) == schema
+    assert [tool.name for tool in core.tools] == ["get_weather", "other"]
+    assert request.omitted_tools() == ["web_search_20250305", "bash_20250124"]
+    assert FIELDS.unknown(request.model_extra or {}) == ["frobnicate"]
+    efforts = {
+        effort: _request(output_config={"effort": effort}).to_core().reasoning_effort
+        for effort in ("low", "medium", "high", "xhigh")
+    }
+    assert efforts == {"low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+    legacy = _request(output_format={"type": "json_schema", "schema": schema}).to_core()
+    assert legacy.json_schema == core.json_schema
 
 
 def test_max_tokens_required() -> None:
@@ -348,6 +416,10 @@ def test_error_responses() -> None:
     }
     overflow = ANTHROPIC.error_response(ContextOverflowError("needs 9000 tokens"))
     assert overflow.content["error"]["message"] == "prompt is too long: needs 9000 tokens"
+    counted = ContextOverflowError("needs 9000", prompt_tokens=8999, context_window=8192)
+    assert ANTHROPIC.error_response(counted).content["error"]["message"] == (
+        "prompt is too long: 8999 tokens > 8191 maximum (needs 9000)"
+    )
     assert ANTHROPIC.stream_error(KronkError("boom")) == (
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
         b'"message": "internal: the server could not serve this request; see its log"}}\n\n'

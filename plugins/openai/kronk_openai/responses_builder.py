@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kronk_api.errors import client_message
 from kronk_core.errors import KronkError
 from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolCallDelta, Usage
+from kronk_openai.responses_errors import RESPONSES_ERRORS
+from kronk_openai.responses_schemas import ToolTarget
 
 Event = tuple[str, dict[str, Any]]
 
@@ -46,7 +49,9 @@ class ResponseBuilder:
     """Feed it the deltas of one generation; it returns the events to stream and
     builds the final response object (non-streaming callers ignore the events)."""
 
-    def __init__(self, skeleton: dict[str, Any]) -> None:
+    def __init__(
+        self, skeleton: dict[str, Any], targets: Mapping[str, ToolTarget] | None = None
+    ) -> None:
         self.response: dict[str, Any] = {
             **skeleton,
             "object": "response",
@@ -65,6 +70,8 @@ class ResponseBuilder:
         self._reasoning: list[str] = []
         self._calls: list[ToolCall] = []
         self._call_items: dict[str, int] = {}  # the output index of each call still streaming
+        # What each function the model sees stands for (namespaced and custom tools).
+        self._targets = targets or {}
 
     @property
     def output(self) -> list[dict[str, Any]]:
@@ -110,10 +117,19 @@ class ResponseBuilder:
         self.response["completed_at"] = int(time.time())
         return [*events, self._event("response.completed", response=self._snapshot())]
 
-    def error(self, error: KronkError) -> Event:
-        """The `error` event for a failure after the stream started."""
-        message = client_message(error)
-        return self._event("error", code=error.code, message=message, param=error.param)
+    def error(self, error: KronkError) -> list[Event]:
+        """A failure: the `error` event, then `response.failed`, which ends the response
+        (Codex reads the failure from it, other clients from `error`)."""
+        message = RESPONSES_ERRORS.message(error)
+        return [
+            self._event("error", code=error.code, message=message, param=error.param),
+            *self.failed(error.code, message),
+        ]
+
+    def failed(self, code: str, message: str) -> list[Event]:
+        self.response["status"] = "failed"
+        self.response["error"] = {"code": code, "message": message}
+        return [self._event("response.failed", response=self._snapshot())]
 
     def assistant_message(self) -> ChatMessage:
         """The output as the assistant turn of a stored conversation."""
@@ -221,23 +237,27 @@ class ResponseBuilder:
         ]
 
     def _function_call_piece(self, piece: ToolCallDelta) -> list[Event]:
-        """A call's first piece adds its item; every piece streams its arguments' fragment."""
+        """A call's first piece adds its item; every piece of a function's call streams its
+        arguments' fragment (a custom tool's input comes whole, when the call ends)."""
         events: list[Event] = []
         if piece.name is not None:
             events += self._close()
-            item = {
-                "type": "function_call",
-                "id": _item_id("fc"),
+            target = self._targets.get(piece.name, ToolTarget(piece.name))
+            item: dict[str, Any] = {
+                "type": "custom_tool_call" if target.custom else "function_call",
+                "id": _item_id("ctc" if target.custom else "fc"),
                 "call_id": piece.id,
-                "name": piece.name,
-                "arguments": "",
-                "status": "in_progress",
+                "name": target.name,
             }
+            if target.namespace is not None:
+                item["namespace"] = target.namespace
+            item.update({"input": ""} if target.custom else {"arguments": ""})
+            item["status"] = "in_progress"
             index = self._call_items[piece.id] = len(self.output)
             self.output.append(item)
             events.append(self._event("response.output_item.added", output_index=index, item=item))
-        if piece.arguments:
-            index = self._call_items[piece.id]
+        index = self._call_items[piece.id]
+        if piece.arguments and self.output[index]["type"] == "function_call":
             where = {"item_id": self.output[index]["id"], "output_index": index}
             kind = "response.function_call_arguments.delta"
             events.append(self._event(kind, **where, delta=piece.arguments))
@@ -246,15 +266,31 @@ class ResponseBuilder:
     def _function_call_done(self, call: ToolCall) -> list[Event]:
         self._calls.append(call)
         index = self._call_items.pop(call.id)
-        done = {**self.output[index], "arguments": call.arguments, "status": "completed"}
-        self.output[index] = done
-        where = {"item_id": done["id"], "output_index": index}
-        return [
-            self._event(
-                "response.function_call_arguments.done",
-                **where,
-                name=call.name,
-                arguments=call.arguments,
-            ),
-            self._event("response.output_item.done", output_index=index, item=done),
-        ]
+        item = self.output[index]
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "custom_tool_call":
+            text = _custom_input(call.arguments)
+            self.output[index] = done = {**item, "input": text, "status": "completed"}
+            events = [
+                self._event("response.custom_tool_call_input.delta", **where, delta=text),
+                self._event("response.custom_tool_call_input.done", **where, input=text),
+            ]
+        else:
+            done = {**item, "arguments": call.arguments, "status": "completed"}
+            self.output[index] = done
+            events = [
+                self._event(
+                    "response.function_call_arguments.done",
+                    **where,
+                    name=item["name"],
+                    arguments=call.arguments,
+                )
+            ]
+        return [*events, self._event("response.output_item.done", output_index=index, item=done)]
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's free text: the `input` its function was called with (a model that
+    wrote other arguments gets them as the text)."""
+    value = json.loads(arguments).get("input")
+    return value if isinstance(value, str) else arguments

@@ -10,16 +10,17 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.dialect import sse_frame
+from kronk_api.client_extras import omitted_tools, unknown_fields
+from kronk_api.dialect import SSE_HEADERS, sse_frame
 from kronk_api.endpoints import subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_core.errors import KronkError
+from kronk_core.errors import ContextOverflowError, KronkError
 from kronk_core.sdk import ChatStream
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
-from kronk_openai.errors import OPENAI
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
-from kronk_openai.responses_schemas import ResponsesRequest, TextFormat
+from kronk_openai.responses_errors import RESPONSES_ERRORS
+from kronk_openai.responses_schemas import FIELDS, ResponsesRequest, TextFormat
 
 RESPONSES = {"kronk_endpoint": "responses"}
 
@@ -44,7 +45,7 @@ def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[s
         "previous_response_id": body.previous_response_id,
         "temperature": body.temperature,
         "top_p": body.top_p,
-        "tool_choice": body.tool_choice.model_dump()
+        "tool_choice": body.tool_choice.model_dump(exclude_none=True)
         if body.tool_choice is not None and not isinstance(body.tool_choice, str)
         else body.tool_choice or "auto",
         "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or ()],
@@ -55,9 +56,17 @@ def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[s
     }
 
 
-@post("/v1/responses", status_code=200, opt=RESPONSES)
+@post(
+    "/v1/responses",
+    status_code=200,
+    opt=RESPONSES,
+    exception_handlers=RESPONSES_ERRORS.exception_handlers(),
+)
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body = await parse_body(request, ResponsesRequest)
+    unknown_fields(request, FIELDS, body.model_extra or {})
+    tools = body.tool_plan()
+    headers = omitted_tools(request, "responses", tools.omitted)
     kronk = kronk_of(request)
     store = _store(request)
     owner = subject_of(request)
@@ -77,13 +86,24 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
         max_tokens=body.max_output_tokens or body.max_tokens,
         json_schema=body.schema_text(),
         enable_thinking=None if effort is None else effort != "none",
-        reasoning_effort=effort,
-        tools=tuple(tool.to_core() for tool in body.tools or ()),
+        reasoning_effort=body.reasoning.template_effort() if body.reasoning else None,
+        tools=tools.specs,
         tool_choice=body.choice(),
         parallel_tool_calls=body.parallel_tool_calls,
     )
-    stream = await kronk.start_chat(chat, subject=owner)
-    builder = ResponseBuilder(_skeleton(body, f"resp_{uuid.uuid4().hex}", stream.model_id))
+    response_id = f"resp_{uuid.uuid4().hex}"
+    try:
+        stream = await kronk.start_chat(chat, subject=owner)
+    except ContextOverflowError as exc:
+        if not body.stream:
+            raise
+        # A streamed response fails as OpenAI's do, in the stream: Codex compacts the
+        # conversation on a response.failed whose code is context_length_exceeded.
+        failed = ResponseBuilder(_skeleton(body, response_id, body.model), tools.targets)
+        events = [*failed.start(), *failed.error(exc)]
+        frames = [sse_frame(payload, name) for name, payload in events]
+        return Stream(frames, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    builder = ResponseBuilder(_skeleton(body, response_id, stream.model_id), tools.targets)
 
     def keep() -> None:
         if body.store:
@@ -91,15 +111,19 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
             stored = StoredResponse(builder.response, conversation_out, owner)
             store.put(builder.response["id"], stored)
 
+    answer: Response[Any] | Stream
     if body.stream:
-        return await OPENAI.open_stream(
+        answer = await RESPONSES_ERRORS.open_stream(
             request, aiter(stream), lambda deltas: _sse(stream, builder, deltas, keep)
         )
-    ran = await OPENAI.respond(request, _run(builder, aiter(stream)))
-    if isinstance(ran, Response):
-        return ran
-    keep()
-    return Response(builder.response)
+    else:
+        ran = await RESPONSES_ERRORS.respond(request, _run(builder, aiter(stream)))
+        if isinstance(ran, Response):
+            return ran
+        keep()
+        answer = Response(builder.response)
+    answer.headers.update(headers)
+    return answer
 
 
 async def _run(builder: ResponseBuilder, deltas: AsyncIterator[ChatDelta]) -> list[Event]:
@@ -127,8 +151,8 @@ async def _sse(
             for name, payload in events:
                 yield sse_frame(payload, name)
     except KronkError as exc:
-        name, payload = builder.error(exc)
-        yield sse_frame(payload, name)
+        for name, payload in builder.error(exc):
+            yield sse_frame(payload, name)
     finally:
         stream.cancel()
 

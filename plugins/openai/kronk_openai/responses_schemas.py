@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from kronk_api.client_extras import FieldRules
 from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.settings.config import SamplingConfig
@@ -14,6 +17,37 @@ from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
 from kronk_openai.schemas import arguments_text, sampling_of
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+
+# The one place that says what the dialect does with top-level fields it does not model
+# (kronk_api.client_extras): unknown ones are accepted and logged once.
+FIELDS = FieldRules(
+    dialect="responses",
+    ignored={
+        "include": "asks for extra output data (encrypted reasoning, sources, logprobs) that "
+        "Kronk does not produce; the answer is the same",
+        "prompt_cache_key": "a hint for OpenAI's prompt cache; Kronk's cache strategy finds "
+        "the shared prefix itself",
+        "prompt_cache_retention": "how long OpenAI keeps its prompt cache",
+        "client_metadata": "the client's own bookkeeping (thread and turn ids)",
+        "safety_identifier": "who the end user is, for OpenAI's abuse checks",
+        "user": "who the end user is, for OpenAI's abuse checks",
+        "service_tier": "which of OpenAI's capacity pools serves the request",
+        "truncation": "what OpenAI does when the input overflows the context; Kronk's is the "
+        "model's context_overflow setting",
+        "context_management": "OpenAI's server-side compaction past a threshold; Kronk "
+        "answers context_length_exceeded and the client compacts",
+        "top_logprobs": "log-probabilities of the output, which Responses answers from Kronk "
+        "do not carry",
+        "max_tool_calls": "a limit on built-in tool calls, which Kronk does not make",
+        "stream_options": "options of OpenAI's stream (obfuscation); Kronk's has none",
+    },
+    refused={
+        "background": "background responses are not supported; leave background false",
+        "conversation": "conversation objects are not supported; use previous_response_id instead",
+        "prompt": "stored prompt templates are not supported; send the instructions and "
+        "input in the request",
+    },
+)
 
 
 class ContentPart(BaseModel):
@@ -62,21 +96,84 @@ class MessageItem(BaseModel):
     content: str | list[ContentPart]
 
 
-class FunctionCallItem(BaseModel):
+# Input items other than messages and reasoning follow one rule. A `*_call` item with a
+# `call_id` (function_call, custom_tool_call, local_shell_call, shell_call, apply_patch_call,
+# ...) is a call of the assistant; a `*_call_output` item answers one. Items that are another
+# server's records of its own work, with nothing a local model can read, are dropped; any
+# other type is a 400.
+DROPPED_ITEMS = {
+    "compaction": "another server's encrypted summary of earlier turns",
+    "web_search_call": "a search another server ran; its results are not in the item",
+}
+# Keys of a call item that say nothing about what was called.
+_BOOKKEEPING = frozenset({"type", "id", "call_id", "status", "caller", "name", "namespace"})
+
+
+def prompt_name(name: str, namespace: str | None) -> str:
+    """The name a namespaced tool has in the prompt: the namespace, a dot, its name."""
+    return f"{namespace}.{name}" if namespace else name
+
+
+class CallItem(BaseModel):
+    """A call the assistant made: a function's, a custom tool's, or a built-in tool's."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    call_id: str
+    name: str | None = None
+    namespace: str | None = None
+    arguments: str | dict[str, Any] | None = None
+    input: str | None = None
+
+    def to_core(self) -> ToolCall:
+        if self.type == "function_call":
+            name = prompt_name(self.name or "", self.namespace)
+            return ToolCall(self.call_id, name, _arguments(self.arguments or "{}"))
+        if self.type == "custom_tool_call":
+            name = prompt_name(self.name or "", self.namespace)
+            return ToolCall(self.call_id, name, json.dumps({"input": self.input or ""}))
+        # A built-in tool's call (local_shell_call and its action, ...): the tool is named by
+        # the item's type, its arguments are what the item says beyond bookkeeping.
+        details = {
+            key: value
+            for key, value in self.model_dump(exclude_none=True).items()
+            if key not in _BOOKKEEPING
+        }
+        return ToolCall(self.call_id, self.type.removesuffix("_call"), json.dumps(details))
+
+
+class CallOutputItem(BaseModel):
+    """What a call returned; local_shell_call_output names its call by `id`."""
+
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str | dict[str, Any] = "{}"
+    type: str
+    call_id: str | None = None
+    id: str | None = None
+    output: Any = ""
+
+    @model_validator(mode="after")
+    def _answers_a_call(self) -> CallOutputItem:
+        if self.call_id is None and self.id is None:
+            raise ValueError(f"a {self.type} item needs the call_id of the call it answers")
+        return self
+
+    def to_core(self) -> ChatMessage:
+        output = self.output
+        if isinstance(output, list) and all(
+            isinstance(part, dict) and part.get("type") in _TEXT_PARTS for part in output
+        ):
+            text = "".join(str(part.get("text") or "") for part in output)
+        else:
+            text = output if isinstance(output, str) else json.dumps(output)
+        return ChatMessage(role="tool", content=text, tool_call_id=self.call_id or self.id)
 
 
-class FunctionCallOutputItem(BaseModel):
+class DroppedItem(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[ContentPart]
+    type: str
 
 
 class ReasoningItem(BaseModel):
@@ -90,15 +187,26 @@ class ReasoningItem(BaseModel):
 def _item_type(value: Any) -> str | None:
     # Messages may leave out "type": a role is enough (EasyInputMessage).
     if isinstance(value, dict):
-        return value.get("type") or ("message" if "role" in value else None)
-    return getattr(value, "type", None)
+        kind = value.get("type") or ("message" if "role" in value else None)
+    else:
+        kind = getattr(value, "type", None)
+    if not isinstance(kind, str) or kind in ("message", "reasoning"):
+        return kind
+    if kind in DROPPED_ITEMS:
+        return "Dropped"
+    if kind.endswith("_call_output"):
+        return "CallOutput"
+    if kind.endswith("_call"):
+        return "Call"
+    return kind
 
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
+    | Annotated[CallItem, Tag("Call")]
+    | Annotated[CallOutputItem, Tag("CallOutput")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[DroppedItem, Tag("Dropped")],
     Discriminator(_item_type),
 ]
 
@@ -112,17 +220,139 @@ class FunctionTool(BaseModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    def to_core(self) -> ToolSpec:
+    def to_core(self, namespace: NamespaceTool | None = None) -> ToolSpec:
         return ToolSpec(
-            name=self.name,
-            description=self.description or "",
+            name=prompt_name(self.name, namespace.name if namespace else None),
+            description=_within(namespace, self.description or ""),
             parameters_json=json.dumps(self.parameters or {"type": "object"}),
         )
 
 
-class NamedFunctionChoice(BaseModel):
-    type: Literal["function"]
+class CustomFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "grammar"] = "text"
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class CustomTool(BaseModel):
+    """A tool that takes free text: offered to the model as a function of one string,
+    `input`; its calls come back as custom_tool_call items."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["custom"]
     name: str
+    description: str | None = None
+    format: CustomFormat | None = None
+
+    def to_core(self, namespace: NamespaceTool | None = None) -> ToolSpec:
+        text = "The input, as free text."
+        if self.format is not None and self.format.type == "grammar":
+            # Shown, not enforced: as with a function's schema, only forced calls are
+            # constrained, and a grammar of another syntax cannot be.
+            grammar = f"{self.format.syntax} grammar:\n{self.format.definition}"
+            text = f"The input, as text in this {grammar}"
+        parameters = {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": text}},
+            "required": ["input"],
+        }
+        return ToolSpec(
+            name=prompt_name(self.name, namespace.name if namespace else None),
+            description=_within(namespace, self.description or ""),
+            parameters_json=json.dumps(parameters),
+        )
+
+
+class NamespaceTool(BaseModel):
+    """Function and custom tools grouped under a name: each is offered to the model as
+    `namespace.name`, and its calls come back with a `namespace` field."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["namespace"]
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]]
+
+
+def _within(namespace: NamespaceTool | None, description: str) -> str:
+    """A namespaced tool's description leads with what its namespace is for."""
+    if namespace is None or not namespace.description:
+        return description
+    return f"({namespace.name}: {namespace.description}) {description}".rstrip()
+
+
+class BuiltInTool(BaseModel):
+    """A tool OpenAI runs or defines (web_search, file_search, local_shell, shell, mcp,
+    computer_use_preview, ...): left out of the prompt, named in the omitted-tools header."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"function": "Function", "custom": "Custom", "namespace": "Namespace"}.get(
+        str(kind), "BuiltIn"
+    )
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("Function")]
+    | Annotated[CustomTool, Tag("Custom")]
+    | Annotated[NamespaceTool, Tag("Namespace")]
+    | Annotated[BuiltInTool, Tag("BuiltIn")],
+    Discriminator(_tool_kind),
+]
+
+
+@dataclass(frozen=True)
+class ToolTarget:
+    """What a function the model sees stands for in the client's terms."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """The tools as the model sees them, what each stands for, and the types left out."""
+
+    specs: tuple[ToolSpec, ...] = ()
+    targets: Mapping[str, ToolTarget] = field(default_factory=dict)
+    omitted: tuple[str, ...] = ()
+
+
+def plan_tools(
+    tools: Sequence[FunctionTool | CustomTool | NamespaceTool | BuiltInTool],
+) -> ToolPlan:
+    specs: list[ToolSpec] = []
+    targets: dict[str, ToolTarget] = {}
+    omitted: list[str] = []
+    for tool in tools:
+        if isinstance(tool, BuiltInTool):
+            omitted.append(tool.type)
+            continue
+        members = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+        namespace = tool if isinstance(tool, NamespaceTool) else None
+        for member in members:
+            spec = member.to_core(namespace)
+            specs.append(spec)
+            targets[spec.name] = ToolTarget(
+                member.name, namespace.name if namespace else None, isinstance(member, CustomTool)
+            )
+    return ToolPlan(tuple(specs), targets, tuple(omitted))
+
+
+class NamedFunctionChoice(BaseModel):
+    type: Literal["function", "custom"]
+    name: str
+    namespace: str | None = None
 
 
 class TextFormat(BaseModel):
@@ -141,24 +371,30 @@ class TextOptions(BaseModel):
 
 
 class ReasoningOptions(BaseModel):
+    """`summary` is accepted and ignored: Kronk returns the reasoning itself, not a summary."""
+
     model_config = ConfigDict(extra="ignore")
 
-    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+
+    def template_effort(self) -> str | None:
+        """The effort as chat templates know it (they stop at high)."""
+        return "high" if self.effort == "xhigh" else self.effort
 
 
 class ResponsesRequest(SamplingConfig):
-    """POST /v1/responses. Unknown fields are ignored, as OpenAI clients send extras.
+    """POST /v1/responses. Fields it does not model follow FIELDS.
 
     Kronk's sampling fields (top_k, min_p, DRY, XTC, ...) are accepted as in
     chat completions; max_output_tokens is the length limit.
     """
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
     model: str
     input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -169,28 +405,24 @@ class ResponsesRequest(SamplingConfig):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
-    # Not supported; named so that asking for them is an error, not silently ignored.
-    background: bool = False
-    conversation: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _input_given(self) -> ResponsesRequest:
         if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
             raise ValueError("input must not be empty")
-        if self.background:
-            raise ValueError("background responses are not supported; leave background false")
-        if self.conversation is not None:
-            raise ValueError(
-                "conversation objects are not supported; use previous_response_id instead"
-            )
+        FIELDS.refuse(self.model_extra or {})
         return self
+
+    def tool_plan(self) -> ToolPlan:
+        return plan_tools(self.tools or ())
 
     def sampling(self) -> SamplingConfig:
         return sampling_of(self)
 
     def choice(self) -> ToolChoice:
         if isinstance(self.tool_choice, NamedFunctionChoice):
-            return ToolChoice("function", self.tool_choice.name)
+            named = self.tool_choice
+            return ToolChoice("function", prompt_name(named.name, named.namespace))
         if self.tool_choice in ("none", "required"):
             return ToolChoice(self.tool_choice)
         return ToolChoice()
@@ -236,14 +468,11 @@ class ResponsesRequest(SamplingConfig):
                     )
                 )
                 reasoning = None
-            elif isinstance(item, FunctionCallItem):
-                call = ToolCall(item.call_id, item.name, _arguments(item.arguments))
-                messages.append(_with_call(messages, call, reasoning))
+            elif isinstance(item, CallItem):
+                messages.append(_with_call(messages, item.to_core(), reasoning))
                 reasoning = None
-            else:
-                messages.append(
-                    ChatMessage(role="tool", content=_text(item.output), tool_call_id=item.call_id)
-                )
+            elif isinstance(item, CallOutputItem):
+                messages.append(item.to_core())
         return messages
 
 

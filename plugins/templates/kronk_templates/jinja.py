@@ -90,6 +90,52 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
     return data
 
 
+_SYSTEM_ROLES = ("system", "developer")
+_PROBE_SYSTEM = "Probe: a rule that applies from here on."
+
+
+def _inserted(shorter: str, longer: str) -> str:
+    """What `longer` holds beyond `shorter`, between their common prefix and suffix."""
+    start = 0
+    while start < len(shorter) and shorter[start] == longer[start]:
+        start += 1
+    end = 0
+    while end < len(shorter) - start and shorter[-1 - end] == longer[-1 - end]:
+        end += 1
+    return longer[start : len(longer) - end]
+
+
+def _joined(message: dict[str, Any], text: str) -> dict[str, Any]:
+    content = message["content"]
+    return {**message, "content": f"{content}\n\n{text}" if content else text}
+
+
+def merge_system_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the first turn, for a template that cannot render them where
+    they stand: the leading ones become one; a later one joins the user message it follows,
+    else the next user message, else becomes a user message of its own. Each keeps its
+    place among the turns, so a conversation renders the same prefix turn after turn (what
+    the message cache reuses)."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []  # later system text waiting for the next user message
+    for message in messages:
+        text = message["content"] or ""
+        if message["role"] not in _SYSTEM_ROLES:
+            if pending and message["role"] == "user":
+                message = {**message, "content": "\n\n".join([*pending, text])}
+                pending = []
+            out.append(message)
+        elif not out:
+            out.append(message)
+        elif out[-1]["role"] == "user" or all(m["role"] in _SYSTEM_ROLES for m in out):
+            out[-1] = _joined(out[-1], text)
+        else:
+            pending.append(text)
+    if pending:
+        out.append({"role": "user", "content": "\n\n".join(pending)})
+    return out
+
+
 class JinjaTemplateProcessor:
     """Renders with a jinja chat template; parses output with the model's tool-call format."""
 
@@ -122,6 +168,35 @@ class JinjaTemplateProcessor:
         self.renders_tools = "tools" in variables
         self._bos = bos_token
         self._eos = eos_token
+        self._system_turns_anywhere: bool | None = None
+
+    def system_turns_anywhere(self) -> bool:
+        """Whether the template renders a system message after the first turn as a turn of
+        its own, where it stands: rendered with one and without, the difference holds more
+        than its text. A template that raises, drops it or folds it into a neighbouring
+        turn (the bundled gemma, Gemma's and Mistral's own) gets such messages merged
+        (`merge_system_turns`)."""
+        if self._system_turns_anywhere is None:
+            turns = [
+                {"role": "system", "content": "Probe: the first rule."},
+                {"role": "user", "content": "Probe: the first question."},
+                {"role": "system", "content": _PROBE_SYSTEM},
+                {"role": "assistant", "content": "Probe: the first answer."},
+                {"role": "user", "content": "Probe: the second question."},
+            ]
+            context = {
+                "add_generation_prompt": True,
+                "bos_token": self._bos,
+                "eos_token": self._eos,
+            }
+            try:
+                without = self._template.render({**context, "messages": turns[:2] + turns[3:]})
+                inserted = _inserted(without, self._template.render({**context, "messages": turns}))
+            except (jinja2.TemplateError, TemplateError, TypeError, ValueError, KeyError):
+                inserted = ""  # a template that refuses them cannot render them there
+            rest = inserted.replace(_PROBE_SYSTEM, "")
+            self._system_turns_anywhere = _PROBE_SYSTEM in inserted and bool(rest.strip())
+        return self._system_turns_anywhere
 
     def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> str:
         # chat_template_kwargs may set template switches (enable_thinking, ...), not the inputs.
@@ -135,6 +210,11 @@ class JinjaTemplateProcessor:
         }
         if options.reasoning_effort is not None:
             context["reasoning_effort"] = options.reasoning_effort
+        later_system = any(
+            message.role in _SYSTEM_ROLES and index > 0 for index, message in enumerate(messages)
+        )
+        if later_system and not self.system_turns_anywhere():
+            context["messages"] = merge_system_turns(context["messages"])
         if options.tools and not self.renders_tools:
             prompt = tools_prompt(options.tools, self._format.call_example)
             context["messages"] = _with_tools_prompt(context["messages"], prompt)

@@ -1,0 +1,85 @@
+"""What clients send beyond what a dialect serves, treated by one rule in every dialect.
+
+Each dialect states, in one place, the request fields it accepts and ignores (each with
+why the answer does not depend on it) and the fields it refuses (they would change the
+answer and Kronk cannot honour them: 400). Any other unknown field is accepted and logged
+once per server. A tool a dialect cannot serve is left out of the prompt, named in the
+OMITTED_TOOLS_HEADER response header and logged once per tool type, so an agent that
+offers it keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request
+
+log = logging.getLogger(__name__)
+
+OMITTED_TOOLS_HEADER = "x-kronk-omitted-tools"
+_NOTICED = "kronk_client_extras_noticed"
+
+
+@dataclass(frozen=True)
+class FieldRules:
+    """A dialect's rule for top-level request fields it does not model."""
+
+    dialect: str
+    # Field → why it does not change the answer.
+    ignored: Mapping[str, str]
+    # Field → why it is refused and what to send instead; refused only when it asks for
+    # something (absent, null, false and empty values ask for nothing).
+    refused: Mapping[str, str]
+
+    def refuse(self, fields: Mapping[str, Any]) -> None:
+        """ValueError (a 400 naming the field) for the first refused field that asks."""
+        for name, why in self.refused.items():
+            if fields.get(name) not in (None, False, "", [], {}):
+                raise ValueError(f"{name}: {why}")
+
+    def unknown(self, fields: Iterable[str]) -> list[str]:
+        """The fields neither ignored nor refused by name, in the order given."""
+        return [name for name in fields if name not in self.ignored and name not in self.refused]
+
+
+def notice_once(
+    request: Request[Any, Any, Any], kind: str, names: Iterable[str], what: str, level: int
+) -> None:
+    """Log `what` (formatted with the name) once per server for each new (kind, name): an
+    agent sends the same extras with every request, and one line says all there is."""
+    noticed: set[tuple[str, str]] = request.app.state.setdefault(_NOTICED, set())
+    for name in names:
+        if (kind, name) not in noticed:
+            noticed.add((kind, name))
+            log.log(level, what, name)
+
+
+def unknown_fields(
+    request: Request[Any, Any, Any], rules: FieldRules, fields: Iterable[str]
+) -> None:
+    """Log each unknown field of a request once (it was accepted and ignored)."""
+    notice_once(
+        request,
+        f"{rules.dialect} field",
+        rules.unknown(fields),
+        f"{rules.dialect}: request field %r is not known to Kronk; it is accepted and ignored",
+        logging.INFO,
+    )
+
+
+def omitted_tools(
+    request: Request[Any, Any, Any], dialect: str, types: Sequence[str]
+) -> dict[str, str]:
+    """Log each omitted tool type once; the response headers that name them."""
+    notice_once(
+        request,
+        "tool",
+        types,
+        f"{dialect}: tools of type %r cannot be served here; they are left out of the prompt "
+        f"(the response header {OMITTED_TOOLS_HEADER} names them)",
+        logging.WARNING,
+    )
+    return {OMITTED_TOOLS_HEADER: ",".join(dict.fromkeys(types))} if types else {}
