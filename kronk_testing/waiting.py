@@ -47,14 +47,15 @@ def reached(condition: Callable[[], bool], seconds: float) -> bool:
     return condition()
 
 
-async def wait_idle(engine: Engine) -> None:
+async def wait_idle(engine: Engine, timeout: float = 10.0) -> None:
     """Wait until no request is running or queued and every slot is free."""
     await wait_until(
         lambda: (
             engine.stats().active == 0
             and engine.stats().queued == 0
             and not any(slot.busy for slot in engine.slots)
-        )
+        ),
+        timeout,
     )
 
 

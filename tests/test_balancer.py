@@ -271,9 +271,19 @@ def test_a_conversation_sticks_to_a_replica_and_survives_its_death(cluster: Clus
     assert list(cluster.shared_dir.rglob("*.tokens"))
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(timeout=30)
-    # HAProxy's health check (inter 1s, fall 1) marks it down; nginx finds it out when the
-    # next request's connection is refused, and passes it to the other replica.
-    time.sleep(2.5)
+    # The balancer sends the conversation to the survivor (HAProxy once a health check
+    # marked the dead one down, or at once by redispatching a refused connection; nginx when
+    # the next request's connection is refused): seen on readiness probes that carry the
+    # session, which count against no quota.
+    def routed_to_the_survivor() -> bool:
+        probe = httpx.get(
+            cluster.balancer + "/v1/readiness",
+            headers={"X-Kronk-Session": "conversation-1"},
+            timeout=5,
+        )
+        return probe.headers.get("x-kronk-replica") == other.host
+
+    _wait(routed_to_the_survivor, "the conversation's next request going to the survivor")
 
     messages.append({"role": "user", "content": QUESTIONS[2]})
     answer = _chat(cluster.balancer, messages, headers)

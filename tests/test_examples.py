@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kronk_testing.answers import assert_english_about_the_sea
+
+# The example chats with the default model, the llamacpp plugin's.
+pytestmark = pytest.mark.needs_plugins
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -13,6 +13,9 @@ import pytest
 
 from kronk_core.contract.plugins import create_plugin_manager
 
+# The installed plugins' hook specs are documented too.
+pytestmark = pytest.mark.needs_plugins
+
 DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
 # The core's hooks, and those the installed plugins define for other plugins (added in their
 # kronk_addhooks): found through the plugin manager, never listed here.

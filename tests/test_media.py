@@ -21,6 +21,7 @@ from kronk_core.types import ChatResult
 from kronk_testing.media_samples import image, mp3_silence, striped, wav
 from kronk_testing.models.multimodal import image_tokens
 from kronk_testing.plugin import MultimodalPaths
+from kronk_testing.waiting import wait_idle, wait_until
 
 # Small steps, so a sound's 150 tokens are decoded over several of them.
 N_BATCH = 64
@@ -192,8 +193,7 @@ async def test_a_sound_prefills_within_the_step_budget_beside_a_generating_slot(
                 temperature=0,
             )
         )
-        while not any(record.generating for record in records):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: any(record.generating for record in records), timeout=60)
         listener = await ask(kronk, ["Listen", Media.from_bytes(wav(523, seconds=50.0, rate=8000))])
         story = await talker
     finally:
@@ -220,15 +220,14 @@ async def test_cancelling_midway_through_a_sound_frees_the_slot(kronk: Kronk) ->
         stream = await kronk.start_chat(request)
         task = asyncio.create_task(collect(stream))
         # Cancel once part of the first sound chunk is in the slot.
-        while sum(sum(r.prefilling.values()) for r in records) < spans[0].start + 20:
-            await asyncio.sleep(0.005)
+        await wait_until(
+            lambda: sum(sum(r.prefilling.values()) for r in records) >= spans[0].start + 20,
+            timeout=120,
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(200):
-            if not any(slot.busy for slot in loaded.engine.slots):  # type: ignore[union-attr]
-                break
-            await asyncio.sleep(0.01)
+        await wait_idle(loaded.engine, timeout=60)  # type: ignore[arg-type]
     finally:
         loaded.engine.remove_step_listener(records.append)  # type: ignore[union-attr]
     slots = loaded.engine.slots  # type: ignore[union-attr]

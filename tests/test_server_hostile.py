@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,8 +34,15 @@ CHAT = "/v1/chat/completions"
 LIMITS = f"models.{MODEL}.llamacpp.structured_output"
 # Growth of the server's resident memory while a hostile request is in flight.
 MAX_GROWTH_BYTES = 512 << 20
-# A 4-token chat takes a fraction of a second here; this is what it may take meanwhile.
-MAX_BYSTANDER_SECONDS = 8.0
+# How many times its own time alone a bystander's 4-token chat may take while a hostile
+# request is in flight. Its time alone is measured in the same test, just before and just
+# after (the slower of the two medians), so a machine's speed and load cancel out. Measured
+# on 2 loaded cores: at most 7 times (the 5 MB logit_bias body, parsed on the event loop),
+# mostly 1 to 3; a request that held the model did far worse (the enum of 20,000 values:
+# 41.7 s, some 150 times a bystander's time alone).
+BYSTANDER_FACTOR = 20
+# Bystanders timed alone, before the hostile request and after it.
+ALONE_RUNS = 3
 
 
 def _rss() -> int:
@@ -86,8 +94,10 @@ class Outcome:
     response: httpx.Response
     growth: int
     bystanders: list[float]
-    # RSS after the request (and a bystander after it) less RSS before it.
+    # RSS after the request (and the bystanders after it) less RSS before it.
     retained: int
+    # A bystander's time with nothing else in flight (see BYSTANDER_FACTOR).
+    alone: float
 
 
 async def _bystander(client: httpx.AsyncClient) -> float:
@@ -100,10 +110,12 @@ async def _bystander(client: httpx.AsyncClient) -> float:
 
 async def hostile(base_url: str, path: str, body: bytes) -> Outcome:
     """Send `body` while another client chats on the same model, back to back, until the
-    hostile request is answered; the memory the server grew meanwhile is measured."""
+    hostile request is answered; the memory the server grew meanwhile is measured, and the
+    bystander is timed alone before and after."""
     timeout = httpx.Timeout(300, connect=10)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
         await _bystander(client)  # the model is loaded and warm before anything is measured
+        before = [await _bystander(client) for _ in range(ALONE_RUNS)]
         with watched_memory() as watch:
             request = asyncio.create_task(
                 client.post(path, content=body, headers={"content-type": "application/json"})
@@ -112,15 +124,18 @@ async def hostile(base_url: str, path: str, body: bytes) -> Outcome:
             while not request.done():
                 bystanders.append(await _bystander(client))
             response = await request
-        bystanders.append(await _bystander(client))
-    return Outcome(response, watch.growth, bystanders, _rss() - watch.start)
+        after = [await _bystander(client) for _ in range(ALONE_RUNS)]
+    alone = max(statistics.median(before), statistics.median(after))
+    return Outcome(response, watch.growth, bystanders, _rss() - watch.start, alone)
 
 
 def assert_harmless(outcome: Outcome) -> None:
     assert "Traceback" not in outcome.response.text
     assert outcome.growth < MAX_GROWTH_BYTES, f"the server grew {outcome.growth >> 20} MiB"
     slowest = max(outcome.bystanders)
-    assert slowest < MAX_BYSTANDER_SECONDS, f"a 4-token chat took {slowest:.1f}s meanwhile"
+    assert slowest < BYSTANDER_FACTOR * outcome.alone, (
+        f"a 4-token chat took {slowest:.2f}s meanwhile, {outcome.alone:.2f}s alone"
+    )
 
 
 def assert_refused(outcome: Outcome, status: int, *words: str) -> None:
@@ -177,7 +192,7 @@ REFUSED: dict[str, tuple[dict[str, Any], int, tuple[str, ...]]] = {
     "max_items_1e9": (
         _schema({"type": "array", "items": {"type": "integer"}, "maxItems": 10**9}),
         400,
-        (f"{LIMITS}.max_repetition",),
+        ("maxItems is 1000000000", f"{LIMITS}.max_repetition"),
     ),
     "min_length_1e9": (
         chat(json_schema={"type": "string", "minLength": 10**9}),
@@ -267,6 +282,73 @@ async def test_hostile_request_is_refused_and_harms_no_one(
     body, status, words = REFUSED[case]
     outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
     assert_refused(outcome, status, *words)
+
+
+# The schema refusals again, each keyword below the root: a check that read only the root
+# passes none of them. (keyword's schema, words the message holds.) Counts are one past the
+# default limits, so that a tool's parameters still fit the context when they are rendered
+# into the prompt. The pattern's quantifier is refused by the converter's repetition
+# builder, which sees every level by construction.
+NESTED_LIMITS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "min_items_1e9": (
+        {"type": "array", "items": {"type": "integer"}, "minItems": 10**9},
+        ("minItems is 1000000000", f"{LIMITS}.max_repetition"),
+    ),
+    "max_items_1e9": (
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 10**9},
+        ("maxItems is 1000000000", f"{LIMITS}.max_repetition"),
+    ),
+    "min_length_1e9": (
+        {"type": "string", "minLength": 10**9},
+        ("minLength is 1000000000", f"{LIMITS}.max_repetition"),
+    ),
+    "pattern_repeated_1e9": (
+        {"type": "string", "pattern": "^a{1000000000}$"},
+        ("1000000000 times", f"{LIMITS}.max_repetition"),
+    ),
+    "enum_of_1001": (
+        {"enum": list(range(1001))},
+        ("1001 values", f"{LIMITS}.max_enum_values"),
+    ),
+    "any_of_129": (
+        {"anyOf": [{"const": index} for index in range(129)]},
+        ("129 alternatives", f"{LIMITS}.max_alternatives"),
+    ),
+    "properties_1001": (
+        {"type": "object", "properties": {f"p{i}": {} for i in range(1001)}},
+        ("1001 properties", f"{LIMITS}.max_properties"),
+    ),
+}
+
+
+def _object_with(inner: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": inner}, "required": ["a"]}
+
+
+# Where a keyword can sit below the root: a request body holding `inner` there.
+NESTINGS: dict[str, Any] = {
+    "in_properties": lambda inner: _schema(_object_with(inner)),
+    "in_items": lambda inner: _schema({"type": "array", "items": inner, "minItems": 1}),
+    "in_defs_through_ref": lambda inner: _schema(
+        {**_object_with({"$ref": "#/$defs/inner"}), "$defs": {"inner": inner}}
+    ),
+    "in_any_of": lambda inner: _schema({"anyOf": [{"type": "null"}, inner]}),
+    "in_tool_parameters": lambda inner: chat(
+        tools=[{"type": "function", "function": {"name": "f", "parameters": _object_with(inner)}}],
+        tool_choice="required",
+    ),
+}
+
+
+@pytest.mark.parametrize("nesting", list(NESTINGS))
+@pytest.mark.parametrize("limit", list(NESTED_LIMITS))
+async def test_a_hostile_keyword_below_the_root_is_refused(
+    server: RunningServer, limit: str, nesting: str
+) -> None:
+    inner, words = NESTED_LIMITS[limit]
+    body = NESTINGS[nesting](inner)
+    outcome = await hostile(server.base_url, CHAT, json.dumps(body).encode())
+    assert_refused(outcome, 400, *words)
 
 
 # Every spelling of a billion repetitions that llama-cpp-python's pattern parser reads
