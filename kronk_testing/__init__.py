@@ -5,9 +5,10 @@ generated models (kronk_testing.models), a scripted stand-in text model
 auth on (auth), local file and Hugging Face servers (file_server, hub_server), catalog pulls
 (pulls), media (media_samples), exactness replays (replay), tool results (tool_results), chat
 templates (templates), the caching tests' conversations (conversations), fuzzing's settings
-(fuzzing), coding agents' requests (agent_requests), answers' checks (answers), the CLI in a
-child process (cli), the shared `kronk libs` build (libs_build), streamed tool calls
-(streamed_calls), a Brave Search double (brave_search) and raw MCP sessions (mcp_session).
+(fuzzing), coding agents' requests (agent_requests) and real clients (agents), answers'
+checks (answers), the CLI in a child process (cli), the shared `kronk libs` build
+(libs_build), streamed tool calls (streamed_calls), a Brave Search double (brave_search)
+and raw MCP sessions (mcp_session).
 Tests import what they share from here, never from one another.
 
 pytest loads the plugin in every run where kronk is installed, so this package imports
