@@ -47,6 +47,7 @@ from kronk_llamacpp.packaged import default_model_path
 from kronk_sampling.plugin import default_stages
 from kronk_speculative.draft_model import draft_stages
 from kronk_testing.replay import BatchReplay, Start, prompt_of
+from kronk_testing.waiting import gated, wait_until
 
 BASE: dict[str, Any] = {
     "templates": {"template": "gemma"},
@@ -158,9 +159,19 @@ class Replayed:
     async def ask(self, conversations: Sequence[Messages], **params: Any) -> list[ChatResult]:
         """Answers to the conversations, asked at once, each the replay's token for token."""
         self.steps.clear()  # the last ask's were all in when it was checked
-        results = await asyncio.gather(
-            *(ask(self.kronk, self.model, messages, **params) for messages in conversations)
-        )
+        engine = self.loaded.engine
+        before = engine.stats().steps
+        # The first is held after its first step until the rest are queued: however slow the
+        # machine, their slots then fill together and carry their drafts in the same decodes.
+        with gated(engine, lambda record: record.index > before) as gate:
+            first = asyncio.ensure_future(ask(self.kronk, self.model, conversations[0], **params))
+            await gate.wait_held()
+            rest = [
+                asyncio.ensure_future(ask(self.kronk, self.model, messages, **params))
+                for messages in conversations[1:]
+            ]
+            await wait_until(lambda: engine.stats().queued == len(rest), timeout=60)
+        results = list(await asyncio.gather(first, *rest))
         requests: dict[int, Start] = {}
         for messages, result in zip(conversations, results, strict=True):
             request = self.kronk.chat_request(messages, model=self.model, **ASKED | params)
