@@ -25,6 +25,10 @@ class GenerationRequest:
     sampling: SamplingParams
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
+    # Text and tokens that end generation as the model's own end-of-turn does (its config's
+    # `stop`; the chat template's turn opener): a natural end, not a stop sequence.
+    end_strings: tuple[str, ...] = ()
+    end_tokens: frozenset[int] = frozenset()
     logprobs: bool = False
     top_logprobs: int = 0
     # How many leading prompt tokens are the system prompt (0: none or not computed).

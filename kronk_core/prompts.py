@@ -85,6 +85,8 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         sampling=sampling,
         max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "messages"),
         stop=request.stop,
+        end_strings=tuple(loaded.config.stop),
+        end_tokens=loaded.end_tokens,
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
         system_tokens=system_tokens,
@@ -110,6 +112,7 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         ),
         max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "prompt"),
         stop=request.stop,
+        end_strings=tuple(loaded.config.stop),
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
     )

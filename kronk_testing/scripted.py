@@ -12,8 +12,9 @@ script file (JSON, `write_script`).
 - Answers: greedy on the script, whatever the sampler stages say (grammars are
   refused). The answer to a prompt is the reply of the script's trigger that occurs
   last in what the sequence's KV holds when the first token is sampled, else the
-  default reply; `{tokens}` and `{digest}` in a reply become the number of tokens
-  that sequence holds and a CRC-32 of their ids, so a test reads what the model saw.
+  default reply (the special tokens' text in it reads as those tokens); `{tokens}` and
+  `{digest}` in a reply become the number of tokens that sequence holds and a CRC-32
+  of their ids, so a test reads what the model saw.
 - KV: every sequence records its token ids. A decode must continue each sequence at
   its length (a gap or an overlap raises KronkError, as must a sequence past the
   context), which makes the engine's and the cache strategies' bookkeeping
@@ -141,7 +142,7 @@ class ScriptedSampler:
             text = b"".join(token_bytes(t, special=True) for t in seen).decode("utf-8", "replace")
             reply = self._model.script.reply(text)
             reply = reply.replace("{tokens}", str(len(seen))).replace("{digest}", digest(seen))
-            self._reply = [*tokenize(reply, parse_special=False), IM_END]
+            self._reply = [*tokenize(reply), IM_END]  # a reply's special tokens are tokens
         return self._reply[min(self._next, len(self._reply) - 1)]
 
     def sample(self, batch_index: int) -> int:

@@ -184,3 +184,34 @@ async def test_trimming_drops_the_oldest_messages_the_model_never_sees(
     assert result.usage.prompt_tokens == len(kept)
     assert result.usage.dropped_tokens == len(prompt([system, *turns])) - len(kept)
 
+
+
+async def test_a_models_stop_ends_its_answer_as_its_end_of_turn_does(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    """`stop` in the model's config: the answer ends there, reported as a natural end (no
+    stop sequence: the client did not ask for it); a request's own stop still reports."""
+    script = Script(default="Hello there. mendatang user: more of the same")
+    kronk = scripted_kronk({SCRIPTED_MODEL_ID: {"stop": [" mendatang"]}}, script=script)
+    answer = await kronk.chat([{"role": "user", "content": "hi"}], max_tokens=64)
+    assert (answer.content, answer.finish_reason.value, answer.stop_sequence) == (
+        "Hello there.", "stop", None,
+    )  # fmt: skip
+    asked = await kronk.chat([{"role": "user", "content": "hi"}], max_tokens=64, stop=["there"])
+    assert (asked.content, asked.stop_sequence) == ("Hello ", "there")
+    raw = await kronk.complete("hi", max_tokens=64)
+    assert raw.content == "Hello there."
+
+
+async def test_a_model_that_opens_a_new_turn_has_ended_its_own(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    """The template's turn opener (ChatML's <|im_start|>) generated ends the answer as the
+    end-of-turn token would: a model that never closes its turn still stops there."""
+    script = Script(default="Hello.<|im_start|>user\nand it goes on")
+    kronk = scripted_kronk(script=script)
+    kronk.load()
+    model, _ = loaded(kronk)
+    assert model.template.turn_opener == "<|im_start|>"
+    answer = await kronk.chat([{"role": "user", "content": "hi"}], max_tokens=64)
+    assert (answer.content, answer.finish_reason.value) == ("Hello.", "stop")

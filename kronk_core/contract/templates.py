@@ -54,6 +54,10 @@ class TemplateProcessor(Protocol):
     name: str
     # The parser needs control tokens (Harmony channels, [TOOL_CALLS]) rendered as text.
     special_tokens_as_text: bool
+    # The control token's text that opens the assistant's turn (`<start_of_turn>`,
+    # `<|im_start|>`), None where the template has none: a model that generates it starts
+    # a turn of its own, so it ends the answer (a base model in a chat template does).
+    turn_opener: str | None
 
     def render(self, messages: Sequence[ChatMessage], options: RenderOptions) -> str:
         """The prompt text for these messages; raises TemplateError on failure."""

@@ -367,7 +367,7 @@ class Engine:
             self._finish(job, FinishReason.error, error=self._unexpected(exc, "preparing a slot"))
             self._reset(slot)
             return
-        job.stops = StopMatcher(job.request.stop)
+        job.stops = StopMatcher(job.request.stop + job.request.end_strings)
         log.debug(
             "started in slot %d: %d prompt tokens, %d cached",
             slot.id,
@@ -712,7 +712,7 @@ class Engine:
         assert job.slot is not None
         if job.completion_tokens == 0:
             job.first_token_at = time.monotonic()
-        if self.model.is_end_of_generation(token):
+        if self.model.is_end_of_generation(token) or token in job.request.end_tokens:
             return FinishReason.stop
         job.completion_tokens += 1
         self._generated += 1
@@ -812,6 +812,8 @@ class Engine:
             rejected_prediction_tokens=job.rejected_tokens,
         )
         matched = job.stops.matched if job.stops is not None else None
+        if matched not in job.request.stop:  # the model's own end, not a requested stop
+            matched = None
         record = self._record(job, reason)
         self._outbox.post(job, Finished(reason, usage, error, stop_sequence=matched, record=record))
         log.debug(

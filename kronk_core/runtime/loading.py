@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from kronk_core.contract.backend import MediaModel, ModelInfo, TextModel
@@ -67,6 +67,17 @@ class LoadedModel:
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=False, parse_special=True)
+
+    @cached_property
+    def end_tokens(self) -> frozenset[int]:
+        """The template's turn opener as a token, where it is one control token (it reads
+        as several tokens when taken as plain text)."""
+        opener = self.template.turn_opener
+        if not opener:
+            return frozenset()
+        tokens = self.tokenize_prompt(opener)
+        plain = self.model.tokenize(opener, add_special=False, parse_special=False)
+        return frozenset(tokens) if len(tokens) == 1 and plain != tokens else frozenset()
 
     def prompt(self, text: str, media: Sequence[Media] = ()) -> MediaPrompt:
         """A rendered prompt's tokens; its MEDIA_MARKERs are `media`, in order, read through

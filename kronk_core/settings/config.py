@@ -100,6 +100,9 @@ class ModelConfig(BaseModel):
     # model can drop rejected tokens; agents resend text the answer repeats.
     draft_strategy: str | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
+    # Text that ends every answer of this model as its end-of-turn token does, besides a
+    # request's own `stop` (Ollama's PARAMETER stop): for a model whose turns end in text.
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     # Embedding models: trained Matryoshka-style, so a prefix of the vector is itself an
     # embedding and requests may ask for fewer `dimensions`.
     matryoshka: bool = False

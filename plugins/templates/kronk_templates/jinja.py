@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -92,6 +93,8 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
 
 _SYSTEM_ROLES = ("system", "developer")
 _PROBE_SYSTEM = "Probe: a rule that applies from here on."
+# How control tokens are spelled: <|im_start|>, <|start_header_id|>, <start_of_turn>.
+_CONTROL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|<[a-z_]{1,40}>")
 
 
 def _inserted(shorter: str, longer: str) -> str:
@@ -169,6 +172,25 @@ class JinjaTemplateProcessor:
         self._bos = bos_token
         self._eos = eos_token
         self._system_turns_anywhere: bool | None = None
+        self.turn_opener = self._turn_opener()
+
+    def _turn_opener(self) -> str | None:
+        """The marker the generation prompt opens the assistant's turn with: what rendering
+        with `add_generation_prompt` adds, where it starts with a control token's text."""
+        context = {
+            "messages": [{"role": "user", "content": "Probe: a question."}],
+            "bos_token": self._bos,
+            "eos_token": self._eos,
+        }
+        try:
+            closed = self._template.render({**context, "add_generation_prompt": False})
+            opened = self._template.render({**context, "add_generation_prompt": True})
+        except (jinja2.TemplateError, TemplateError, TypeError, ValueError, KeyError):
+            return None
+        if not opened.startswith(closed):
+            return None
+        found = _CONTROL_TOKEN.match(opened[len(closed) :])
+        return found.group(0) if found else None
 
     def system_turns_anywhere(self) -> bool:
         """Whether the template renders a system message after the first turn as a turn of
