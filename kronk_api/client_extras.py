@@ -3,9 +3,10 @@
 Each dialect states, in one place, the request fields it accepts and ignores (each with
 why the answer does not depend on it) and the fields it refuses (they would change the
 answer and Kronk cannot honour them: 400). Any other unknown field is accepted and logged
-once per server. A tool a dialect cannot serve is left out of the prompt, named in the
-OMITTED_TOOLS_HEADER response header and logged once per tool type, so an agent that
-offers it keeps working.
+once per server. A built-in tool Kronk can serve with a server tool (`server_tools`, which
+plugins offer through `kronk_server_tools`) is served; one it cannot serve is left out of the
+prompt, named in the OMITTED_TOOLS_HEADER response header and logged once per tool type, so
+an agent that offers it keeps working.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from typing import Any
 
 from litestar import Request
 
+from kronk_api.http import kronk_of
+from kronk_core.contract.server_tools import ServerTool
+
 log = logging.getLogger(__name__)
 
 OMITTED_TOOLS_HEADER = "x-kronk-omitted-tools"
 _NOTICED = "kronk_client_extras_noticed"
+_SERVER_TOOLS = "kronk_server_tools"
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,31 @@ def omitted_tools(
         logging.WARNING,
     )
     return {OMITTED_TOOLS_HEADER: ",".join(dict.fromkeys(types))} if types else {}
+
+
+def server_tools(request: Request[Any, Any, Any]) -> Mapping[str, ServerTool]:
+    """The server tools the active plugins offer (`kronk_server_tools`), by name; asked once
+    per server, with its settings. The first tool of a name wins."""
+    state = request.app.state
+    found: dict[str, ServerTool] | None = state.get(_SERVER_TOOLS)
+    if found is None:
+        kronk = kronk_of(request)
+        found = {}
+        for answer in kronk.hook.kronk_server_tools(settings=state.settings, kronk=kronk):
+            for tool in answer or ():
+                found.setdefault(tool.name, tool)
+        state[_SERVER_TOOLS] = found
+    return found
+
+
+def served_tools(request: Request[Any, Any, Any], dialect: str, served: Mapping[str, str]) -> None:
+    """Log once per tool type that Kronk serves it: `served` maps each type to its server
+    tool's name."""
+    for kind, name in served.items():
+        notice_once(
+            request,
+            "served tool",
+            [kind],
+            f"{dialect}: tools of type %r are served by Kronk's {name} server tool",
+            logging.INFO,
+        )

@@ -22,12 +22,13 @@ from kronk_core.contract.drafts import DraftStrategyFactory
 from kronk_core.contract.host import Host
 from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.registry import Register
+from kronk_core.contract.server_tools import ServerTool
 from kronk_core.contract.templates import TemplateProcessorFactory
 from kronk_core.records import ChatRecord, RequestRecord
 from kronk_core.sampling import SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.model_files import ModelFile, PackagedModel
-from kronk_core.settings.sections import Section
+from kronk_core.settings.sections import Section, Sectioned
 from kronk_core.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -234,6 +235,20 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     first. `app.state.settings` holds the `ServerSettings` (your section:
     `section.of(app.state.settings)`); keep per-server state on `app.state`. The SDK alone
     never calls this hook: a program embedding `Kronk` owns its lifecycle.
+    """
+
+
+@hookspec
+def kronk_server_tools(settings: Sectioned, kronk: Host) -> Sequence[ServerTool]:
+    """Offer tools the server runs itself (kronk_core.contract.server_tools.ServerTool).
+
+    Called once per server, with its settings (your section: `section.of(settings)`), the
+    first time a request could use one: return the tools your configuration enables, or
+    none. The dialects serve their clients' built-in tools with them (the server tool named
+    `WEB_SEARCH` serves OpenAI's and Anthropic's built-in web search); an SDK program passes
+    tools to `kronk_core.tool_loop.start_tool_loop` itself. When the model calls one, Kronk
+    runs it and continues the answer with its result, inside the request. The first tool
+    of a name wins. The mcp plugin offers `web_search` when it has a Brave Search API key.
     """
 
 

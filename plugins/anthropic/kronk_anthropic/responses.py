@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kronk_core.contract.server_tools import ServerToolResult, ToolError
+from kronk_core.tool_loop import ServerToolUse, ToolLoopEvent
 from kronk_core.types import ChatDelta, FinishReason, ToolCallDelta, Usage
 
 Event = tuple[str, dict[str, Any]]
@@ -24,20 +26,55 @@ def stop_reason(delta: ChatDelta) -> str:
     return _STOP_REASONS.get(delta.finish_reason, "end_turn")
 
 
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """Anthropic counts cache reads apart: input + cache_creation + cache_read = whole prompt."""
-    return {
+# The error codes of a web_search_tool_result_error, by the server tool's error.
+_SEARCH_ERRORS: dict[ToolError, str] = {
+    "invalid_input": "invalid_tool_input",
+    "unavailable": "unavailable",
+    "rate_limited": "too_many_requests",
+    "max_uses_exceeded": "max_uses_exceeded",
+}
+
+
+def usage_dict(usage: Usage, web_searches: int | None = None) -> dict[str, Any]:
+    """Anthropic counts cache reads apart: input + cache_creation + cache_read = whole prompt.
+    With web search served, the searches run are `server_tool_use.web_search_requests`."""
+    counts: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens},
     }
+    if web_searches is not None:
+        counts["server_tool_use"] = {"web_search_requests": web_searches, "web_fetch_requests": 0}
+    return counts
 
 
 def tool_use_id(call_id: str) -> str:
     """Anthropic-style id for a call; ids that come back in tool_result pass through unchanged."""
     return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
+
+
+def server_tool_use_id(call_id: str) -> str:
+    """Anthropic-style id for a call the server runs."""
+    return "srvtoolu_" + call_id.removeprefix("call_")
+
+
+def search_content(result: ServerToolResult) -> list[dict[str, Any]] | dict[str, Any]:
+    """A web_search_tool_result's content: the pages found, or the error."""
+    if result.error is not None:
+        return {"type": "web_search_tool_result_error", "error_code": _SEARCH_ERRORS[result.error]}
+    return [
+        {
+            "type": "web_search_result",
+            "url": source.url,
+            "title": source.title,
+            # Anthropic's is its own sealed copy of the page, for citations; Kronk has none.
+            "encrypted_content": "",
+            "page_age": source.page_age,
+        }
+        for source in result.sources
+    ]
 
 
 def signature(thinking: str) -> str:
@@ -75,11 +112,15 @@ class ContentBlocks:
     """
 
     content: list[dict[str, Any]] = field(default_factory=list)
+    # The web searches Kronk sent (a call refused for max_uses or its input is not one).
+    web_searches: int = 0
     _open: Literal["text", "thinking"] | None = None
     # The block index of each call still streaming, by call id.
     _tool_uses: dict[str, int] = field(default_factory=dict)
 
-    def feed(self, delta: ChatDelta) -> list[Event]:
+    def feed(self, delta: ToolLoopEvent) -> list[Event]:
+        if isinstance(delta, ServerToolUse):
+            return self._server_tool(delta)
         events: list[Event] = []
         if delta.reasoning:
             events += self._append("thinking", delta.reasoning)
@@ -93,6 +134,36 @@ class ContentBlocks:
             self.content[index]["input"] = json.loads(call.arguments)
             events.append(_event("content_block_stop", index=index))
         return events
+
+    def _server_tool(self, use: ServerToolUse) -> list[Event]:
+        """A search Kronk runs: its server_tool_use block (the input streamed as one
+        fragment), then its web_search_tool_result block, each whole."""
+        block_id = server_tool_use_id(use.call.id)
+        if use.result is None:
+            events = self.close()
+            start = {"type": "server_tool_use", "id": block_id, "name": use.call.name, "input": {}}
+            self.content.append({**start, "input": dict(use.arguments)})
+            index = len(self.content) - 1
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(use.arguments)}
+            return [
+                *events,
+                _event("content_block_start", index=index, content_block=start),
+                _event("content_block_delta", index=index, delta=delta),
+                _event("content_block_stop", index=index),
+            ]
+        if use.result.error not in ("max_uses_exceeded", "invalid_input"):
+            self.web_searches += 1
+        block = {
+            "type": "web_search_tool_result",
+            "tool_use_id": block_id,
+            "content": search_content(use.result),
+        }
+        self.content.append(block)
+        index = len(self.content) - 1
+        return [
+            _event("content_block_start", index=index, content_block=block),
+            _event("content_block_stop", index=index),
+        ]
 
     def _tool_use_piece(self, piece: ToolCallDelta) -> list[Event]:
         """A call's first piece starts its tool_use block (empty input); fragments of its

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from kronk_api.client_extras import FieldRules
+from kronk_core.contract.server_tools import WEB_SEARCH, ServerTool
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
@@ -103,6 +104,56 @@ class ToolUseBlock(_Block):
     input: dict[str, Any]
 
 
+class ServerToolUseBlock(_Block):
+    """A call of a tool the server ran (Kronk's web search, in an earlier answer)."""
+
+    type: Literal["server_tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+    def to_core(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.name, arguments=json.dumps(self.input))
+
+
+class WebSearchResult(_Block):
+    type: Literal["web_search_result"]
+    url: str
+    title: str = ""
+    page_age: str | None = None
+
+
+class WebSearchError(_Block):
+    type: Literal["web_search_tool_result_error"]
+    error_code: str
+
+
+class WebSearchToolResultBlock(_Block):
+    """What a web search the server ran found: the tool turn after its server_tool_use.
+
+    Its text for the model is rebuilt from the results (titles, URLs, page ages): the
+    descriptions the model read then are not in the block.
+    """
+
+    type: Literal["web_search_tool_result"]
+    tool_use_id: str
+    content: list[WebSearchResult] | WebSearchError
+
+    def to_core(self) -> ChatMessage:
+        if isinstance(self.content, WebSearchError):
+            text = f"Error: {self.content.error_code}"
+        elif not self.content:
+            text = "No web results."
+        else:
+            lines = ["Web results:"]
+            for number, result in enumerate(self.content, 1):
+                lines += ["", f"{number}. {result.title}", f"   {result.url}"]
+                if result.page_age:
+                    lines.append(f"   Age: {result.page_age}")
+            text = "\n".join(lines)
+        return ChatMessage(role="tool", content=text, tool_call_id=self.tool_use_id)
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
@@ -125,13 +176,27 @@ class ToolResultBlock(_Block):
 
 
 ContentBlock = Annotated[
-    TextBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+    TextBlock
+    | ImageBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ServerToolUseBlock
+    | WebSearchToolResultBlock,
     Field(discriminator="type"),
 ]
 
 _ALLOWED = {
     "user": (TextBlock, ImageBlock, ToolResultBlock),
-    "assistant": (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock),
+    "assistant": (
+        TextBlock,
+        ThinkingBlock,
+        RedactedThinkingBlock,
+        ToolUseBlock,
+        ServerToolUseBlock,
+        WebSearchToolResultBlock,
+    ),
     "system": (TextBlock,),
 }
 
@@ -187,7 +252,7 @@ class Message(BaseModel):
 
     def to_core(self, sources: MediaSources, where: str) -> list[ChatMessage]:
         if self.role == "assistant":
-            return [self._assistant()]
+            return self._assistant()
         if self.role == "system":
             text = BLOCK_SEPARATOR.join(
                 block.text for block in self.content if isinstance(block, TextBlock)
@@ -206,20 +271,40 @@ class Message(BaseModel):
                 texts.append(block)
         return out + _user(texts, sources, where)
 
-    def _assistant(self) -> ChatMessage:
-        text = [block.text for block in self.content if isinstance(block, TextBlock)]
-        thinking = [block.thinking for block in self.content if isinstance(block, ThinkingBlock)]
-        calls = tuple(
-            ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input))
-            for block in self.content
-            if isinstance(block, ToolUseBlock)
-        )
-        return ChatMessage(
-            role="assistant",
-            content=BLOCK_SEPARATOR.join(text) if text else None,
-            tool_calls=calls,
-            reasoning_content=BLOCK_SEPARATOR.join(thinking) if thinking else None,
-        )
+    def _assistant(self) -> list[ChatMessage]:
+        """The assistant's turns: a search the server ran ends the turn that called it, and
+        its result is a tool turn before the answer goes on."""
+        turns: list[ChatMessage] = []
+        blocks: list[Any] = []
+        for block in self.content:
+            if isinstance(block, WebSearchToolResultBlock):
+                turns += [_assistant_turn(blocks), block.to_core()]
+                blocks = []
+            else:
+                blocks.append(block)
+        if blocks or not turns:
+            turns.append(_assistant_turn(blocks))
+        return turns
+
+
+def _assistant_turn(blocks: Sequence[Any]) -> ChatMessage:
+    text = [block.text for block in blocks if isinstance(block, TextBlock)]
+    thinking = [block.thinking for block in blocks if isinstance(block, ThinkingBlock)]
+    calls = tuple(
+        block.to_core() if isinstance(block, ServerToolUseBlock) else _tool_call(block)
+        for block in blocks
+        if isinstance(block, ToolUseBlock | ServerToolUseBlock)
+    )
+    return ChatMessage(
+        role="assistant",
+        content=BLOCK_SEPARATOR.join(text) if text else None,
+        tool_calls=calls,
+        reasoning_content=BLOCK_SEPARATOR.join(thinking) if thinking else None,
+    )
+
+
+def _tool_call(block: ToolUseBlock) -> ToolCall:
+    return ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input))
 
 
 def _user(
@@ -251,13 +336,30 @@ class CustomTool(BaseModel):
 
 class DefinedTool(BaseModel):
     """A tool Anthropic defines by its versioned type (web_search_20250305, bash_20250124,
-    code_execution_..., text_editor_...): Kronk has no definition of it to show the model,
-    so it is left out of the prompt and named in the omitted-tools header."""
+    code_execution_..., text_editor_...). Web search is served by Kronk's web search server
+    tool where one is registered (`served_by`); Kronk has no definition of the others to
+    show the model, so they are left out of the prompt and named in the omitted-tools
+    header."""
 
     model_config = ConfigDict(extra="ignore")
 
     type: str
     name: str = ""
+    # Web search's options: at most this many searches in the request; results only from
+    # (or never from) these domains. user_location is a hint, and ignored.
+    max_uses: Annotated[int, Field(ge=1)] | None = None
+    allowed_domains: list[str] | None = None
+    blocked_domains: list[str] | None = None
+
+    def served_by(self, available: Mapping[str, ServerTool]) -> ServerTool | None:
+        """The server tool that serves this tool, if any: a web search that must keep to or
+        away from some domains is not one Kronk can serve."""
+        tool = available.get(WEB_SEARCH)
+        if not self.type.startswith("web_search_") or self.name != WEB_SEARCH or tool is None:
+            return None
+        if self.allowed_domains or self.blocked_domains:
+            return None
+        return tool
 
 
 def _tool_kind(value: Any) -> str:
@@ -269,6 +371,17 @@ Tool = Annotated[
     Annotated[CustomTool, Tag("CustomTool")] | Annotated[DefinedTool, Tag("DefinedTool")],
     Discriminator(_tool_kind),
 ]
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """The server tools that serve the request's defined tools (with each one's max_uses,
+    and the types they serve), and the types left out."""
+
+    server: tuple[ServerTool, ...] = ()
+    max_uses: Mapping[str, int] = field(default_factory=dict)
+    served: Mapping[str, str] = field(default_factory=dict)
+    omitted: tuple[str, ...] = ()
 
 
 _CHOICE_MODES: dict[str, Literal["auto", "required", "none"]] = {
@@ -352,9 +465,32 @@ class Conversation(BaseModel):
         """The image URLs the messages name (those to fetch before `to_core`)."""
         return [url for message in self.messages for url in image_urls(message.content)]
 
-    def omitted_tools(self) -> list[str]:
+    def tool_plan(self, available: Mapping[str, ServerTool] | None = None) -> ToolPlan:
+        """Which defined tools `available` server tools serve; the others are left out. A
+        server tool is never offered under a name the client's own tools use."""
+        tools = self.tools or ()
+        own = {tool.name for tool in tools if isinstance(tool, CustomTool)}
+        usable = {name: tool for name, tool in (available or {}).items() if name not in own}
+        server: dict[str, ServerTool] = {}
+        max_uses: dict[str, int] = {}
+        served: dict[str, str] = {}
+        omitted: list[str] = []
+        for tool in tools:
+            if not isinstance(tool, DefinedTool):
+                continue
+            found = tool.served_by(usable)
+            if found is None:
+                omitted.append(tool.type)
+                continue
+            server[found.name] = found
+            served[tool.type] = found.name
+            if tool.max_uses is not None:
+                max_uses[found.name] = tool.max_uses
+        return ToolPlan(tuple(server.values()), max_uses, served, tuple(omitted))
+
+    def omitted_tools(self, available: Mapping[str, ServerTool] | None = None) -> list[str]:
         """The types of the tools left out of the prompt, as the client sent them."""
-        return [tool.type for tool in self.tools or () if isinstance(tool, DefinedTool)]
+        return list(self.tool_plan(available).omitted)
 
     def core_messages(self, sources: MediaSources) -> tuple[ChatMessage, ...]:
         out: list[ChatMessage] = []
@@ -381,8 +517,9 @@ class Conversation(BaseModel):
     def to_core(self, sources: MediaSources | None = None) -> ChatRequest:
         choice = self.tool_choice
         effort = self.output_config.effort if self.output_config else None
+        messages = self.core_messages(sources or MediaSources())
         return ChatRequest(
-            messages=self.core_messages(sources or MediaSources()),
+            messages=messages,
             model=self.model,
             tools=tuple(
                 tool.to_core() for tool in self.tools or () if isinstance(tool, CustomTool)
@@ -392,8 +529,9 @@ class Conversation(BaseModel):
             enable_thinking=self.thinking is not None and self.thinking.type != "disabled",
             reasoning_effort=None if effort is None else _EFFORT[effort],
             json_schema=self._json_schema(),
-            # A final assistant message is a prefill: the answer continues its text.
-            continue_final_message=self.messages[-1].role == "assistant",
+            # A final assistant message is a prefill: the answer continues its text (unless
+            # it ends with a search's result: the answer then starts a turn of its own).
+            continue_final_message=bool(messages) and messages[-1].role == "assistant",
         )
 
 

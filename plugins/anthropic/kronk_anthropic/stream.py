@@ -8,6 +8,7 @@ from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, Event, message_dict, stop_reason, usage_dict
 from kronk_api.dialect import sse_frame
 from kronk_core.errors import KronkError
+from kronk_core.tool_loop import ToolLoopEvent
 from kronk_core.types import ChatDelta, Usage
 
 
@@ -17,12 +18,17 @@ def encode(event: Event) -> bytes:
 
 
 async def sse(
-    message_id: str, model: str, prompt_tokens: int, deltas: AsyncIterator[ChatDelta]
+    message_id: str,
+    model: str,
+    prompt_tokens: int,
+    deltas: AsyncIterator[ToolLoopEvent],
+    web_search: bool = False,
 ) -> AsyncIterator[bytes]:
     """message_start, ping, the content blocks, message_delta, message_stop.
 
     The cache split of the prompt is known only at the end: message_start
-    counts the whole prompt as input, message_delta carries the final counts.
+    counts the whole prompt as input, message_delta carries the final counts (with
+    `web_search` served, the searches run too).
     """
     start_usage = usage_dict(Usage(prompt_tokens=prompt_tokens))
     skeleton = message_dict(message_id, model, [], None, start_usage)
@@ -33,7 +39,7 @@ async def sse(
         async for delta in deltas:
             for event in blocks.feed(delta):
                 yield encode(event)
-            if delta.finish_reason is None:
+            if not isinstance(delta, ChatDelta) or delta.finish_reason is None:
                 continue
             for event in blocks.close():
                 yield encode(event)
@@ -47,7 +53,9 @@ async def sse(
                             "stop_reason": stop_reason(delta),
                             "stop_sequence": delta.stop_sequence,
                         },
-                        "usage": usage_dict(delta.usage),
+                        "usage": usage_dict(
+                            delta.usage, blocks.web_searches if web_search else None
+                        ),
                     },
                 )
             )

@@ -13,10 +13,12 @@ from litestar.config.app import AppConfig
 
 from kronk_api.listen import ListenError
 from kronk_core import hookimpl
+from kronk_core.contract.server_tools import ServerTool
 from kronk_core.errors import ConfigError
-from kronk_core.settings.sections import Section
+from kronk_core.settings.sections import Section, Sectioned
 from kronk_mcp.auth import server_gate
 from kronk_mcp.cli import add_commands
+from kronk_mcp.server_tool import WebSearchTool
 from kronk_mcp.service import BackgroundService, mcp_app
 from kronk_mcp.settings import SETTINGS
 
@@ -66,6 +68,14 @@ def _start(app: Litestar) -> BackgroundService | None:
         return None
     app.state[STATE_KEY] = service
     return service
+
+
+@hookimpl
+def kronk_server_tools(settings: Sectioned) -> Sequence[ServerTool]:
+    """web_search for agents' built-in web search, once there is a key to search with."""
+    mcp = SETTINGS.of(settings)
+    key = mcp.api_key
+    return [] if key is None else [WebSearchTool(mcp, key)]
 
 
 @hookimpl

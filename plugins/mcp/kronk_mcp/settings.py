@@ -48,6 +48,11 @@ class McpSettings(BaseModel):
     brave_timeout: Annotated[Duration, Field(gt=0.0)] = Field(
         default=10.0, description="How long web_search waits for Brave Search, e.g. 10s"
     )
+    web_search_max_uses: Annotated[int, Field(ge=1)] = Field(
+        default=5,
+        description="Searches one request may run when Kronk serves an agent's built-in web "
+        "search (a client's max_uses may lower it)",
+    )
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="Comma-separated origins browsers may call the MCP service from, besides "

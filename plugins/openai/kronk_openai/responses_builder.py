@@ -7,9 +7,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from kronk_core.errors import KronkError
+from kronk_core.tool_loop import ServerToolUse, ToolLoopEvent
 from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolCallDelta, Usage
 from kronk_openai.responses_errors import RESPONSES_ERRORS
 from kronk_openai.responses_schemas import ToolTarget
@@ -70,6 +71,7 @@ class ResponseBuilder:
         self._reasoning: list[str] = []
         self._calls: list[ToolCall] = []
         self._call_items: dict[str, int] = {}  # the output index of each call still streaming
+        self._searches: dict[str, int] = {}  # the output index of each server-run web search
         # What each function the model sees stands for (namespaced and custom tools).
         self._targets = targets or {}
 
@@ -91,7 +93,14 @@ class ResponseBuilder:
     def _snapshot(self) -> dict[str, Any]:
         return {**self.response, "output": list(self.output)}
 
-    def feed(self, delta: ChatDelta) -> list[Event]:
+    @staticmethod
+    def ends(event: ToolLoopEvent) -> TypeGuard[ChatDelta]:
+        """Whether `event` is the last delta, which `finish` takes."""
+        return isinstance(event, ChatDelta) and event.finish_reason is not None
+
+    def feed(self, delta: ToolLoopEvent) -> list[Event]:
+        if isinstance(delta, ServerToolUse):
+            return self._web_search(delta)
         events: list[Event] = []
         if delta.reasoning:
             events += self._text("reasoning", delta.reasoning)
@@ -234,6 +243,46 @@ class ResponseBuilder:
         return [
             *events,
             self._event("response.output_item.done", output_index=item.output_index, item=done),
+        ]
+
+    def _web_search(self, use: ServerToolUse) -> list[Event]:
+        """A search Kronk runs: its web_search_call item is added and searching, then done.
+
+        The text and calls before it went into the conversation as the loop's own turn, so
+        the stored assistant message starts anew after it.
+        """
+        if use.result is None:
+            events = self._close()
+            self._content, self._reasoning, self._calls = [], [], []
+            query = use.arguments.get("query")
+            action = {"type": "search", "query": query if isinstance(query, str) else ""}
+            item: dict[str, Any] = {
+                "type": "web_search_call",
+                "id": _item_id("ws"),
+                "status": "in_progress",
+                "action": action,
+            }
+            index = self._searches[use.call.id] = len(self.output)
+            self.output.append(item)
+            where = {"item_id": item["id"], "output_index": index}
+            return [
+                *events,
+                self._event("response.output_item.added", output_index=index, item=item),
+                self._event("response.web_search_call.in_progress", **where),
+                self._event("response.web_search_call.searching", **where),
+            ]
+        index = self._searches.pop(use.call.id)
+        item = self.output[index]
+        sources = [{"type": "url", "url": source.url} for source in use.result.sources]
+        self.output[index] = done = {
+            **item,
+            "status": "failed" if use.result.error else "completed",
+            "action": {**item["action"], "sources": sources},
+        }
+        where = {"item_id": item["id"], "output_index": index}
+        return [
+            self._event("response.web_search_call.completed", **where),
+            self._event("response.output_item.done", output_index=index, item=done),
         ]
 
     def _function_call_piece(self, piece: ToolCallDelta) -> list[Event]:

@@ -10,13 +10,14 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.client_extras import omitted_tools, unknown_fields
+from kronk_api.client_extras import omitted_tools, served_tools, server_tools, unknown_fields
 from kronk_api.dialect import SSE_HEADERS, sse_frame
 from kronk_api.endpoints import subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import ContextOverflowError, KronkError
 from kronk_core.sdk import ChatStream
-from kronk_core.types import ChatDelta, ChatMessage, ChatRequest
+from kronk_core.tool_loop import ToolLoop, ToolLoopEvent, start_tool_loop
+from kronk_core.types import ChatMessage, ChatRequest
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
 from kronk_openai.responses_errors import RESPONSES_ERRORS
@@ -65,7 +66,8 @@ def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[s
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body = await parse_body(request, ResponsesRequest)
     unknown_fields(request, FIELDS, body.model_extra or {})
-    tools = body.tool_plan()
+    tools = body.tool_plan(server_tools(request))
+    served_tools(request, "responses", tools.served)
     headers = omitted_tools(request, "responses", tools.omitted)
     kronk = kronk_of(request)
     store = _store(request)
@@ -92,8 +94,14 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
         parallel_tool_calls=body.parallel_tool_calls,
     )
     response_id = f"resp_{uuid.uuid4().hex}"
+    stream: ChatStream | ToolLoop
     try:
-        stream = await kronk.start_chat(chat, subject=owner)
+        if tools.server:
+            stream = await start_tool_loop(
+                kronk, chat, tools.server, max_uses=body.max_uses(tools), subject=owner
+            )
+        else:
+            stream = await kronk.start_chat(chat, subject=owner)
     except ContextOverflowError as exc:
         if not body.stream:
             raise
@@ -107,7 +115,9 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
 
     def keep() -> None:
         if body.store:
-            conversation_out = (*conversation, builder.assistant_message())
+            # The searches the loop ran are turns of the conversation too.
+            turns = stream.turns if isinstance(stream, ToolLoop) else ()
+            conversation_out = (*conversation, *turns, builder.assistant_message())
             stored = StoredResponse(builder.response, conversation_out, owner)
             store.put(builder.response["id"], stored)
 
@@ -126,24 +136,24 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | St
     return answer
 
 
-async def _run(builder: ResponseBuilder, deltas: AsyncIterator[ChatDelta]) -> list[Event]:
+async def _run(builder: ResponseBuilder, deltas: AsyncIterator[ToolLoopEvent]) -> list[Event]:
     events = builder.start()
     async for delta in deltas:
-        events += builder.finish(delta) if delta.finish_reason is not None else builder.feed(delta)
+        events += builder.finish(delta) if builder.ends(delta) else builder.feed(delta)
     return events
 
 
 async def _sse(
-    stream: ChatStream,
+    stream: ChatStream | ToolLoop,
     builder: ResponseBuilder,
-    deltas: AsyncIterator[ChatDelta],
+    deltas: AsyncIterator[ToolLoopEvent],
     keep: Any,
 ) -> AsyncIterator[bytes]:
     try:
         for name, payload in builder.start():
             yield sse_frame(payload, name)
         async for delta in deltas:
-            if delta.finish_reason is not None:
+            if builder.ends(delta):
                 events = builder.finish(delta)
                 keep()
             else:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from kronk_api.client_extras import FieldRules
+from kronk_core.contract.server_tools import WEB_SEARCH, ServerTool
 from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources
 from kronk_core.settings.config import SamplingConfig
@@ -38,7 +39,6 @@ FIELDS = FieldRules(
         "answers context_length_exceeded and the client compacts",
         "top_logprobs": "log-probabilities of the output, which Responses answers from Kronk "
         "do not carry",
-        "max_tool_calls": "a limit on built-in tool calls, which Kronk does not make",
         "stream_options": "options of OpenAI's stream (obfuscation); Kronk's has none",
     },
     refused={
@@ -103,7 +103,7 @@ class MessageItem(BaseModel):
 # other type is a 400.
 DROPPED_ITEMS = {
     "compaction": "another server's encrypted summary of earlier turns",
-    "web_search_call": "a search another server ran; its results are not in the item",
+    "web_search_call": "a search Kronk or another server ran; its results are not in the item",
 }
 # Keys of a call item that say nothing about what was called.
 _BOOKKEEPING = frozenset({"type", "id", "call_id", "status", "caller", "name", "namespace"})
@@ -285,13 +285,43 @@ def _within(namespace: NamespaceTool | None, description: str) -> str:
     return f"({namespace.name}: {namespace.description}) {description}".rstrip()
 
 
+class WebSearchFilters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    allowed_domains: list[str] | None = None
+
+
+# The types of OpenAI's built-in web search, dated and not.
+WEB_SEARCH_TYPES = frozenset(
+    {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+)
+
+
 class BuiltInTool(BaseModel):
     """A tool OpenAI runs or defines (web_search, file_search, local_shell, shell, mcp,
-    computer_use_preview, ...): left out of the prompt, named in the omitted-tools header."""
+    computer_use_preview, ...). Web search is served by Kronk's web search server tool where
+    one is registered (`served_by`); every other one is left out of the prompt and named in
+    the omitted-tools header."""
 
     model_config = ConfigDict(extra="ignore")
 
     type: str
+    # Web search's options: false asks for cached results only, which Kronk has not.
+    external_web_access: bool | None = None
+    filters: WebSearchFilters | None = None
+
+    def served_by(self, available: Mapping[str, ServerTool]) -> ServerTool | None:
+        """The server tool that serves this tool, if any. A web search that may not reach
+        the web or must keep to some domains is not one Kronk can serve (its location and
+        search_context_size are hints, and ignored)."""
+        tool = available.get(WEB_SEARCH)
+        if self.type not in WEB_SEARCH_TYPES or tool is None:
+            return None
+        if self.external_web_access is False:
+            return None
+        if self.filters is not None and self.filters.allowed_domains:
+            return None
+        return tool
 
 
 def _tool_kind(value: Any) -> str:
@@ -321,22 +351,26 @@ class ToolTarget:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """The tools as the model sees them, what each stands for, and the types left out."""
+    """The tools as the model sees them, what each stands for, the server tools that serve
+    built-in ones (and the types they serve), and the types left out."""
 
     specs: tuple[ToolSpec, ...] = ()
     targets: Mapping[str, ToolTarget] = field(default_factory=dict)
     omitted: tuple[str, ...] = ()
+    server: tuple[ServerTool, ...] = ()
+    served: Mapping[str, str] = field(default_factory=dict)
 
 
 def plan_tools(
     tools: Sequence[FunctionTool | CustomTool | NamespaceTool | BuiltInTool],
+    available: Mapping[str, ServerTool] | None = None,
 ) -> ToolPlan:
     specs: list[ToolSpec] = []
     targets: dict[str, ToolTarget] = {}
-    omitted: list[str] = []
+    built_in: list[BuiltInTool] = []
     for tool in tools:
         if isinstance(tool, BuiltInTool):
-            omitted.append(tool.type)
+            built_in.append(tool)
             continue
         members = tool.tools if isinstance(tool, NamespaceTool) else [tool]
         namespace = tool if isinstance(tool, NamespaceTool) else None
@@ -346,7 +380,19 @@ def plan_tools(
             targets[spec.name] = ToolTarget(
                 member.name, namespace.name if namespace else None, isinstance(member, CustomTool)
             )
-    return ToolPlan(tuple(specs), targets, tuple(omitted))
+    # A server tool is offered once, and never under a name the client's own tools use.
+    usable = {name: tool for name, tool in (available or {}).items() if name not in targets}
+    server: dict[str, ServerTool] = {}
+    served: dict[str, str] = {}
+    omitted: list[str] = []
+    for tool in built_in:
+        found = tool.served_by(usable)
+        if found is None:
+            omitted.append(tool.type)
+        else:
+            server[found.name] = found
+            served[tool.type] = found.name
+    return ToolPlan(tuple(specs), targets, tuple(omitted), tuple(server.values()), served)
 
 
 class NamedFunctionChoice(BaseModel):
@@ -398,6 +444,8 @@ class ResponsesRequest(SamplingConfig):
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    # The most built-in tool calls (web searches) Kronk runs for this response.
+    max_tool_calls: Annotated[int, Field(ge=0)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
@@ -413,8 +461,15 @@ class ResponsesRequest(SamplingConfig):
         FIELDS.refuse(self.model_extra or {})
         return self
 
-    def tool_plan(self) -> ToolPlan:
-        return plan_tools(self.tools or ())
+    def tool_plan(self, available: Mapping[str, ServerTool] | None = None) -> ToolPlan:
+        """The tools, with the built-in ones `available` server tools serve."""
+        return plan_tools(self.tools or (), available)
+
+    def max_uses(self, plan: ToolPlan) -> dict[str, int]:
+        """max_tool_calls, as the limit of each server tool that serves a built-in one."""
+        if self.max_tool_calls is None:
+            return {}
+        return {tool.name: self.max_tool_calls for tool in plan.server}
 
     def sampling(self) -> SamplingConfig:
         return sampling_of(self)
