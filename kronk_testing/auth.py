@@ -5,7 +5,7 @@ some endpoints, `bearer` the header that carries one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +47,18 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @contextmanager
-def serving_with_auth(kronk: Kronk, **settings: Any) -> Iterator[AuthServer]:
+def serving_with_auth(
+    kronk: Kronk, auth: Mapping[str, Any] | None = None, **settings: Any
+) -> Iterator[AuthServer]:
     """`with serving_with_auth(kronk) as server:` the app for `kronk` with auth-jwt on, its
     keys under the Kronk's base path, on a real uvicorn (kronk_testing.server.serving, whose
-    shutdown closes `kronk`). `settings` are other ServerSettings fields."""
+    shutdown closes `kronk`). `auth` are other settings of the auth-jwt section
+    (`limit_store`, ...), `settings` other ServerSettings fields."""
     from kronk_api import ServerSettings, create_app
 
     base = kronk.config.base_path
-    server = ServerSettings(base_path=base, sections={"auth-jwt": {"enabled": True}}, **settings)
+    section = {"enabled": True, **(auth or {})}
+    server = ServerSettings(base_path=base, sections={"auth-jwt": section}, **settings)
     app = create_app(server, kronk=kronk)
     with serving(app) as base_url:
         yield AuthServer(base_url=base_url, base=base, admin=admin_token(base), app=app)

@@ -1,7 +1,10 @@
-"""docs/plugins.md states every hook spec's signature, as the spec has it (as datasette checks)."""
+"""docs/plugins.md states every hook spec's signature, as the spec has it (as datasette checks),
+and every hook spec has a test of its own, `test_hook_<name>` (tests/test_hooks.py has them):
+a small plugin implementing just that hook, registered in-process, its effect asserted."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 from collections.abc import Callable, Iterator
@@ -16,7 +19,9 @@ from kronk_core.contract.plugins import create_plugin_manager
 # The installed plugins' hook specs are documented too.
 pytestmark = pytest.mark.needs_plugins
 
-DOCS = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+TEST_FOLDERS = [ROOT / "tests", *sorted(ROOT.glob("plugins/*/tests"))]
 # The core's hooks, and those the installed plugins define for other plugins (added in their
 # kronk_addhooks): found through the plugin manager, never listed here.
 SPEC_MODULES: list[ModuleType] = sorted(
@@ -67,3 +72,23 @@ def test_the_spec_modules_are_found() -> None:
 
 def test_every_documented_hook_has_a_spec() -> None:
     assert set(DOCUMENTED.findall(DOCS)) == {name for name, _ in specs()}
+
+
+def hooks_with_a_test() -> set[str]:
+    """The hooks named by a `test_hook_<name>` function in any test folder."""
+    named = set()
+    for folder in TEST_FOLDERS:
+        for path in folder.rglob("test_*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                if is_function and node.name.startswith("test_hook_"):
+                    named.add(node.name.removeprefix("test_hook_"))
+    return named
+
+
+@pytest.mark.parametrize("name", [name for name, _ in specs()])
+def test_every_hook_spec_has_a_test_of_its_own(name: str) -> None:
+    assert name in hooks_with_a_test(), (
+        f"write test_hook_{name} (tests/test_hooks.py): a small plugin implementing just "
+        f"{name}, registered in-process, and what it changes asserted"
+    )

@@ -1,12 +1,17 @@
-"""Every server-side hook, exercised by an in-process third-party plugin."""
+"""Every hook, exercised by an in-process third-party plugin: the server-side hooks together
+(test_server_hooks), then one example per hook (test_hook_<name>)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import click
+import httpx
+import pluggy
 import pytest
 from click.testing import CliRunner
 from litestar import Litestar, Request, Response, get
@@ -16,13 +21,41 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 from litestar.testing import TestClient
 from litestar.types import ASGIApp, Receive, Scope, Send
+from prometheus_client.core import GaugeMetricFamily
+from pydantic import BaseModel
 
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import KronkGroup
+from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
+from kronk_auth_jwt.plugin import sqlite_store
+from kronk_caching.plugin import no_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
+from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
+from kronk_core.contract.drafts import DraftStrategy, DraftStrategyFactory
+from kronk_core.contract.hookspecs import hookspec
+from kronk_core.contract.host import Host
+from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.registry import Register
+from kronk_core.contract.templates import (
+    TEMPLATE_PROCESSORS,
+    TemplateProcessor,
+    TemplateProcessorFactory,
+)
+from kronk_core.errors import ConfigError, ModelNotFoundError
 from kronk_core.records import ChatRecord, RequestRecord, current_request_id
+from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.settings.model_files import ModelFile, PackagedModel
+from kronk_core.settings.sections import ModelSection
+from kronk_core.types import SamplingParams, ToolSpec
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
+from kronk_speculative.plugin import prompt_lookup
+from kronk_templates.formats.base import ToolFormat
+from kronk_templates.formats.hermes import HermesFormat
+from kronk_testing import scripted
+from kronk_testing.auth import bearer, mint, serving_with_auth
+from kronk_testing.plugin import SCRIPTED_MODEL_ID, MakeKronk, MakeServer, ScriptedKronk
+from kronk_testing.scripted import Script
 
 
 class Teapot(Exception):
@@ -170,3 +203,422 @@ def test_cli_hook_adds_a_command(probed: tuple[Probe, Kronk]) -> None:
     kronk.hook.kronk_cli(group=group)
     result = CliRunner().invoke(group, ["hello"])
     assert result.exit_code == 0 and result.output == "hello from a plugin\n"
+
+
+# ---- one example per hook ---------------------------------------------------------------
+# Each test below is named test_hook_<hook> (tests/test_hook_docs.py checks that every hook
+# spec has one) and reads as an example: a small plugin implementing just that hook,
+# registered in-process, and what it changes, seen from outside. The models are scripted
+# (kronk_testing.scripted): no llama.cpp, instant answers.
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def _script_file(tmp_path: Path, name: str, reply: str = "scripted answer") -> Path:
+    return scripted.write_script(tmp_path / "scripts" / f"{name}.json", Script(default=reply))
+
+
+def test_hook_kronk_addhooks(make_kronk: MakeKronk) -> None:
+    class GreetingSpecs:
+        @hookspec
+        def kronk_greeting(self, name: str) -> str:  # type: ignore[empty-body]
+            """A hook of the plugin's own, which other plugins implement."""
+
+    class DefinesTheHook:
+        @hookimpl
+        def kronk_addhooks(self, plugin_manager: pluggy.PluginManager) -> None:
+            plugin_manager.add_hookspecs(GreetingSpecs)
+
+    class ImplementsIt:
+        @hookimpl
+        def kronk_greeting(self, name: str) -> str:
+            return f"hello, {name}"
+
+    kronk = make_kronk(plugins={"defines": DefinesTheHook(), "implements": ImplementsIt()})
+    assert kronk.hook.kronk_greeting(name="Kronk") == ["hello, Kronk"]
+
+
+class Loudness(BaseModel):
+    level: int = 1
+
+
+LOUDNESS = ModelSection("loudness", Loudness)
+
+
+def test_hook_kronk_settings(scripted_kronk: ScriptedKronk) -> None:
+    class DeclaresASection:
+        @hookimpl
+        def kronk_settings(self) -> list[ModelSection[Loudness]]:
+            return [LOUDNESS]
+
+    plugins = {"loudness": DeclaresASection()}
+    kronk = scripted_kronk({"m": {"loudness": {"level": 3}}}, plugins=plugins, load="m")
+    loaded = kronk.get_loaded("m")
+    assert loaded is not None and LOUDNESS.of(loaded.config).level == 3
+    with pytest.raises(ConfigError, match=r"models\.m\.loudness\.level"):
+        scripted_kronk({"m": {"loudness": {"level": "very"}}}, plugins=plugins, load="m")
+
+
+async def test_hook_kronk_models(make_kronk: MakeKronk, tmp_path: Path) -> None:
+    script = _script_file(tmp_path, "offered", "offered by a plugin")
+
+    class OffersAModel:
+        @hookimpl
+        def kronk_models(self, kronk: Host) -> dict[str, dict[str, Any]]:
+            return {"offered": {"backend": scripted.BACKEND, "model_path": str(script)}}
+
+    kronk = make_kronk(plugins={"scripted": scripted, "offers": OffersAModel()})
+    assert "offered" in kronk.model_ids()
+    assert (await kronk.chat(HI, model="offered")).content == "offered by a plugin"
+
+
+def test_hook_kronk_pull_hint(make_kronk: MakeKronk) -> None:
+    class Hints:
+        @hookimpl
+        def kronk_pull_hint(self) -> str:
+            return "Fetch it with `toy pull NAME`."
+
+    kronk = make_kronk(plugins={"hints": Hints()})
+    with pytest.raises(ModelNotFoundError) as refused:
+        kronk.load("no-such-model")
+    assert "Fetch it with `toy pull NAME`." in str(refused.value)
+
+
+async def test_hook_kronk_resolve_model(scripted_kronk: ScriptedKronk) -> None:
+    class Resolves:
+        @hookimpl
+        def kronk_resolve_model(self, kronk: Host, reference: str, pull: bool) -> str | None:
+            return "m" if reference == "toy-org/toy-repo:Q4_0" else None
+
+    kronk = scripted_kronk({"m": {}}, plugins={"resolves": Resolves()})
+    assert kronk.resolve("toy-org/toy-repo:Q4_0") == "m"
+    assert (await kronk.chat(HI, model="toy-org/toy-repo:Q4_0")).content
+
+
+async def test_hook_kronk_model_file(make_kronk: MakeKronk, tmp_path: Path) -> None:
+    base = tmp_path / "home"
+    found = base / "models" / "found.toy"
+    found.parent.mkdir(parents=True)
+    found.write_text(Script(default="from a .toy file").to_json(), encoding="utf-8")
+
+    class ClaimsToyFiles:
+        @hookimpl
+        def kronk_model_file(self, path: Path) -> ModelFile | None:
+            return ModelFile(path.stem, path, (path,)) if path.suffix == ".toy" else None
+
+    class ServesThem:  # the backend for the claimed files (test_hook_kronk_backend's)
+        @hookimpl
+        def kronk_backend(self, model_config: ModelConfig) -> Backend | None:
+            return scripted.ScriptedBackend() if model_config.model_path.suffix == ".toy" else None
+
+    plugins = {"claims": ClaimsToyFiles(), "serves": ServesThem()}
+    kronk = make_kronk(plugins=plugins, base_path=base)
+    assert "found" in kronk.model_ids()
+    assert (await kronk.chat(HI, model="found")).content == "from a .toy file"
+
+
+async def test_hook_kronk_packaged_models(make_kronk: MakeKronk, tmp_path: Path) -> None:
+    script = _script_file(tmp_path, "boxed", "shipped in a package")
+
+    class ShipsAModel:
+        @hookimpl
+        def kronk_packaged_models(self) -> list[PackagedModel]:
+            return [
+                PackagedModel(
+                    id="boxed",
+                    install="pip install boxed-model",
+                    settings={"backend": scripted.BACKEND},
+                    installed=lambda: True,
+                    assemble=lambda: script,
+                )
+            ]
+
+    kronk = make_kronk(plugins={"scripted": scripted, "ships": ShipsAModel()})
+    assert (await kronk.chat(HI, model="boxed")).content == "shipped in a package"
+
+
+async def test_hook_kronk_backend(make_kronk: MakeKronk, tmp_path: Path) -> None:
+    script = _script_file(tmp_path, "toy", "a backend of its own")
+    toy = script.rename(script.with_suffix(".toy"))
+    claimed: list[str] = []
+
+    class ToyBackend:
+        @hookimpl(tryfirst=True)
+        def kronk_backend(self, model_config: ModelConfig) -> Backend | None:
+            if model_config.model_path.suffix != ".toy":
+                return None
+            claimed.append(model_config.id)
+            return scripted.ScriptedBackend()
+
+    kronk = make_kronk({"m": {"model_path": str(toy)}}, plugins={"toy": ToyBackend()})
+    assert (await kronk.chat(HI, model="m")).content == "a backend of its own"
+    assert claimed == ["m"]
+
+
+def test_hook_kronk_devices(make_kronk: MakeKronk) -> None:
+    toy = Device(0, "TOY0", "a toy accelerator", "accel", 1 << 30, 2 << 30)
+
+    class ListsADevice:
+        @hookimpl
+        def kronk_devices(self) -> list[Device]:
+            return [toy]
+
+    assert toy in make_kronk(plugins={"lists": ListsADevice()}).devices()
+
+
+def test_hook_kronk_memory_estimate(scripted_kronk: ScriptedKronk) -> None:
+    estimate = MemoryEstimate(1 << 20, 256, 2, "f16", "f16", 4, 2048)
+
+    class Estimates:
+        @hookimpl(tryfirst=True)
+        def kronk_memory_estimate(self, model_config: ModelConfig) -> MemoryEstimate | None:
+            return estimate if model_config.id == "m" else None
+
+    kronk = scripted_kronk({"m": {}}, plugins={"estimates": Estimates()})
+    assert kronk.memory_estimate("m") == estimate
+
+
+def test_hook_kronk_model_facts(scripted_kronk: ScriptedKronk) -> None:
+    facts = ModelFacts("toy", 7_000_000, "Q4_0", 2048)
+
+    class Reads:
+        @hookimpl(tryfirst=True)
+        def kronk_model_facts(self, model_config: ModelConfig) -> ModelFacts | None:
+            return facts if model_config.id == "m" else None
+
+    kronk = scripted_kronk({"m": {}}, plugins={"reads": Reads()})
+    assert kronk.model_facts("m") == facts
+
+
+def test_hook_kronk_register_cache_strategies(scripted_kronk: ScriptedKronk) -> None:
+    made: list[str] = []
+
+    class RegistersACache:
+        @hookimpl
+        def kronk_register_cache_strategies(
+            self, register: Register[CacheStrategyFactory], kronk: Host
+        ) -> None:
+            def forgetful(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
+                made.append(model_config.id)
+                return no_cache(model_config=model_config, model_info=model_info)
+
+            register("forgetful", forgetful)
+
+    plugins = {"forgetful": RegistersACache()}
+    kronk = scripted_kronk({"m": {"cache": "forgetful"}}, plugins=plugins, load="m")
+    loaded = kronk.get_loaded("m")
+    assert made == ["m"] and loaded is not None
+
+
+def test_hook_kronk_register_draft_strategies(scripted_kronk: ScriptedKronk) -> None:
+    made: list[str] = []
+
+    class RegistersADrafter:
+        @hookimpl
+        def kronk_register_draft_strategies(
+            self, register: Register[DraftStrategyFactory], kronk: Host
+        ) -> None:
+            def echo(**arguments: Any) -> DraftStrategy:
+                made.append(arguments["model_config"].id)
+                return prompt_lookup(**arguments)
+
+            register("echo", echo)
+
+    plugins = {"echo": RegistersADrafter()}
+    kronk = scripted_kronk({"m": {"draft_strategy": "echo"}}, plugins=plugins, load="m")
+    loaded = kronk.get_loaded("m")
+    assert made == ["m"]
+    assert loaded is not None and loaded.engine is not None
+    assert loaded.engine.draft_strategy is not None
+
+
+async def test_hook_kronk_register_template_processors(scripted_kronk: ScriptedKronk) -> None:
+    rendered: list[int] = []
+
+    class Counting:
+        """The jinja processor, counting the prompts it renders."""
+
+        def __init__(self, inner: TemplateProcessor) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def render(self, *args: Any, **kwargs: Any) -> Any:
+            rendered.append(1)
+            return self._inner.render(*args, **kwargs)
+
+    class RegistersAProcessor:
+        @hookimpl
+        def kronk_register_template_processors(
+            self, register: Register[TemplateProcessorFactory], kronk: Host
+        ) -> None:
+            def counting(**arguments: Any) -> TemplateProcessor:
+                # Looked up at load time: the registry is being filled while this hook runs.
+                jinja = kronk.registry(TEMPLATE_PROCESSORS).get("jinja", "template_processor")
+                return Counting(jinja(**arguments))
+
+            register("counting", counting)
+
+    plugins = {"counting": RegistersAProcessor()}
+    kronk = scripted_kronk({"m": {"template_processor": "counting"}}, plugins=plugins)
+    assert (await kronk.chat(HI, model="m")).content
+    assert rendered
+
+
+async def test_hook_kronk_sampler_stages(scripted_kronk: ScriptedKronk) -> None:
+    asked: list[float] = []
+
+    class ChoosesStages:
+        @hookimpl
+        def kronk_sampler_stages(
+            self, params: SamplingParams, model_info: ModelInfo
+        ) -> list[SamplerStage]:
+            asked.append(params.temperature)
+            return [Greedy()]
+
+    kronk = scripted_kronk({"m": {}}, plugins={"stages": ChoosesStages()})
+    await kronk.chat(HI, model="m", temperature=0.7)
+    assert asked[-1] == 0.7  # the request's own, resolved
+
+
+async def test_hook_kronk_app(scripted_kronk: ScriptedKronk, make_server: MakeServer) -> None:
+    @get("/probe/hello")
+    async def hello() -> dict[str, str]:
+        return {"hello": "from a plugin"}
+
+    class AddsARoute:
+        @hookimpl
+        def kronk_app(self, app_config: AppConfig, kronk: Host) -> None:
+            app_config.route_handlers.append(hello)
+
+    server = make_server(scripted_kronk(plugins={"adds": AddsARoute()}))
+    answer = httpx.get(server.base_url + "/probe/hello", timeout=30)
+    assert answer.status_code == 200 and answer.json() == {"hello": "from a plugin"}
+
+
+async def test_hook_kronk_request_finished(scripted_kronk: ScriptedKronk) -> None:
+    records: list[RequestRecord] = []
+
+    class Watches:
+        @hookimpl
+        def kronk_request_finished(self, record: RequestRecord) -> None:
+            records.append(record)
+
+    kronk = scripted_kronk({"m": {}}, plugins={"watches": Watches()}, script=Script(default="four"))
+    answer = await kronk.chat(HI, model="m")
+    ((record,),) = [records]
+    assert record.model == "m" and record.completion_tokens == answer.usage.completion_tokens
+
+
+async def test_hook_kronk_chat_finished(scripted_kronk: ScriptedKronk) -> None:
+    records: list[ChatRecord] = []
+
+    class Watches:
+        @hookimpl
+        def kronk_chat_finished(self, record: ChatRecord) -> None:
+            records.append(record)
+
+    kronk = scripted_kronk({"m": {}}, plugins={"watches": Watches()})
+    answer = await kronk.chat(HI, model="m")
+    (record,) = records
+    assert record.finish_reason == answer.finish_reason and record.usage == answer.usage
+
+
+def test_hook_kronk_model_loaded(scripted_kronk: ScriptedKronk) -> None:
+    loads: list[tuple[str, float]] = []
+
+    class Watches:
+        @hookimpl
+        def kronk_model_loaded(
+            self, model_config: ModelConfig, model_info: ModelInfo, seconds: float
+        ) -> None:
+            loads.append((model_config.id, seconds))
+
+    scripted_kronk({"m": {}}, plugins={"watches": Watches()}, load="m")
+    ((model, seconds),) = loads
+    assert model == "m" and seconds >= 0
+
+
+def test_hook_kronk_cli(make_kronk: MakeKronk) -> None:
+    class AddsACommand:
+        @hookimpl
+        def kronk_cli(self, group: click.Group) -> None:
+            @group.command("hello")
+            def hello() -> None:
+                click.echo("hello from a plugin")
+
+    kronk = make_kronk(plugins={"adds": AddsACommand()})
+    group = KronkGroup(name="kronk")
+    kronk.hook.kronk_cli(group=group)
+    result = CliRunner().invoke(group, ["hello"])
+    assert result.exit_code == 0 and result.output == "hello from a plugin\n"
+
+
+def test_hook_kronk_register_limit_stores(scripted_kronk: ScriptedKronk) -> None:
+    opened: list[str] = []
+
+    class RegistersAStore:
+        @hookimpl(optionalhook=True)
+        def kronk_register_limit_stores(
+            self, register: Register[LimitStoreFactory], kronk: Host
+        ) -> None:
+            def counted(url: str, base_path: Path) -> LimitStore:
+                opened.append(url)
+                return sqlite_store(f"sqlite:///{base_path / 'counted.db'}", base_path)
+
+            register("counted", counted)
+
+    kronk = scripted_kronk(plugins={"counted": RegistersAStore()})
+    with serving_with_auth(kronk, auth={"limit_store": "counted://a"}) as server:
+        headers = bearer(mint(server, "chat-completions:1/day"))
+        url = f"{server.base_url}/v1/chat/completions"
+        body = {"model": SCRIPTED_MODEL_ID, "messages": HI}
+        first = httpx.post(url, json=body, headers=headers, timeout=30)
+        again = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert opened == ["counted://a"]
+    assert (first.status_code, again.status_code) == (200, 429)
+
+
+def test_hook_kronk_debug_collectors(
+    scripted_kronk: ScriptedKronk, make_server: MakeServer, port_finder: Callable[[], int]
+) -> None:
+    class Answers:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            yield GaugeMetricFamily("kronk_toy_answer", "The answer.", value=42)
+
+    class AddsACollector:
+        @hookimpl(optionalhook=True)
+        def kronk_debug_collectors(self, kronk: Kronk) -> list[Answers]:
+            return [Answers()]
+
+    kronk = scripted_kronk(plugins={"answers": AddsACollector()})
+    port = port_finder()
+    settings = ServerSettings.model_validate({"debug": {"host": f"127.0.0.1:{port}"}})
+    make_server(kronk, settings, lifespan="on")
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert "kronk_toy_answer 42.0" in metrics.text
+
+
+async def test_hook_kronk_register_tool_formats(scripted_kronk: ScriptedKronk) -> None:
+    class Bracketed(HermesFormat):
+        """Hermes' calls, under a name of this plugin's."""
+
+        name = "bracketed"
+
+    class RegistersAFormat:
+        @hookimpl(optionalhook=True)
+        def kronk_register_tool_formats(self, register: Register[ToolFormat], kronk: Host) -> None:
+            register("bracketed", Bracketed())
+
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"q": "tea"}}\n</tool_call>'
+    kronk = scripted_kronk(
+        {"m": {"templates": {"tool_format": "bracketed"}}},
+        plugins={"formats": RegistersAFormat()},
+        script=Script(default=call),
+    )
+    tool = ToolSpec(name="lookup", parameters_json='{"type": "object"}')
+    answer = await kronk.chat(HI, model="m", tools=[tool])
+    assert [(c.name, json.loads(c.arguments)) for c in answer.tool_calls] == [
+        ("lookup", {"q": "tea"})
+    ]
