@@ -126,12 +126,14 @@ def chat_request(
     parallel_tool_calls: bool = True,
     continue_final_message: bool = False,
     logit_bias: Mapping[int, float] | None = None,
+    n: int = 1,
     **sampling: Any,
 ) -> ChatRequest:
     """A ChatRequest from keyword arguments; sampling keys as in the manual.
 
     `tool_choice` is "auto", "none", "required" or the name of one of `tools`;
-    `continue_final_message` continues the last (assistant) message's text.
+    `continue_final_message` continues the last (assistant) message's text; `n` asks for
+    that many choices (`Kronk.start_choices`).
     """
     overrides = _sampling_overrides(sampling, max_tokens, top_logprobs)
     return ChatRequest(
@@ -152,6 +154,7 @@ def chat_request(
         parallel_tool_calls=parallel_tool_calls,
         continue_final_message=continue_final_message,
         logit_bias=_logit_bias(logit_bias),
+        n=n,
     )
 
 
@@ -164,6 +167,7 @@ def completion_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     logit_bias: Mapping[int, float] | None = None,
+    n: int = 1,
     **sampling: Any,
 ) -> CompletionRequest:
     """A CompletionRequest from keyword arguments: `prompt` is text or token ids."""
@@ -181,6 +185,7 @@ def completion_request(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         logit_bias=_logit_bias(logit_bias),
+        n=n,
     )
 
 

@@ -32,6 +32,8 @@ class PreparedChat:
     dropped_tokens: int
     # The rendered prompt (a chat's template output, a completion's text); "" for token ids.
     prompt_text: str = ""
+    # A parser like `parser` for each further choice of the request (n > 1).
+    more_parsers: tuple[OutputParser, ...] = ()
 
 
 def render_options(request: ChatRequest, *, add_generation_prompt: bool = True) -> RenderOptions:
@@ -93,8 +95,8 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         special_tokens_as_text=loaded.template.special_tokens_as_text,
         media=rendered.spans,
     )
-    parser = loaded.template.parser(options, prompt_text)
-    return PreparedChat(generation, parser, dropped, prompt_text)
+    parser, *more = (loaded.template.parser(options, prompt_text) for _ in range(request.n))
+    return PreparedChat(generation, parser, dropped, prompt_text, tuple(more))
 
 
 def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> PreparedChat:
@@ -104,7 +106,7 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         prompt = loaded.model.tokenize(request.prompt, add_special=True, parse_special=True)
     else:
         prompt = list(request.prompt)
-        _check_vocabulary(loaded, prompt, "prompt")
+        check_vocabulary(loaded, prompt, "prompt")
     generation = GenerationRequest(
         prompt_tokens=tuple(prompt),
         sampling=_with_logit_bias(
@@ -117,17 +119,18 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         top_logprobs=request.top_logprobs,
     )
     text = request.prompt if isinstance(request.prompt, str) else ""
-    return PreparedChat(generation, PlainText(), 0, text)
+    more = tuple(PlainText() for _ in range(request.n - 1))
+    return PreparedChat(generation, PlainText(), 0, text, more)
 
 
-def count_prompt(
+def prompt_tokens(
     loaded: LoadedModel, request: ChatRequest, scope: PromptScope, *, add_generation_prompt: bool
-) -> int:
-    """The prompt's length as a chat would run it (the cache strategy's additions included)."""
+) -> tuple[int, ...]:
+    """The prompt's tokens as a chat would run it (media positions hold pseudo-tokens)."""
     options = render_options(request, add_generation_prompt=add_generation_prompt)
     messages = loaded.cache.prompt_messages(request.messages, scope)
     text = render_prompt(loaded, messages, options, request)
-    return len(loaded.prompt(text, media_of(messages)).tokens)
+    return tuple(loaded.prompt(text, media_of(messages)).tokens)
 
 
 def media_of(messages: Sequence[ChatMessage]) -> tuple[Media, ...]:
@@ -236,11 +239,11 @@ def _with_logit_bias(
     loaded: LoadedModel, sampling: SamplingParams, biases: tuple[tuple[int, float], ...]
 ) -> SamplingParams:
     """The request's logit biases, whose token ids must be in the model's vocabulary."""
-    _check_vocabulary(loaded, [token for token, _ in biases], "logit_bias")
+    check_vocabulary(loaded, [token for token, _ in biases], "logit_bias")
     return replace(sampling, logit_bias=biases) if biases else sampling
 
 
-def _check_vocabulary(loaded: LoadedModel, tokens: Sequence[int], param: str) -> None:
+def check_vocabulary(loaded: LoadedModel, tokens: Sequence[int], param: str) -> None:
     n_vocab = loaded.model.info.n_vocab
     outside = next((token for token in tokens if not 0 <= token < n_vocab), None)
     if outside is not None:

@@ -2,11 +2,12 @@
 
 A plugin's `kronk_sampler_stages` hook returns an ordered list of these; the
 backend turns the list into its native chain. The last stage must select a
-token (`Greedy`, `Distribution` or `AdaptiveP`).
+token (`Greedy`, `Distribution`, `AdaptiveP`, `Mirostat` or `MirostatV2`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from kronk_core.settings.config import SamplingConfig
@@ -79,6 +80,15 @@ class TopK:
 
 
 @dataclass(frozen=True, slots=True)
+class TypicalP:
+    """Locally typical sampling: keep the tokens whose surprise is nearest the distribution's
+    entropy, up to probability mass `p`."""
+
+    p: float
+    min_keep: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class TopP:
     p: float
     min_keep: int = 1
@@ -120,6 +130,28 @@ class AdaptiveP:
     seed: int
 
 
+@dataclass(frozen=True, slots=True)
+class Mirostat:
+    """Mirostat v1 (Basu et al., 2021): picks a token so that the answer's surprise stays
+    near `tau` (its perplexity near e**tau), learning at rate `eta`; it estimates the
+    distribution's shape from its `m` most likely tokens."""
+
+    tau: float
+    eta: float
+    seed: int
+    m: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class MirostatV2:
+    """Mirostat v2: picks among the tokens whose surprise is below a bound that it moves
+    after each pick, so that the answer's surprise stays near `tau`."""
+
+    tau: float
+    eta: float
+    seed: int
+
+
 SamplerStage = (
     LogitBias
     | Grammar
@@ -129,6 +161,7 @@ SamplerStage = (
     | Penalties
     | Dry
     | TopK
+    | TypicalP
     | TopP
     | MinP
     | Xtc
@@ -136,24 +169,52 @@ SamplerStage = (
     | Greedy
     | Distribution
     | AdaptiveP
+    | Mirostat
+    | MirostatV2
 )
 
-SELECTING_STAGES = (Greedy, Distribution, AdaptiveP)
+SELECTING_STAGES = (Greedy, Distribution, AdaptiveP, Mirostat, MirostatV2)
+# The stages that draw random numbers, each from its own `seed`.
+SEEDED_STAGES = (Xtc, Distribution, AdaptiveP, Mirostat, MirostatV2)
 
 # llama.cpp's "pick a random seed" value.
 RANDOM_SEED = 0xFFFFFFFF
 
 
 def truncation_stages(params: SamplingParams) -> list[SamplerStage]:
-    """The stages that cut the candidates down: top-k, top-p, min-p, where set."""
+    """The stages that cut the candidates down: top-k, typical-p, top-p, min-p, where set
+    (llama.cpp's order)."""
+    keep = max(1, params.min_keep)
     stages: list[SamplerStage] = []
     if params.top_k > 0:
         stages.append(TopK(params.top_k))
+    if params.typical_p < 1.0:
+        stages.append(TypicalP(params.typical_p, keep))
     if params.top_p < 1.0:
-        stages.append(TopP(params.top_p))
+        stages.append(TopP(params.top_p, keep))
     if params.min_p > 0.0:
-        stages.append(MinP(params.min_p))
+        stages.append(MinP(params.min_p, keep))
     return stages
+
+
+def mirostat_stage(params: SamplingParams, seed: int) -> Mirostat | MirostatV2 | None:
+    """The Mirostat stage `params.mirostat` asks for (1 or 2), None when it is off."""
+    if params.mirostat == 1:
+        return Mirostat(params.mirostat_tau, params.mirostat_eta, seed)
+    if params.mirostat == 2:
+        return MirostatV2(params.mirostat_tau, params.mirostat_eta, seed)
+    return None
+
+
+def reseeded(stages: Sequence[SamplerStage], offset: int) -> list[SamplerStage]:
+    """The stages with every seed moved by `offset` (modulo 2**32), the random one (llama.cpp
+    picks it) left as it is: choice i of a seeded request draws with seed + i."""
+    moved: list[SamplerStage] = []
+    for stage in stages:
+        if isinstance(stage, SEEDED_STAGES) and stage.seed != RANDOM_SEED:
+            stage = replace(stage, seed=(stage.seed + offset) & 0xFFFFFFFF)
+        moved.append(stage)
+    return moved
 
 
 def resolve_sampling(*layers: SamplingConfig | None) -> SamplingParams:

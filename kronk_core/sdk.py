@@ -27,17 +27,19 @@ from kronk_core.contract.registry import Registry, RegistryKind, fill_registry
 from kronk_core.contract.templates import RenderOptions
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
+from kronk_core.generation import GenerationRequest
 from kronk_core.media import MediaKind, check_media
 from kronk_core.prompts import (
     PreparedChat,
-    count_prompt,
+    check_vocabulary,
     media_of,
     prepare_chat,
     prepare_completion,
+    prompt_tokens,
     render_options,
 )
 from kronk_core.records import ChatRecord, RequestRecord, current_request_id, new_request_id
-from kronk_core.runtime.chat_stream import ChatStream, ChatTimes, collect
+from kronk_core.runtime.chat_stream import ChatStream, ChatTimes, collect, collect_choices
 from kronk_core.runtime.loading import (
     LoadedModel,
     PooledModel,
@@ -50,7 +52,7 @@ from kronk_core.runtime.loading import (
     text_model,
 )
 from kronk_core.runtime.pool import Lease, ModelPool
-from kronk_core.sampling import GRAMMAR_STAGES
+from kronk_core.sampling import GRAMMAR_STAGES, reseeded
 from kronk_core.settings.config import KronkConfig, alias_map
 from kronk_core.settings.model_files import (
     ModelFile,
@@ -337,11 +339,36 @@ class Kronk:
         who asks (a server with authentication passes the token's subject):
         what the cache learns from one subject never reaches another's prompt.
         """
+        _one_choice(request, "start_chat")
+        return (await self.start_choices(request, wait=wait, subject=subject))[0]
+
+    async def start_choices(
+        self,
+        request: ChatRequest | CompletionRequest,
+        *,
+        wait: float | None = None,
+        subject: str | None = None,
+    ) -> list[ChatStream]:
+        """`start_chat` (or `start_completion`) for the request's `n` choices: a stream each.
+
+        The prompt is prepared once, and the choices run side by side in slots of their own
+        (n may not exceed the model's n_seq_max): the first prefills the prompt, the others
+        copy it (kronk_core.runtime.engine). A seeded request's choice i draws with seed + i.
+        """
+        if request.n < 1:
+            raise InvalidRequestError("n must be at least 1", param="n")
+        if isinstance(request, CompletionRequest):
+            inputs.check_completion(request)
+            completion = request
+            return await self._start(
+                request.model, lambda loaded: prepare_completion(loaded, completion), wait
+            )
         inputs.check_chat(request)
         check_media(media_of(request.messages), self.config.media)
+        chat = request
         return await self._start(
             request.model,
-            lambda loaded: prepare_chat(loaded, request, PromptScope(subject=subject)),
+            lambda loaded: prepare_chat(loaded, chat, PromptScope(subject=subject)),
             wait,
             tools=len(request.tools),
             parallel_tool_calls=request.parallel_tool_calls,
@@ -355,10 +382,8 @@ class Kronk:
         Fails before the first token as `start_chat` does; no cache strategy adds to
         the prompt, so there is no subject to keep apart.
         """
-        inputs.check_completion(request)
-        return await self._start(
-            request.model, lambda loaded: prepare_completion(loaded, request), wait
-        )
+        _one_choice(request, "start_completion")
+        return (await self.start_choices(request, wait=wait))[0]
 
     async def _start(
         self,
@@ -368,7 +393,7 @@ class Kronk:
         *,
         tools: int = 0,
         parallel_tool_calls: bool = True,
-    ) -> ChatStream:
+    ) -> list[ChatStream]:
         started = time.monotonic()
         request_id = current_request_id.get() or new_request_id()
         # The lease keeps the model loaded until the request is queued; from then
@@ -378,23 +403,33 @@ class Kronk:
             # Rendering, tokenizing and compiling a grammar take long for a long prompt or a
             # big schema (tens of seconds for 10,000 messages): never on the event loop.
             prepared = await self._using(loaded, partial(_prepare_for_engine, loaded, prepare))
-            stream = await loaded.engine.submit(
-                prepared.generation,
+            generations = _choices(prepared.generation, 1 + len(prepared.more_parsers))
+            streams = await loaded.engine.submit_choices(
+                generations,
                 wait=self.config.queue_wait_seconds if wait is None else wait,
                 request_id=request_id,
             )
-        times = ChatTimes(request_id, started, leased, stream.enqueued_at, tools)
-        return ChatStream(
-            loaded.id,
-            stream,
-            prepared.parser,
-            len(prepared.generation.prompt_tokens),
-            prepared.dropped_tokens,
-            parallel_tool_calls,
-            times,
-            self._chat_finished,
-            prepared.prompt_text,
-        )
+        parsers = (prepared.parser, *prepared.more_parsers)
+        return [
+            ChatStream(
+                loaded.id,
+                stream,
+                parser,
+                len(prepared.generation.prompt_tokens),
+                prepared.dropped_tokens,
+                parallel_tool_calls,
+                ChatTimes(
+                    request_id if index == 0 else f"{request_id}-{index}",
+                    started,
+                    leased,
+                    stream.enqueued_at,
+                    tools,
+                ),
+                self._chat_finished,
+                prepared.prompt_text,
+            )
+            for index, (stream, parser) in enumerate(zip(streams, parsers, strict=True))
+        ]
 
     async def chat_stream(
         self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any
@@ -409,6 +444,14 @@ class Kronk:
     ) -> ChatResult:
         """Run a chat to the end and return the whole answer."""
         return await collect(await self.start_chat(self.chat_request(messages, **params)))
+
+    async def chat_choices(
+        self, messages: Sequence[ChatMessage | Mapping[str, Any]], n: int, **params: Any
+    ) -> list[ChatResult]:
+        """Run a chat's `n` choices to the end side by side (`start_choices`); the answers
+        in choice order. Each one's usage counts the prompt: it is prefilled once."""
+        request = self.chat_request(messages, n=n, **params)
+        return await collect_choices(await self.start_choices(request))
 
     # Build a ChatRequest from keyword arguments; sampling keys as in the manual.
     chat_request = staticmethod(inputs.chat_request)
@@ -432,20 +475,52 @@ class Kronk:
         self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None
     ) -> int:
         """The prompt's length as `start_chat` with the same `subject` would run it."""
+        tokens = await self.prompt_tokens(
+            request, add_generation_prompt=add_generation_prompt, subject=subject
+        )
+        return len(tokens)
+
+    async def prompt_tokens(
+        self, request: ChatRequest, *, add_generation_prompt: bool, subject: str | None = None
+    ) -> list[int]:
+        """The prompt's token ids as `start_chat` with the same `subject` would run it."""
         inputs.check_chat(request)
         check_media(media_of(request.messages), self.config.media)
         scope = PromptScope(remember=False, subject=subject)
         with text_model(await self.lease(request.model)) as loaded:
-            count = partial(
-                count_prompt, loaded, request, scope, add_generation_prompt=add_generation_prompt
+            tokens = partial(
+                prompt_tokens, loaded, request, scope, add_generation_prompt=add_generation_prompt
             )
-            return await self._using(loaded, count)
+            return list(await self._using(loaded, tokens))
 
-    async def tokenize(self, text: str, *, model: str | None = None) -> list[int]:
-        """Tokenize raw text: no BOS added, special-token text parsed as special tokens."""
+    async def tokenize(
+        self,
+        text: str,
+        *,
+        model: str | None = None,
+        add_special: bool = False,
+        parse_special: bool = True,
+    ) -> list[int]:
+        """Tokenize raw text: by default no BOS added, special-token text parsed as special
+        tokens (`add_special` adds the model's BOS, `parse_special` off reads it as text)."""
         with await self.lease(model) as loaded:
-            tokenize = partial(loaded.model.tokenize, text, add_special=False, parse_special=True)
+            tokenize = partial(
+                loaded.model.tokenize, text, add_special=add_special, parse_special=parse_special
+            )
             return await self._using(loaded, tokenize)
+
+    async def token_pieces(self, tokens: Sequence[int], *, model: str | None = None) -> list[bytes]:
+        """Each token's text as bytes (special tokens as their text): a character the
+        tokenizer split is split over its tokens' pieces, which are then not valid UTF-8."""
+        with text_model(await self.lease(model)) as loaded:
+            check_vocabulary(loaded, tokens, "tokens")
+            return [loaded.model.token_bytes(token, special=True) for token in tokens]
+
+    async def detokenize(self, tokens: Sequence[int], *, model: str | None = None) -> str:
+        """The text of token ids, their pieces joined (as llama-server's /detokenize); bytes
+        that are not valid UTF-8 (a cut character) read as U+FFFD."""
+        pieces = await self.token_pieces(tokens, model=model)
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     async def _using(self, model: PooledModel, work: Callable[[], T]) -> T:
         """`work()` in a worker thread, while the caller's lease holds `model`. A caller
@@ -523,4 +598,35 @@ def _prepare_for_engine(
     return replace(prepared, generation=replace(generation, stages=tuple(stages)))
 
 
-__all__ = ["ChatStream", "Kronk", "LoadedModel", "PooledModel", "collect"]
+def _one_choice(request: ChatRequest | CompletionRequest, method: str) -> None:
+    if request.n != 1:
+        raise InvalidRequestError(
+            f"n: {method} runs one choice; start_choices (or chat_choices) runs n={request.n}",
+            param="n",
+        )
+
+
+def _choices(generation: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """The request's n choices: choice i of a seeded one draws with seed + i (its stages
+    reseeded, any grammar among them compiled once), so they differ and each repeats."""
+    choices = [generation]
+    seed = generation.sampling.seed
+    for index in range(1, n):
+        sampling = generation.sampling
+        if seed is not None:
+            sampling = replace(sampling, seed=seed + index)
+        stages = generation.stages
+        if stages is not None and seed is not None:
+            stages = tuple(reseeded(stages, index))
+        choices.append(replace(generation, sampling=sampling, stages=stages))
+    return choices
+
+
+__all__ = [
+    "ChatStream",
+    "Kronk",
+    "LoadedModel",
+    "PooledModel",
+    "collect",
+    "collect_choices",
+]

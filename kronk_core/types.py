@@ -108,6 +108,12 @@ class SamplingParams:
     xtc_min_keep: int = 1
     adaptive_p_target: float = 0.0
     adaptive_p_decay: float = 0.0
+    typical_p: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    # The fewest tokens top-p, min-p and typical-p leave (0 and 1 alike: one at least).
+    min_keep: int = 0
     grammar: str | None = None
     json_schema: str | None = None
     structured: StructuredOutput | None = None
@@ -116,7 +122,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        # Mirostat picks by its own rule at any temperature: it is never plain greedy.
+        return self.temperature <= 0.0 and not self.mirostat
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether the same request must give the same answer: greedy, or seeded."""
+        return self.greedy or self.seed is not None
 
 
 DEFAULT_MAX_TOKENS = 4096
@@ -235,6 +247,8 @@ class ChatRequest:
     continue_final_message: bool = False
     # (token id, bias) pairs: OpenAI's logit_bias, -100 (a ban) to 100.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # How many answers (choices) to generate for the one prompt (`Kronk.start_choices`).
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +267,7 @@ class CompletionRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    n: int = 1
 
 
 # Moved to kronk_core.generation (what the engine runs and reports), which may import the

@@ -201,7 +201,14 @@ CASES: dict[str, tuple[str, str, dict[str, Any], int, str | None, tuple[str, ...
         "invalid_argument",
         ("stop",),
     ),
-    "n_two": ("POST", CHAT, {"json": _chat(n=2)}, 400, "invalid_argument", ("n",)),
+    "n_past_the_slots": (
+        "POST",
+        CHAT,
+        {"json": _chat(n=5)},
+        400,
+        "invalid_argument",
+        ("n", "n_seq_max"),
+    ),
     "unknown_role": (
         "POST",
         CHAT,

@@ -373,6 +373,7 @@ OLLAMA_OPTIONS = st.fixed_dictionaries(
     },
 )
 # Near-valid bodies for every POST route. A route a plugin adds must get its entry here.
+TOKEN_IDS = st.lists(st.integers(-5, 300_000), max_size=8)
 KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     CHAT: st.builds(
         lambda body, constraint: {**body, **constraint},
@@ -388,6 +389,7 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
                 "seed": st.integers(),
                 "tools": st.lists(TOOL, max_size=2),
                 "tool_choice": st.sampled_from(["auto", "none", "required"]),
+                "n": st.integers(0, 5),
                 "logit_bias": st.sampled_from(
                     [{"1": 5}, {"-1": 1}, {str(token): -1 for token in range(50_000)}]
                 ),
@@ -405,14 +407,32 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "logprobs": st.integers(0, 5),
             "echo": st.booleans(),
             "seed": st.integers(),
-            "suffix": TEXT,
+            # Valid values: `replace` tries the wrong ones (a suffix is a 400 until
+            # fill-in-the-middle is served), and mostly valid bodies must reach the handler.
+            "suffix": st.just(""),
+            "n": st.sampled_from([1, 2]),
+            "best_of": st.sampled_from([1, 2]),
         },
         fixed={"max_tokens": FEW_TOKENS},
     ),
     "/v1/tokenize": near_valid(
         {"model": st.just(MODEL), "input": TEXT},
-        {"apply_template": st.booleans(), "add_generation_prompt": st.booleans()},
+        {
+            "apply_template": st.booleans(),
+            "add_generation_prompt": st.booleans(),
+            "with_pieces": st.booleans(),
+        },
     ),
+    "/tokenize": near_valid(
+        {"model": st.just(MODEL), "content": TEXT},
+        {
+            "add_special": st.booleans(),
+            "parse_special": st.booleans(),
+            "with_pieces": st.booleans(),
+        },
+    ),
+    "/detokenize": near_valid({"model": st.just(MODEL), "tokens": TOKEN_IDS}),
+    "/v1/detokenize": near_valid({"model": st.just(MODEL), "tokens": TOKEN_IDS}),
     "/v1/responses": near_valid(
         {"model": st.just(MODEL), "input": RESPONSES_INPUT},
         {

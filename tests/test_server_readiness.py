@@ -161,7 +161,7 @@ def test_an_engine_stuck_in_a_step_is_503_until_the_step_ends(
                 assert gate.held.wait(60)
                 assert reached(lambda: readiness(base_url)[0] == 503, 30)
                 status, body = readiness(base_url)
-                assert body["stuck_seconds"] > 0.5
+                assert body["stuck_seconds"] >= 0.5  # rounded to a tenth
                 del body["stuck_seconds"]
                 assert (status, body) == (
                     503,

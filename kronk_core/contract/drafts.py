@@ -56,6 +56,11 @@ class DraftStrategy(Protocol):
     # when speculation does not pay, unless `adaptive` is false (for measuring a strategy).
     ndraft: int
     adaptive: bool
+    # Whether a slot's proposals follow from its context (and the request's `random`) alone,
+    # never from other requests, timing or a cache of its own, and cost next to nothing
+    # beside a decode. Then a seeded or greedy request that has the model to itself drafts by
+    # a rule of its own and decodes the same batches again: its answer is reproducible.
+    reproducible: bool
 
     def propose(self, requests: Sequence[DraftRequest]) -> Sequence[Draft]:
         """One draft per request, in order. All speculating slots of a step come at once."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -242,3 +243,16 @@ async def collect(stream: ChatStream) -> ChatResult:
         logprobs=logprobs,
         stop_sequence=stop_sequence,
     )
+
+
+async def collect_choices(streams: Sequence[ChatStream]) -> list[ChatResult]:
+    """Drain a request's choices side by side, in choice order; if one fails (or this is
+    cancelled), the others stop too."""
+    tasks = [asyncio.ensure_future(collect(stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.cancel()

@@ -31,7 +31,13 @@ from dataclasses import replace
 from kronk_core.contract.backend import Batch, MediaModel, TextModel
 from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
 from kronk_core.contract.drafts import Draft, DraftStrategy
-from kronk_core.errors import BackendLostError, EngineClosedError, KronkError, QueueFullError
+from kronk_core.errors import (
+    BackendLostError,
+    EngineClosedError,
+    InvalidRequestError,
+    KronkError,
+    QueueFullError,
+)
 from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
 from kronk_core.media import MediaSpan, cut_point
 from kronk_core.records import RequestRecord, request_scope
@@ -41,6 +47,7 @@ from kronk_core.runtime.media_encoder import MediaEncoder
 from kronk_core.runtime.reports import EngineStats, SlotState, StepRecord
 from kronk_core.runtime.speculation import Speculating, Speculation
 from kronk_core.sampling import SamplerStage
+from kronk_core.tokens import common_prefix
 from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
@@ -126,6 +133,9 @@ class Engine:
         self._step_listeners: list[Callable[[StepRecord], None]] = []
         self._steps = 0
         self._step_started: float | None = None
+        # Slot id -> the last prompt prefilled in it, and where its last chunk began: where
+        # a reproducible request goes back to, and what it decodes again (`_home`).
+        self._last_prompts: dict[int, tuple[Sequence[int], int]] = {}
         self._generated = 0
         self._prefilled = 0
         self._thread = threading.Thread(
@@ -142,14 +152,38 @@ class Engine:
 
         `request_id` names it in log lines and its RequestRecord (default: a new id).
         """
+        return (await self.submit_choices((request,), wait=wait, request_id=request_id))[0]
+
+    async def submit_choices(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        wait: float,
+        request_id: str | None = None,
+    ) -> list[GenerationStream]:
+        """Queue the choices of one request (n > 1): the same prompt, each with its own
+        sampling. They start together, each in a slot of its own: the first prefills the
+        prompt, the others then copy it from its slot and decode only its last token, and
+        all of them generate in the same steps. Choice i's id is `request_id`-i (i > 0).
+        """
         if not self.alive:
             closed = EngineClosedError(f"the engine of {self.model.info.id} is not running")
             raise self._lost or closed
-        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        job = Job(request=request, loop=asyncio.get_running_loop(), events=events)
-        job.request_id = request_id or job.request_id
+        if len(requests) > len(self.slots):
+            raise InvalidRequestError(
+                f"n: {len(requests)} choices need as many slots, and {self.model.info.id} has "
+                f"{len(self.slots)} (its n_seq_max)",
+                param="n",
+            )
+        loop = asyncio.get_running_loop()
+        jobs = [Job(request=request, loop=loop, events=asyncio.Queue()) for request in requests]
+        first = jobs[0]
+        first.request_id = request_id or first.request_id
+        for index, job in enumerate(jobs[1:], start=1):
+            job.request_id, job.choice = f"{first.request_id}-{index}", index
+        first.followers = jobs[1:]
         deadline = time.monotonic() + wait
-        while not self._enqueue(job):
+        while not self._enqueue(first):
             if time.monotonic() >= deadline:
                 raise QueueFullError(
                     f"the request queue for {self.model.info.id} is full "
@@ -158,7 +192,7 @@ class Engine:
                 )
             await asyncio.sleep(0.01)
         self._wake.set()
-        return GenerationStream(self, job, events)
+        return [GenerationStream(self, job, job.events) for job in jobs]
 
     def _enqueue(self, job: Job) -> bool:
         with self._waiting_lock:
@@ -172,11 +206,16 @@ class Engine:
         job.cancelled = True
         with self._waiting_lock:
             try:
-                self._waiting.remove(job)
+                index = self._waiting.index(job)
             except ValueError:
                 pass
             else:
+                del self._waiting[index]
                 job.deliver(Finished(FinishReason.cancelled, Usage()))
+                if job.followers:  # the request's next choice waits in its place
+                    heir, *rest = job.followers
+                    heir.followers, job.followers = rest, []
+                    self._waiting.insert(index, heir)
         self._wake.set()
 
     def sampler_stages(self, params: SamplingParams) -> Sequence[SamplerStage]:
@@ -305,7 +344,8 @@ class Engine:
         with self._waiting_lock:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
-            job.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
+            for choice in (job, *job.followers):
+                choice.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
 
     def _reap_cancelled(self) -> None:
         for job in [job for job in self._active if job.cancelled]:
@@ -326,6 +366,8 @@ class Engine:
                 if held >= len(self._waiting):
                     return
                 job = self._waiting[held]
+                if len(free) <= len(job.followers):
+                    return  # a request's choices start together: it waits for their slots
                 prefilling = [
                     (active.slot, active.request.prompt_tokens)
                     for active in self._active
@@ -337,9 +379,10 @@ class Engine:
                 del self._waiting[held]
             with request_scope(job.request_id):
                 self._start(job, free)
+            self._reserve(job)
 
     def _start(self, job: Job, free: list[Slot]) -> None:
-        slot = self._cache.select_slot(free, job.request, self.model)
+        slot = self._cache.select_slot(self._home(free, job.request), job.request, self.model)
         slot.busy = slot.pending = True
         job.slot = slot
         job.started_at = time.monotonic()
@@ -347,6 +390,8 @@ class Engine:
         try:
             plan = self._cache.prepare(slot, job.request, self.model, self.slots)
             reused = self._keep_whole_media(slot, job.request.media, plan.reused)
+            reused = self._keep_before_last_chunk(slot, job.request, reused)
+            reused = self._copy_prompt(job, slot, reused)
             job.cached_tokens = job.next_prompt_index = reused
             if self._media is not None:
                 job.encodings.extend(
@@ -375,9 +420,106 @@ class Engine:
             job.cached_tokens,
         )
 
+    # ---- a request's choices (n > 1) ------------------------------------------------
+
+    def _reserve(self, job: Job) -> None:
+        """Hold a slot for each of a request's later choices while its first one prefills."""
+        for follower in job.followers:
+            free = [slot for slot in self.slots if not slot.busy]
+            request = follower.request
+            slot = self._cache.select_slot(self._home(free, request), request, self.model)
+            slot.busy = slot.pending = True
+            follower.slot = slot
+            # A seeded or greedy request gives the same choices again only if its first
+            # choice prefills in the cells it had: a held slot's last copy of the prompt
+            # shares them, so it lets them go now (its KV is replaced by a copy anyway).
+            if request.sampling.reproducible and common_prefix(slot.tokens, request.prompt_tokens):
+                self._reset(slot)
+
+    def _start_followers(self, job: Job) -> None:
+        """The first choice's prompt is in its slot: the later choices start, in their held
+        slots, from a copy of it (`_copy_prompt`)."""
+        followers, job.followers = job.followers, []
+        for follower in followers:
+            slot = follower.slot
+            assert slot is not None
+            slot.busy = slot.pending = False
+            follower.slot = None
+            if follower.cancelled:
+                follower.deliver(Finished(FinishReason.cancelled, Usage()))
+                continue
+            follower.copy_from = job.slot
+            with request_scope(follower.request_id):
+                self._start(follower, [slot])
+
+    def _requeue_followers(self, job: Job) -> None:
+        """The first choice ended before its prompt was in its KV: the later ones wait again,
+        first in the queue, as a request of their own; their slots are free meanwhile."""
+        followers, job.followers = job.followers, []
+        waiting: list[Job] = []
+        for follower in followers:
+            if follower.slot is not None:
+                follower.slot.busy = follower.slot.pending = False
+                follower.slot = None
+            if follower.cancelled:
+                follower.deliver(Finished(FinishReason.cancelled, Usage()))
+            else:
+                waiting.append(follower)
+        if waiting:
+            waiting[0].followers = waiting[1:]
+            with self._waiting_lock:
+                self._waiting.appendleft(waiting[0])
+
+    def _copy_prompt(self, job: Job, slot: Slot, reused: int) -> int:
+        """For a later choice, its prompt but the last token (whose logits it needs) copied
+        from the first choice's slot, whatever the cache strategy kept: each choice starts
+        from the same KV. Left as it is where that slot's window or recurrent state cannot
+        be cut back to it (the choice then prefills what the strategy did not keep)."""
+        source, job.copy_from = job.copy_from, None
+        prompt = job.request.prompt_tokens
+        keep = cut_point(job.request.media, len(prompt) - 1)
+        if source is None or keep <= 0 or source.tokens[:keep] != list(prompt[:keep]):
+            return reused
+        if keep < len(source.tokens) and keep < self.model.trim_floor(source.seq_id):
+            return reused
+        self._reset(slot)
+        self.model.seq_copy(source.seq_id, slot.seq_id, 0, keep)
+        slot.tokens.extend(prompt[:keep])
+        return keep
+
     def _keep_whole_media(self, slot: Slot, spans: Sequence[MediaSpan], reused: int) -> int:
         """The reused prefix, cut back to the start of a media chunk it ends inside."""
-        keep = cut_point(spans, reused)
+        return self._cut(slot, cut_point(spans, reused), reused)
+
+    def _home(self, free: list[Slot], request: GenerationRequest) -> list[Slot]:
+        """The slots a request may take: for a reproducible one (seeded or greedy) that a
+        free slot prefilled last, that slot alone. How a sequence rounds depends on where its
+        cells lie in the KV pool and on the batches that filled them (docs/caching.md,
+        "Numerics"): there it decodes in the cells and the batches it had, so a repeat
+        answers as before (with `_keep_before_last_chunk`)."""
+        if request.sampling.reproducible:
+            prompt = request.prompt_tokens
+            for slot in free:
+                last = self._last_prompts.get(slot.id)
+                if last is not None and last[0] == prompt:
+                    return [slot]
+        return free
+
+    def _keep_before_last_chunk(self, slot: Slot, request: GenerationRequest, reused: int) -> int:
+        """For a reproducible request whose prompt is the one the slot decoded last (an
+        identical repeat), the reused prefix cut back to where that prompt's last chunk
+        began: the chunk is decoded again as it was, where prefilling only its last token
+        would round otherwise."""
+        prompt, start = self._last_prompts.pop(slot.id, ((), 0))
+        repeat = request.sampling.reproducible and request.prompt_tokens == prompt
+        if not (repeat and start < reused):
+            return reused
+        if self.model.trim_floor(slot.seq_id) > start:
+            return reused  # a window or recurrent state that cannot go back so far
+        return self._cut(slot, start, reused)
+
+    def _cut(self, slot: Slot, keep: int, reused: int) -> int:
+        """Keep `keep` of the slot's `reused` tokens; none where the cut fails."""
         if keep < reused:
             if self.model.seq_remove(slot.seq_id, keep, -1):
                 del slot.tokens[keep:]
@@ -584,6 +726,11 @@ class Engine:
                 job.next_prompt_index += len(part.tokens)
                 if part.completes:
                     job.prefilled_at = time.monotonic()
+                    if not job.choice:  # a later choice's slot copied its prompt: no home
+                        self._last_prompts[slot.id] = (job.request.prompt_tokens, part.start)
+        for part in parts:
+            if part.completes and part.job.followers:
+                self._start_followers(part.job)
         for part in parts:
             if part.sample and part.job in self._active:
                 try:
@@ -828,6 +975,8 @@ class Engine:
             job.sampler.close()
             job.sampler = None
         self._active.remove(job)
+        if job.followers:
+            self._requeue_followers(job)
         for encoding in job.encodings:
             encoding.cancelled = True
         job.encodings.clear()

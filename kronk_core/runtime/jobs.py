@@ -48,6 +48,12 @@ class Job:
     stopped: bool = False
     # The media chunks its prompt still needs in the KV, oldest first, as they encode.
     encodings: deque[Encoding] = field(default_factory=deque)
+    # n > 1: a request's first choice carries the others (each with the slot held for it once
+    # the first starts) until its prompt is in the KV; each then starts with `copy_from`, the
+    # first choice's slot, whose prompt it copies instead of prefilling it again.
+    followers: list[Job] = field(default_factory=list)
+    copy_from: Slot | None = None
+    choice: int = 0  # its index among its request's choices
 
     @property
     def prefilling(self) -> bool:

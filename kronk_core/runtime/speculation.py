@@ -161,7 +161,10 @@ class Speculation:
             # Random(None) seeds from the OS: a request without a seed is not reproducible.
             stream = random.Random(item.sampling.seed)
             self._requests[item.slot.id] = _Request(id=item.request_id, random=stream)
-            self.policy.reset(item.slot.id)
+            # A seeded or greedy request must give its answer again: where its strategy's
+            # drafts follow from its context alone, so must the choice of when to draft.
+            reproducible = item.sampling.reproducible and self._strategy.reproducible
+            self.policy.reset(item.slot.id, reproducible=reproducible)
 
     def decoded(self, rows: int, prefill: int, seconds: float) -> None:
         self.policy.decoded(rows, prefill, seconds)

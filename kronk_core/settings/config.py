@@ -60,6 +60,12 @@ class SamplingConfig(BaseModel):
     xtc_min_keep: Annotated[int, Field(ge=1)] | None = None
     adaptive_p_target: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     adaptive_p_decay: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    typical_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # 0: off; 1 or 2: Mirostat v1 or v2 picks the token (it replaces top-k ... and the draw).
+    mirostat: Annotated[int, Field(ge=0, le=2)] | None = None
+    mirostat_tau: Annotated[float, Field(ge=0.0)] | None = None
+    mirostat_eta: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    min_keep: Annotated[int, Field(ge=0)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
 
 

@@ -22,12 +22,15 @@ from kronk_core.sampling import (
     JsonSchemaGrammar,
     LogitBias,
     MinP,
+    Mirostat,
+    MirostatV2,
     Penalties,
     SamplerStage,
     StructuredGrammar,
     Temperature,
     TopK,
     TopP,
+    TypicalP,
     Xtc,
 )
 from kronk_core.types import TokenDistribution
@@ -386,6 +389,8 @@ def _native_stage(
             return dry.clone(stage, n_ctx if stage.penalty_last_n <= 0 else stage.penalty_last_n)
         case TopK(k=k):
             return llama_cpp.llama_sampler_init_top_k(k)
+        case TypicalP(p=p, min_keep=min_keep):
+            return llama_cpp.llama_sampler_init_typical(p, min_keep)
         case TopP(p=p, min_keep=min_keep):
             return llama_cpp.llama_sampler_init_top_p(p, min_keep)
         case MinP(p=p, min_keep=min_keep):
@@ -400,6 +405,10 @@ def _native_stage(
             return llama_cpp.llama_sampler_init_dist(seed)
         case AdaptiveP(target=target, decay=decay, seed=seed):
             return llama_cpp.llama_sampler_init_adaptive_p(target, decay, seed)
+        case Mirostat(tau=tau, eta=eta, seed=seed, m=m):
+            return llama_cpp.llama_sampler_init_mirostat(n_vocab, seed, tau, eta, m)
+        case MirostatV2(tau=tau, eta=eta, seed=seed):
+            return llama_cpp.llama_sampler_init_mirostat_v2(seed, tau, eta)
     raise InvalidRequestError(f"the llamacpp backend has no sampler stage {stage!r}")
 
 

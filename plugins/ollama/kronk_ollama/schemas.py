@@ -47,7 +47,7 @@ LOAD_OPTIONS = (
     "penalize_newline",
 )
 # Samplers Kronk does not have, with the value that turns each off in Ollama.
-UNSUPPORTED_SAMPLERS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
+UNSUPPORTED_SAMPLERS = {"tfs_z": 1.0}
 
 
 def model_id(name: str) -> str:
@@ -75,17 +75,16 @@ def keep_alive_seconds(value: float | str) -> float | None:
 
 
 class Options(SamplingConfig):
-    """`options`: Ollama's sampling names, which are Kronk's (plus its other samplers:
-    DRY, XTC, ...), num_predict and stop. Load-time options are accepted and ignored, as
-    the model's config entry decides; unknown keys and samplers Kronk lacks are refused."""
+    """`options`: Ollama's sampling names, which are Kronk's (typical_p, mirostat,
+    mirostat_tau and mirostat_eta among them, plus its other samplers: DRY, XTC, ...),
+    num_predict and stop. Load-time options are accepted and ignored, as the model's config
+    entry decides; unknown keys and samplers Kronk lacks are refused."""
 
     model_config = ConfigDict(extra="forbid")
 
     num_predict: int | None = None
     stop: list[Annotated[str, Field(min_length=1)]] | None = None
-    mirostat: int | None = None
     tfs_z: float | None = None
-    typical_p: float | None = None
     numa: bool | None = None
     num_ctx: int | None = None
     num_batch: int | None = None

@@ -351,8 +351,12 @@ def test_unknown_model_is_a_404_in_ollama_s_shape(client: ollama.Client, base_ur
         ({"temperature": "hot"}, "options.temperature"),
         ({"top_p": 0}, "options.top_p"),
         ({"num_predict": 0}, "num_predict"),
-        ({"mirostat": 2}, "options.mirostat"),
-        ({"typical_p": 0.5}, "options.typical_p"),
+        ({"mirostat": 3}, "options.mirostat"),
+        ({"mirostat_eta": 0}, "options.mirostat_eta"),
+        ({"mirostat_tau": -1}, "options.mirostat_tau"),
+        ({"typical_p": 0}, "options.typical_p"),
+        ({"min_keep": -1}, "options.min_keep"),
+        ({"tfs_z": 0.5}, "options.tfs_z"),
         ({"no_such_option": 1}, "options.no_such_option"),
     ],
 )
@@ -363,6 +367,24 @@ def test_bad_options_are_400s_that_name_them(
     answer = httpx.post(base_url + "/api/chat", json=body)
     assert answer.status_code == 400
     assert named in answer.json()["error"]
+
+
+def test_typical_p_and_mirostat_options_reach_the_sampler(client: ollama.Client) -> None:
+    """Ollama's names for them: typical_p, mirostat, mirostat_tau, mirostat_eta (and
+    min_keep). typical_p this small leaves one token a step, so every seed answers alike;
+    Mirostat draws otherwise than plain sampling with the same seed."""
+    plain = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "num_predict": 24}
+
+    def answer(seed: int, **options: Any) -> str:
+        options = plain | options | {"seed": seed}
+        reply = client.chat(model=MODEL, messages=QUESTION, options=options)
+        return reply.message.content or ""
+
+    assert len({answer(seed) for seed in (1, 2, 3)}) > 1
+    assert len({answer(seed, typical_p=0.001) for seed in (1, 2, 3)}) == 1
+    assert len({answer(seed, typical_p=0.001, min_keep=5) for seed in (1, 2, 3)}) > 1
+    mirostat = {"mirostat": 2, "mirostat_tau": 1.0, "mirostat_eta": 0.2}
+    assert answer(1, **mirostat) == answer(1, **mirostat) != answer(1)
 
 
 def test_load_time_options_are_ignored(client: ollama.Client) -> None:

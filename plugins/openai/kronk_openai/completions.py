@@ -12,9 +12,10 @@ from litestar.response import Stream
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_api.http import kronk_of, parse_body
-from kronk_core.errors import KronkError
-from kronk_core.sdk import collect
-from kronk_core.types import ChatDelta, TokenLogprob
+from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.sdk import collect_choices
+from kronk_core.types import ChatDelta, ChatResult, TokenLogprob, Usage
+from kronk_openai.choices import merged, total_usage
 from kronk_openai.errors import OPENAI
 from kronk_openai.objects import FINISH_REASONS, usage_dict
 from kronk_openai.schemas import TextCompletionRequest, UsageInStream
@@ -23,7 +24,15 @@ from kronk_openai.schemas import TextCompletionRequest, UsageInStream
 @post("/v1/completions", status_code=200, opt={ENDPOINT_OPT: "completions"})
 async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     body: TextCompletionRequest = await parse_body(request, TextCompletionRequest)
-    stream = await kronk_of(request).start_completion(body.to_core())
+    try:
+        streams = await kronk_of(request).start_choices(body.to_core())
+    except InvalidRequestError as exc:
+        if exc.param == "n" and body.candidates > body.n:  # the slots bound best_of
+            raise InvalidRequestError(
+                "best_of" + exc.message.removeprefix("n"), param="best_of"
+            ) from None
+        raise
+    stream = streams[0]
     echoed = body.prompt_input() if body.echo else ""
     assert isinstance(echoed, str)  # the schema echoes text prompts only
     base = {
@@ -35,9 +44,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
     if body.stream:
         return await OPENAI.open_stream(
             request,
-            aiter(stream),
+            merged(streams),
             lambda deltas: _sse(
                 base,
+                len(streams),
                 deltas,
                 echoed,
                 body.logprobs,
@@ -45,36 +55,53 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream
                 stream.prompt_text if body.return_prompt else None,
             ),
         )
-    result = await OPENAI.respond(request, collect(stream))
-    if isinstance(result, Response):
-        return result
-    choice = {
-        "text": echoed + result.content,
-        "index": 0,
-        "logprobs": None if body.logprobs is None else legacy_logprobs(result.logprobs, 0),
-        "finish_reason": FINISH_REASONS[result.finish_reason],
-    }
-    answer = {**base, "choices": [choice], "usage": usage_dict(result.usage)}
+    results = await OPENAI.respond(request, collect_choices(streams))
+    if isinstance(results, Response):
+        return results
+    usage = total_usage(dict(enumerate(result.usage for result in results)))
+    choices = [
+        {
+            "text": echoed + result.content,
+            "index": index,
+            "logprobs": None if body.logprobs is None else legacy_logprobs(result.logprobs, 0),
+            "finish_reason": FINISH_REASONS[result.finish_reason],
+        }
+        for index, result in enumerate(best(results, body.n))
+    ]
+    answer = {**base, "choices": choices, "usage": usage_dict(usage)}
     if body.return_prompt:
         answer["prompt"] = stream.prompt_text
     return Response(answer)
 
 
+def best(results: Sequence[ChatResult], n: int) -> list[ChatResult]:
+    """OpenAI's best_of: of the candidates, the n with the highest log-probability per token,
+    best first (all of them, in order, when there are only n)."""
+    if len(results) <= n:
+        return list(results)
+
+    def per_token(result: ChatResult) -> float:
+        return sum(entry.logprob for entry in result.logprobs) / max(1, len(result.logprobs))
+
+    return sorted(results, key=per_token, reverse=True)[:n]
+
+
 async def _sse(
     base: dict[str, Any],
-    deltas: AsyncIterator[ChatDelta],
+    n: int,
+    deltas: AsyncIterator[tuple[int, ChatDelta]],
     echoed: str,
     logprobs: int | None,
     usage_in: UsageInStream,
     prompt: str | None,
 ) -> AsyncIterator[bytes]:
     def chunk(
-        text: str, entries: Sequence[TokenLogprob], finish: str | None, **extra: Any
+        index: int, text: str, entries: Sequence[TokenLogprob], finish: str | None, **extra: Any
     ) -> bytes:
         choice: dict[str, Any] = {
             "text": text,
-            "index": 0,
-            "logprobs": None if logprobs is None else legacy_logprobs(entries, offset),
+            "index": index,
+            "logprobs": None if logprobs is None else legacy_logprobs(entries, offsets[index]),
             "finish_reason": finish,
         }
         payload: dict[str, Any] = {**base, "choices": [choice]}
@@ -82,24 +109,35 @@ async def _sse(
             payload["usage"] = None
         return sse_frame(payload | extra)
 
-    offset = 0
+    offsets = [0] * n
     if echoed:
-        yield chunk(echoed, (), None)
-        offset = len(echoed)
+        for index in range(n):
+            yield chunk(index, echoed, (), None)
+            offsets[index] = len(echoed)
+    usages: dict[int, Usage] = {}
+    running = n
     try:
-        async for delta in deltas:
+        async for index, delta in deltas:
             if delta.finish_reason is not None:
-                usage = None if delta.usage is None else usage_dict(delta.usage)
+                running -= 1
+                if delta.usage is not None:
+                    usages[index] = delta.usage
+                finish = FINISH_REASONS[delta.finish_reason]
+                if running:
+                    yield chunk(index, "", (), finish)
+                    continue
+                # The last choice to finish carries what belongs to the whole request.
+                usage = usage_dict(total_usage(usages)) if usages else None
                 extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
                 if usage_in is UsageInStream.finish_chunk:
                     extra["usage"] = usage
-                yield chunk("", (), FINISH_REASONS[delta.finish_reason], **extra)
+                yield chunk(index, "", (), finish, **extra)
                 if usage_in is UsageInStream.own_chunk and usage is not None:
                     yield sse_frame({**base, "choices": [], "usage": usage})
                 continue
             if delta.content or delta.logprobs:
-                yield chunk(delta.content, delta.logprobs, None)
-                offset += len(delta.content)
+                yield chunk(index, delta.content, delta.logprobs, None)
+                offsets[index] += len(delta.content)
     except KronkError as exc:
         yield OPENAI.stream_error(exc)
         return

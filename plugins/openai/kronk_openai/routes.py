@@ -1,5 +1,5 @@
-"""OpenAI routes: chat completions, models, tokenize (and the Responses API's and the legacy
-completions', mounted here)."""
+"""OpenAI routes: chat completions, models, tokenize and detokenize (Kronk's and llama-server's
+shapes), and the Responses API's and the legacy completions', mounted here."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.errors import KronkError
 from kronk_core.media import MediaKind
-from kronk_core.sdk import ChatStream, Kronk, collect
-from kronk_core.types import ChatDelta
+from kronk_core.sdk import ChatStream, Kronk, collect_choices
+from kronk_core.types import ChatDelta, ChatResult, Usage
+from kronk_openai.choices import merged, total_usage
 from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
 from kronk_openai.objects import (
@@ -30,7 +31,12 @@ from kronk_openai.objects import (
     usage_dict,
 )
 from kronk_openai.responses_routes import RESPONSES_ROUTES
-from kronk_openai.schemas import ChatCompletionRequest, TokenizeRequest, UsageInStream
+from kronk_openai.schemas import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    UsageInStream,
+)
 
 
 @post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
@@ -38,51 +44,60 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     kronk = kronk_of(request)
     sources = await media_sources(request, body.model, body.media_urls())
-    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
+    streams = await kronk.start_choices(body.to_core(sources), subject=subject_of(request))
+    stream = streams[0]
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         return await OPENAI.open_stream(
             request,
-            aiter(stream),
+            merged(streams),
             lambda deltas: _sse(
                 stream,
+                len(streams),
                 deltas,
                 completion_id,
                 body.usage_in_stream,
                 stream.prompt_text if body.return_prompt else None,
             ),
         )
-    result = await OPENAI.respond(request, collect(stream))
-    if isinstance(result, Response):
-        return result
-    message: dict[str, Any] = {"role": "assistant", "content": result.content}
-    if result.reasoning:
-        message["reasoning_content"] = result.reasoning
-    if result.tool_calls:
-        message["content"] = result.content or None
-        message["tool_calls"] = [tool_call_dict(call) for call in result.tool_calls]
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": message,
-        "finish_reason": FINISH_REASONS[result.finish_reason],
-        "logprobs": logprobs_dict(result.logprobs) if body.logprobs or body.top_logprobs else None,
-    }
+    results = await OPENAI.respond(request, collect_choices(streams))
+    if isinstance(results, Response):
+        return results
+    with_logprobs = body.logprobs or bool(body.top_logprobs)
     answer = {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(stream.created),
         "model": stream.model_id,
-        "choices": [choice],
-        "usage": usage_dict(result.usage),
+        "choices": [
+            _choice(index, result, with_logprobs) for index, result in enumerate(results)
+        ],
+        "usage": usage_dict(total_usage(dict(enumerate(result.usage for result in results)))),
     }
     if body.return_prompt:
         answer["prompt"] = stream.prompt_text
     return Response(answer)
 
 
+def _choice(index: int, result: ChatResult, with_logprobs: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["content"] = result.content or None
+        message["tool_calls"] = [tool_call_dict(call) for call in result.tool_calls]
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": FINISH_REASONS[result.finish_reason],
+        "logprobs": logprobs_dict(result.logprobs) if with_logprobs else None,
+    }
+
+
 async def _sse(
     stream: ChatStream,
-    deltas: AsyncIterator[ChatDelta],
+    n: int,
+    deltas: AsyncIterator[tuple[int, ChatDelta]],
     completion_id: str,
     usage_in: UsageInStream,
     prompt: str | None,
@@ -100,26 +115,37 @@ async def _sse(
             payload["usage"] = None
         return sse_frame(payload | extra)
 
-    yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-    call_indexes: dict[str, int] = {}
+    for index in range(n):
+        role = {"role": "assistant", "content": ""}
+        yield chunk({"index": index, "delta": role, "finish_reason": None})
+    call_indexes: list[dict[str, int]] = [{} for _ in range(n)]
+    usages: dict[int, Usage] = {}
+    running = n
     try:
-        async for delta in deltas:
+        async for index, delta in deltas:
             if delta.finish_reason is not None:
                 finish = {
-                    "index": 0,
+                    "index": index,
                     "delta": {},
                     "finish_reason": FINISH_REASONS[delta.finish_reason],
                 }
+                running -= 1
+                if delta.usage is not None:
+                    usages[index] = delta.usage
+                if running:
+                    yield chunk(finish)
+                    continue
+                # The last choice to finish carries what belongs to the whole request.
                 extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
-                usage = None if delta.usage is None else usage_dict(delta.usage)
+                usage = usage_dict(total_usage(usages)) if usages else None
                 if usage_in is UsageInStream.finish_chunk and usage is not None:
                     extra["usage"] = usage
                 yield chunk(finish, **extra)
                 if usage_in is UsageInStream.own_chunk and usage is not None:
                     yield chunk(None, usage=usage)
                 continue
-            for position, piece in enumerate(delta_dicts(delta, call_indexes)):
-                choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": None}
+            for position, piece in enumerate(delta_dicts(delta, call_indexes[index])):
+                choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": None}
                 if delta.logprobs and position == 0:
                     choice["logprobs"] = logprobs_dict(delta.logprobs)
                 yield chunk(choice)
@@ -172,18 +198,66 @@ async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) ->
     return await asyncio.to_thread(_model_card, kronk, model_id)
 
 
-@post("/v1/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
-async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body: TokenizeRequest = await parse_body(request, TokenizeRequest)
+async def _token_ids(request: Request[Any, Any, Any], body: TokenizeRequest) -> list[int]:
     kronk = kronk_of(request)
     if body.apply_template:
-        chat = kronk.chat_request([{"role": "user", "content": body.input}], model=body.model)
-        count = await kronk.count_prompt_tokens(
+        chat = kronk.chat_request([{"role": "user", "content": body.text}], model=body.model)
+        return await kronk.prompt_tokens(
             chat, add_generation_prompt=body.add_generation_prompt, subject=subject_of(request)
         )
-    else:
-        count = len(await kronk.tokenize(body.input, model=body.model))
-    return {"object": "tokenize", "created": int(time.time()), "model": body.model, "tokens": count}
+    return await kronk.tokenize(
+        body.text, model=body.model, add_special=body.add_special, parse_special=body.parse_special
+    )
+
+
+async def _pieces(
+    request: Request[Any, Any, Any], ids: list[int], model: str | None
+) -> list[dict[str, Any]]:
+    """llama-server's pieces: each token's text, or its bytes where they are not valid UTF-8
+    (a character the tokenizer split over several tokens)."""
+    pieces = await kronk_of(request).token_pieces(ids, model=model)
+    return [{"id": token, "piece": _piece(piece)} for token, piece in zip(ids, pieces, strict=True)]
+
+
+def _piece(piece: bytes) -> str | list[int]:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+@post("/v1/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
+async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Kronk's: `tokens` is the count (as it always was), `ids` the token ids."""
+    body: TokenizeRequest = await parse_body(request, TokenizeRequest)
+    ids = await _token_ids(request, body)
+    answer: dict[str, Any] = {
+        "object": "tokenize",
+        "created": int(time.time()),
+        "model": body.model or kronk_of(request).default_model,
+        "tokens": len(ids),
+        "ids": ids,
+    }
+    if body.with_pieces:
+        answer["pieces"] = await _pieces(request, ids, body.model)
+    return answer
+
+
+@post("/tokenize", status_code=200, opt={ENDPOINT_OPT: "tokenize"})
+async def tokenize_llama_server(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """llama-server's: `tokens` is the ids, or with `with_pieces` each id with its text."""
+    body: TokenizeRequest = await parse_body(request, TokenizeRequest)
+    ids = await _token_ids(request, body)
+    if body.with_pieces:
+        return {"tokens": await _pieces(request, ids, body.model)}
+    return {"tokens": ids}
+
+
+@post(["/detokenize", "/v1/detokenize"], status_code=200, opt={ENDPOINT_OPT: "tokenize"})
+async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """llama-server's: token ids to their text (ids outside the vocabulary are a 400)."""
+    body: DetokenizeRequest = await parse_body(request, DetokenizeRequest)
+    return {"content": await kronk_of(request).detokenize(body.tokens, model=body.model)}
 
 
 def router() -> Router:
@@ -195,6 +269,8 @@ def router() -> Router:
             list_models,
             get_model,
             tokenize,
+            tokenize_llama_server,
+            detokenize,
             *RESPONSES_ROUTES,
         ],
         # Router-level, so guards' errors on these routes come out in this shape too.

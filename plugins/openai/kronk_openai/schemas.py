@@ -21,6 +21,8 @@ from kronk_core.types import (
 )
 
 JsonScalar = str | int | float | bool | None
+# OpenAI's bound on n and best_of.
+MAX_CHOICES = 128
 
 
 class TextPart(BaseModel):
@@ -245,7 +247,8 @@ class _Generation(SamplingConfig):
     include_usage: bool = True
     # The manual's: the prompt as rendered for the model, in the answer (`prompt`).
     return_prompt: bool = False
-    n: int = 1
+    # Choices: each in a slot of its own (the model's n_seq_max bounds it too); OpenAI's 128.
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stop: list[str] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     # Token ids (as JSON keys) → a bias added to their logits.
@@ -270,12 +273,6 @@ class _Generation(SamplingConfig):
             if not key.lstrip("-").isdigit():
                 raise ValueError(f"keys must be token ids, got {key!r}")
         return value
-
-    @model_validator(mode="after")
-    def _check_generation(self) -> _Generation:
-        if self.n != 1:
-            raise ValueError("n: only n=1 is supported")
-        return self
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         return tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
@@ -371,6 +368,7 @@ class ChatCompletionRequest(_Generation):
             parallel_tool_calls=self.parallel_tool_calls,
             continue_final_message=self._continues(),
             logit_bias=self.biases(),
+            n=self.n,
         )
 
     def _continues(self) -> bool:
@@ -389,14 +387,17 @@ class TextCompletionRequest(_Generation):
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    # Candidates generated, of which the n with the highest log-probability per token return.
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TextCompletionRequest:
         if self.suffix:
             raise ValueError("suffix: inserting text (fill in the middle) is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError("best_of: only best_of=1 is supported")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of: must be at least n ({self.n}), got {self.best_of}")
+        if self.stream and self.candidates > self.n:
+            raise ValueError("best_of: the best of several candidates cannot be streamed")
         prompt = self.prompt_input()  # one prompt, or a ValueError that names the field
         if self.echo and not isinstance(prompt, str):
             raise ValueError("echo: only a text prompt can be echoed, not token ids")
@@ -419,23 +420,65 @@ class TextCompletionRequest(_Generation):
         single = prompt[0]
         return single if isinstance(single, str) else tuple(single)  # type: ignore[arg-type]
 
+    @property
+    def candidates(self) -> int:
+        """How many completions are generated: best_of, else n."""
+        return self.best_of or self.n
+
     def to_core(self) -> CompletionRequest:
+        # Picking the best candidates needs their tokens' log-probabilities.
+        ranks = self.candidates > self.n
         return CompletionRequest(
             prompt=self.prompt_input(),
             model=self.model,
             sampling=self.sampling(),
             max_tokens=self.max_tokens,
             stop=tuple(self.stop or ()),
-            logprobs=self.logprobs is not None,
+            logprobs=self.logprobs is not None or ranks,
             top_logprobs=self.logprobs or 0,
             logit_bias=self.biases(),
+            n=self.candidates,
         )
 
 
 class TokenizeRequest(BaseModel):
+    """POST /v1/tokenize (Kronk's) and /tokenize (llama-server's): the text as `input` or as
+    llama-server's `content`; without `model`, the default model."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str
-    input: str
+    model: str | None = None
+    input: str | None = None
+    content: str | None = None
     apply_template: bool = False
     add_generation_prompt: bool = True
+    # llama-server's: add the model's BOS (and what else its tokenizer adds); read special
+    # tokens' text (`<|im_start|>`) as those tokens; answer each token's text with its id.
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+    @model_validator(mode="after")
+    def _one_text(self) -> TokenizeRequest:
+        if (self.input is None) == (self.content is None):
+            raise ValueError("send the text as either input or content")
+        if self.apply_template and (self.add_special or not self.parse_special):
+            raise ValueError(
+                "add_special and parse_special apply to raw text, not with apply_template"
+            )
+        return self
+
+    @property
+    def text(self) -> str:
+        text = self.input if self.input is not None else self.content
+        assert text is not None
+        return text
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize and /v1/detokenize (llama-server's): token ids to text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    tokens: list[int]

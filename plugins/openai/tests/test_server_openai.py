@@ -216,7 +216,7 @@ def test_response_format_json_object(client: openai.OpenAI) -> None:
     response = _greedy(
         client,
         "Give a person as JSON with a name and an age.",
-        max_tokens=80,
+        max_tokens=200,
         response_format={"type": "json_object"},
     )
     assert response.choices[0].finish_reason == "stop"
@@ -463,8 +463,8 @@ def test_completion_logprobs_echo_and_token_ids(client: openai.OpenAI) -> None:
     ("params", "error"),
     [
         ({"suffix": "tail"}, "suffix"),
-        ({"best_of": 2}, "best_of"),
-        ({"n": 2}, "n: only n=1"),
+        ({"best_of": 2, "n": 3}, "best_of: must be at least n"),
+        ({"best_of": 2, "stream": True}, "best_of: the best of several candidates cannot be"),
         ({"prompt": ["one", "two"]}, "one prompt per request"),
         ({"echo": True, "logprobs": 1}, "echo with logprobs"),
         ({"prompt": [2, 10_000_000]}, "not in the vocabulary"),
@@ -474,8 +474,8 @@ def test_completion_logprobs_echo_and_token_ids(client: openai.OpenAI) -> None:
     ],
     ids=[
         "suffix",
-        "best_of",
-        "n",
+        "best_of_below_n",
+        "best_of_streamed",
         "two_prompts",
         "echo_logprobs",
         "token_out_of_range",

@@ -1,7 +1,10 @@
 """Default sampler chain, in llama.cpp's customary order.
 
-logit bias → constraints (grammar) → penalties → DRY → top-k → top-p → min-p → XTC →
-temperature → selection (greedy, distribution or adaptive-p).
+logit bias → constraints (grammar) → penalties → DRY → top-k → typical-p → top-p → min-p →
+XTC → temperature → selection (greedy, distribution or adaptive-p).
+
+With Mirostat on, as in llama-server, Mirostat replaces the truncation stages and the
+selection: logit bias → constraints → penalties → DRY → temperature → Mirostat v1 or v2.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kronk_core.sampling import (
     StructuredGrammar,
     Temperature,
     Xtc,
+    mirostat_stage,
     truncation_stages,
 )
 from kronk_core.types import SamplingParams
@@ -60,6 +64,9 @@ def default_stages(params: SamplingParams) -> list[SamplerStage]:
                 penalty_last_n=params.dry_penalty_last_n,
             )
         )
+    mirostat = mirostat_stage(params, seed)
+    if mirostat is not None:
+        return [*stages, Temperature(params.temperature), mirostat]
     if params.greedy:
         stages.append(Greedy())
         return stages

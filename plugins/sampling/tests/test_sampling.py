@@ -25,11 +25,15 @@ from kronk_core.sampling import (
     Greedy,
     JsonSchemaGrammar,
     MinP,
+    Mirostat,
+    MirostatV2,
     Penalties,
     Temperature,
     TopK,
     TopP,
+    TypicalP,
     Xtc,
+    reseeded,
     resolve_sampling,
 )
 from kronk_core.types import SamplingParams
@@ -115,6 +119,11 @@ def test_defaults_match_the_manual() -> None:
         "xtc_min_keep": 1,
         "adaptive_p_target": 0.0,
         "adaptive_p_decay": 0.0,
+        "typical_p": 1.0,
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
+        "min_keep": 0,
     }
     for name, value in expected.items():
         assert getattr(params, name) == value, name
@@ -134,6 +143,16 @@ def test_request_beats_model_config_beats_defaults() -> None:
     assert params.min_p == 0.05
     assert params.top_p == 0.9  # neither layer set it: default
     assert params.dry_multiplier == 1.05
+
+
+def test_a_model_config_sets_typical_p_mirostat_and_min_keep_defaults() -> None:
+    keys = {"typical_p": 0.5, "mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.2}
+    config = ModelConfig.model_validate({"sampling": {**keys, "min_keep": 2}})
+    params = resolve_sampling(SamplingConfig(mirostat=2), config.sampling)
+    assert (params.typical_p, params.mirostat, params.mirostat_tau) == (0.5, 2, 3.0)
+    assert (params.mirostat_eta, params.min_keep) == (0.2, 2)
+    with pytest.raises(ValueError, match=r"sampling\.mirostat"):
+        ModelConfig.model_validate({"sampling": {"mirostat": 3}})
 
 
 def test_unset_layers_are_skipped() -> None:
@@ -193,6 +212,65 @@ def test_full_chain_order_with_every_stage() -> None:
         Temperature(0.7),
         AdaptiveP(0.4, 0.8, 9),
     ]
+
+
+def test_typical_p_sits_between_top_k_and_top_p_and_min_keep_reaches_the_truncations() -> None:
+    stages = default_stages(SamplingParams(seed=5, typical_p=0.7, min_p=0.05, min_keep=3))
+    assert stages == [
+        Dry(1.05, 1.75, 2, 0),
+        TopK(40),
+        TypicalP(0.7, 3),
+        TopP(0.9, 3),
+        MinP(0.05, 3),
+        Temperature(0.8),
+        Distribution(5),
+    ]
+    # typical_p 1 is off; min_keep 0 and 1 both leave one token at least.
+    assert not any(isinstance(s, TypicalP) for s in default_stages(SamplingParams()))
+    assert TopP(0.9, 1) in default_stages(SamplingParams(min_keep=0))
+
+
+@pytest.mark.parametrize(("version", "stage"), [(1, Mirostat), (2, MirostatV2)])
+def test_mirostat_replaces_the_truncations_and_the_draw_as_llama_server_does(
+    version: int, stage: type[Mirostat | MirostatV2]
+) -> None:
+    params = SamplingParams(
+        seed=5,
+        mirostat=version,
+        mirostat_tau=3.0,
+        mirostat_eta=0.2,
+        typical_p=0.5,
+        min_p=0.1,
+        xtc_probability=0.5,
+        adaptive_p_target=0.3,
+        repeat_penalty=1.1,
+        grammar='root ::= "a"',
+    )
+    assert default_stages(params) == [
+        Grammar('root ::= "a"'),
+        Penalties(last_n=64, repeat=1.1, frequency=0.0, presence=0.0),
+        Dry(1.05, 1.75, 2, 0),
+        Temperature(0.8),
+        stage(3.0, 0.2, 5),
+    ]
+    # Sampled, never greedy, whatever the temperature.
+    cold = SamplingParams(temperature=0, mirostat=version)
+    assert not cold.greedy
+    assert default_stages(cold)[-2:] == [Temperature(0), stage(5.0, 0.1, RANDOM_SEED)]
+
+
+def test_reseeding_moves_every_seed_but_the_random_one() -> None:
+    stages = default_stages(SamplingParams(seed=0xFFFFFFFE, xtc_probability=0.5))
+    assert reseeded(stages, 3) == [  # modulo 2**32
+        Dry(1.05, 1.75, 2, 0),
+        TopK(40),
+        TopP(0.9),
+        Xtc(0.5, 0.1, 1, 1),
+        Temperature(0.8),
+        Distribution(1),
+    ]
+    unseeded = default_stages(SamplingParams(mirostat=2))
+    assert reseeded(unseeded, 3) == unseeded
 
 
 def test_xtc_included_only_when_enabled() -> None:
@@ -499,6 +577,88 @@ def test_dry_penalises_the_token_that_would_extend_a_repeat(
     dry.accept(*history)
     expected = {word: logit - penalty.get(word, 0.0) for word, logit in LOGITS.items()}
     assert dry.apply().logits == pytest.approx(expected)
+
+
+def typical_set(probs: Mapping[str, float], p: float, min_keep: int = 1) -> set[str]:
+    """Locally typical sampling (Meister et al.; llama.cpp's typical sampler): the tokens
+    whose surprise lies nearest the entropy, nearest first, until their mass passes p (and
+    at least min_keep of them)."""
+    entropy = -sum(q * math.log(q) for q in probs.values())
+    nearest = sorted(probs, key=lambda word: abs(-math.log(probs[word]) - entropy))
+    kept: list[str] = []
+    for word in nearest:
+        kept.append(word)
+        if sum(probs[w] for w in kept) > p and len(kept) >= min_keep:
+            break
+    return set(kept)
+
+
+@pytest.mark.parametrize("p", [0.3, 0.6, 0.9])
+def test_typical_p_keeps_the_tokens_nearest_the_entropy(
+    chain: Callable[..., Chain], p: float
+) -> None:
+    applied = chain(typical_p=p).apply()
+    assert set(applied.logits) == typical_set(PROBS, p)
+    if p == 0.3:  # the most likely token is less typical than the next two: it goes
+        assert set(applied.logits) == {"pear", "plum"}
+    # What is left is drawn from in proportion to its probability.
+    kept = {word: PROBS[word] for word in applied.logits}
+    total = sum(kept.values())
+    assert applied.probs == pytest.approx({w: q / total for w, q in kept.items()}, abs=1e-5)
+
+
+def test_min_keep_holds_tokens_that_the_truncations_would_cut(
+    chain: Callable[..., Chain],
+) -> None:
+    assert len(chain(typical_p=0.01).apply().logits) == 1
+    assert set(chain(typical_p=0.01, min_keep=3).apply().logits) == typical_set(PROBS, 0.01, 3)
+    assert len(chain(top_p=0.01).apply().logits) == 1
+    top = chain(top_p=0.01, min_keep=3).apply()
+    assert set(top.logits) == set(most_likely_first(PROBS)[:3])
+    assert set(chain(min_p=0.9, min_keep=4).apply().logits) == set(most_likely_first(PROBS)[:4])
+
+
+def surprise(probs: Mapping[str, float]) -> dict[str, float]:
+    """Each token's surprise in bits, as Mirostat measures it."""
+    return {word: -math.log2(p) for word, p in probs.items()}
+
+
+def test_mirostat_v2_keeps_the_tokens_below_its_bound_and_moves_the_bound(
+    chain: Callable[..., Chain],
+) -> None:
+    """Mirostat v2 (Basu et al., 2021, algorithm 2): the bound mu starts at 2·tau bits; the
+    tokens whose surprise is above it go (top_k is not applied: Mirostat replaces it); after
+    a draw, mu moves by eta times the draw's surprise (among the kept) less tau."""
+    tau, eta = 2.5, 1.0
+    sampler = chain(mirostat=2, mirostat_tau=tau, mirostat_eta=eta, top_k=2)
+    first = sampler.apply()
+    bound = 2 * tau
+    assert set(first.logits) == {w for w, s in surprise(PROBS).items() if s <= bound}
+    assert len(first.logits) == 5
+    kept = {word: PROBS[word] for word in first.logits}
+    renormalised = {word: p / sum(kept.values()) for word, p in kept.items()}
+    bound -= eta * (surprise(renormalised)[first.picked] - tau)
+    second = sampler.apply()
+    assert set(second.logits) == {w for w, s in surprise(PROBS).items() if s <= bound}
+
+
+def test_mirostat_v1_keeps_as_many_tokens_as_its_zipf_estimate_says(
+    chain: Callable[..., Chain], text_model: LlamaTextModel
+) -> None:
+    """Mirostat v1 (Basu et al., 2021, algorithm 1): s, the Zipf exponent estimated from the
+    most likely tokens' probability ratios, and mu = 2·tau give k, the tokens kept."""
+    tau = 2.0
+    ranked = sorted(PROBS.values(), reverse=True)
+    pairs = [
+        (math.log((i + 2) / (i + 1)), math.log(ranked[i] / ranked[i + 1]))
+        for i in range(len(ranked) - 1)
+    ]
+    s = sum(t * b for t, b in pairs) / sum(t * t for t, _ in pairs)
+    epsilon = s - 1
+    k = (epsilon * 2 ** (2 * tau) / (1 - text_model.n_vocab ** (-epsilon))) ** (1 / s)
+    assert 3.5 < k < 6  # more than top_k's 2, fewer than all 8
+    applied = chain(mirostat=1, mirostat_tau=tau, top_k=2).apply()
+    assert set(applied.logits) == set(most_likely_first(PROBS)[: int(k)])
 
 
 def adapted(probs: Mapping[str, float], target: float) -> dict[str, float]:

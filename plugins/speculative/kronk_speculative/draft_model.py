@@ -156,6 +156,9 @@ class DraftModel:
     """The `draft` strategy over a loaded draft model; it owns the model and closes it."""
 
     name = "draft"
+    # Its drafts cost a decode each, and they follow from how its sequences' KV was built,
+    # which earlier requests decide (prefixes kept and copied): when to draft stays measured.
+    reproducible = False
 
     def __init__(
         self, model: TextModel, *, ndraft: int, n_batch: int, adaptive: bool = True

@@ -49,6 +49,8 @@ class PromptLookup:
     """The `lookup` draft strategy: one n-gram index per slot, kept in step with its context."""
 
     name = "lookup"
+    # A slot's draft is a function of its context: the same request drafts the same again.
+    reproducible = True
 
     def __init__(
         self, *, ndraft: int, ngram_min: int, ngram_max: int, adaptive: bool = True

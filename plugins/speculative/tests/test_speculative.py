@@ -282,6 +282,7 @@ class NearMisses:
     name = "near-misses"
     ndraft = 1
     adaptive = False
+    reproducible = False
     MARGIN = 1.0
 
     def __init__(self, config: ModelConfig) -> None:
@@ -553,6 +554,7 @@ class RepeatLast:
     name = "repeat-last"
     ndraft = 3
     adaptive = False
+    reproducible = False
 
     def __init__(self) -> None:
         self.requests: list[DraftRequest] = []
