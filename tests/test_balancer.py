@@ -38,13 +38,13 @@ BALANCERS = [
     pytest.param(
         "haproxy",
         marks=pytest.mark.skipif(
-            HAPROXY is None, reason="haproxy is not installed (nox -s tests installs Debian's)"
+            HAPROXY is None, reason="haproxy is not installed (nox -s full installs Debian's)"
         ),
     ),
     pytest.param(
         "nginx",
         marks=pytest.mark.skipif(
-            NGINX is None, reason="nginx is not installed (nox -s tests installs Debian's)"
+            NGINX is None, reason="nginx is not installed (nox -s full installs Debian's)"
         ),
     ),
 ]

@@ -53,6 +53,7 @@ def _install(base: Path, paths: MultimodalPaths, *projectors: str) -> Path:
     return folder
 
 
+@pytest.mark.model
 def test_a_pulled_model_reads_through_the_projector_beside_it(
     multimodal_paths: MultimodalPaths, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

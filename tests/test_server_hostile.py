@@ -473,6 +473,7 @@ def wide_server(tmp_path_factory: pytest.TempPathFactory, serve: Serve) -> Itera
         yield base_url
 
 
+@pytest.mark.model
 async def test_an_enum_of_20000_values_is_served_once_allowed(wide_server: str) -> None:
     """The enum that held the model for tens of seconds: a tree of shared prefixes now, each
     token checked against a handful of branches, compiled off the engine thread."""

@@ -370,6 +370,7 @@ def test_a_model_that_cannot_read_the_media_is_a_400(
         )
 
 
+@pytest.mark.model
 def test_models_list_what_each_model_reads(oai: openai.OpenAI) -> None:
     cards = {card.id: card.model_dump() for card in oai.models.list()}
     assert cards["mm"]["input_modalities"] == ["text", "image", "audio"]

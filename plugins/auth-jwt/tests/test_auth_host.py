@@ -59,6 +59,7 @@ def error_of(response: httpx.Response) -> str:
     return message
 
 
+@pytest.mark.model
 def test_the_replica_admits_what_the_service_admits(servers: Servers) -> None:
     token = mint(servers.service, "chat-completions")
     answer = httpx.post(f"{servers.replica}{CHAT}", json=BODY, headers=bearer(token), timeout=60)
@@ -84,6 +85,7 @@ def test_the_replica_refuses_what_the_service_refuses(servers: Servers) -> None:
     assert not_admin.status_code == 403
 
 
+@pytest.mark.model
 def test_one_quota_across_the_service_and_the_replica(servers: Servers) -> None:
     token = mint(servers.service, "tokenize:2/day")
     body = {"model": MODEL, "input": "hi"}
@@ -158,6 +160,7 @@ def loose_replica(
         yield replica
 
 
+@pytest.mark.model
 def test_a_well_formed_answer_admits(fake_service: FakeService, loose_replica: str) -> None:
     fake_service.answer = b'{"subject": "someone", "admin": false, "extra": 1}'
     answer = httpx.get(f"{loose_replica}/v1/models", headers=bearer("a.b.c"))

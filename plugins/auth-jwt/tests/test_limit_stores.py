@@ -80,6 +80,7 @@ async def hammer(base_urls: list[str], token: str, count: int) -> list[int]:
 # ---- SQLite: the default store ------------------------------------------------------
 
 
+@pytest.mark.model
 def test_sqlite_count_survives_a_restart(tmp_path: Path, serve: Serve) -> None:
     token = local_token(tmp_path, "tokenize:3/day")
 

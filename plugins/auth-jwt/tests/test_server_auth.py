@@ -370,6 +370,7 @@ def test_admin_tokens_need_the_master_key(auth_server: AuthServer) -> None:
         assert http.get("/v1/kronk/slots", headers=bearer(auth_server.admin)).status_code == 200
 
 
+@pytest.mark.model
 def test_key_headers_are_ignored_on_a_genuine_token(
     auth_server: AuthServer, stranger: Stranger
 ) -> None:
@@ -403,6 +404,7 @@ def test_missing_or_non_bearer_credentials_are_401(
     assert_openai_error(response, 401, "authentication_error")
 
 
+@pytest.mark.model
 def test_an_untampered_copy_of_a_forgery_base_is_accepted(auth_server: AuthServer) -> None:
     """The forgeries fail for what was forged: the same claims, signed properly, pass."""
     kid, key = _signing_key(auth_server.base)
@@ -538,6 +540,7 @@ def _url(path: str) -> str:
     return path
 
 
+@pytest.mark.model
 def test_the_route_table_is_every_route_the_app_serves(auth_server: AuthServer) -> None:
     written = [*PUBLIC_ROUTES, *ANY_TOKEN_ROUTES, *ADMIN_ROUTES]
     written += [route for routes in GRANTED_ROUTES.values() for route in routes]
@@ -593,6 +596,7 @@ def test_every_route_answers_as_the_table_says(auth_server: AuthServer) -> None:
             assert preflight[0] not in (401, 403), (path, preflight)
 
 
+@pytest.mark.model
 def test_grants_are_honoured_per_endpoint(auth_server: AuthServer) -> None:
     token = mint(auth_server, "chat-completions,tokenize:unlimited")
     client = openai.OpenAI(base_url=f"{auth_server.base_url}/v1", api_key=token, max_retries=0)
@@ -630,6 +634,7 @@ def test_guard_errors_come_in_each_dialects_shape(auth_server: AuthServer) -> No
     assert_openai_error(chat, 403, "permission_error")
 
 
+@pytest.mark.model
 def test_anthropic_clients_authenticate_with_x_api_key(auth_server: AuthServer) -> None:
     """The anthropic SDK sends ANTHROPIC_API_KEY as x-api-key, not as a bearer token."""
     request: dict[str, Any] = {"model": MODEL, "messages": MESSAGES}
@@ -646,6 +651,7 @@ def test_anthropic_clients_authenticate_with_x_api_key(auth_server: AuthServer) 
         forged.messages.count_tokens(**request)
 
 
+@pytest.mark.model
 def test_health_stays_open_and_admin_passes_everywhere(auth_server: AuthServer) -> None:
     with httpx.Client(base_url=auth_server.base_url) as http:
         assert http.get("/v1/liveness").status_code == 200
@@ -682,6 +688,7 @@ def clock(auth_server: AuthServer) -> Iterator[SettableClock]:
         auth.clock = utc_now
 
 
+@pytest.mark.model
 async def test_hundred_concurrent_requests_admit_exactly_the_quota(
     auth_server: AuthServer, clock: SettableClock
 ) -> None:
@@ -704,6 +711,7 @@ async def test_hundred_concurrent_requests_admit_exactly_the_quota(
             assert 0 < int(response.headers["retry-after"]) <= 86400
 
 
+@pytest.mark.model
 def test_validation_failures_count_against_the_quota(
     auth_server: AuthServer, clock: SettableClock
 ) -> None:
@@ -717,6 +725,7 @@ def test_validation_failures_count_against_the_quota(
         assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
 
 
+@pytest.mark.model
 def test_quota_windows_roll_over_in_the_running_server(
     auth_server: AuthServer, clock: SettableClock
 ) -> None:
@@ -742,6 +751,7 @@ def test_quota_windows_roll_over_in_the_running_server(
 # ---- keys --------------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_key_deletion_invalidates_its_tokens_at_once(auth_server: AuthServer) -> None:
     created = kronk_cli(auth_server, "security", "key", "create")
     assert created.exit_code == 0, created.output

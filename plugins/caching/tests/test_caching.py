@@ -56,6 +56,9 @@ from kronk_testing.replay import (
 )
 from kronk_testing.waiting import gated, wait_until
 
+# Real models throughout: the full tier (docs/testing.md).
+pytestmark = pytest.mark.model
+
 NO_HOST_TIER = {"host_cache_bytes": 0}
 
 

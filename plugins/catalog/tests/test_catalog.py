@@ -32,6 +32,7 @@ def cli(base: Path, *arguments: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("model_id", list(PACKAGED_MODELS))
 def test_the_bundled_catalog_names_the_packaged_models_files(tmp_path: Path, model_id: str) -> None:
     """The default model and Gemma, pulled from the Hub, are the files their packages ship."""
@@ -135,6 +136,7 @@ def events(client: httpx.Client, path: str) -> Iterator[tuple[str, dict[str, Any
                 event = "message"
 
 
+@pytest.mark.model
 def test_a_pull_on_the_server_streams_its_progress_and_the_model_answers(
     catalog_server: tuple[str, FileServer, Path], tiny_llama_path: Path
 ) -> None:

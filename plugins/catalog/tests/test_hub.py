@@ -367,6 +367,7 @@ def chat(client: OpenAI, model: str) -> str:
     return reply.model
 
 
+@pytest.mark.model
 def test_a_server_with_auto_pull_pulls_what_a_request_names(
     tmp_path: Path, hub: Hub, serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -405,6 +406,7 @@ def test_without_auto_pull_a_request_pulls_nothing(
         assert chat(client, "org/Tiny-GGUF:Q8_0") == "Tiny-Q8_0"
 
 
+@pytest.mark.model
 def test_the_default_model_and_model_config_entries_are_pulled_by_reference(
     tmp_path: Path, hub: Hub, serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:

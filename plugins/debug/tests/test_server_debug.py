@@ -29,6 +29,9 @@ from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_testing.waiting import gated, reached
 
+# Real models throughout: the full tier (docs/testing.md).
+pytestmark = pytest.mark.model
+
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
 

@@ -20,6 +20,9 @@ from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 from kronk_testing.server import RunningServer
 from kronk_testing.waiting import all_steps_reported
 
+# Real models throughout: the full tier (docs/testing.md).
+pytestmark = pytest.mark.model
+
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
 

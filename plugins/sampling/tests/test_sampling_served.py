@@ -18,6 +18,9 @@ from kronk_core.prompts import prepare_chat
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 from kronk_testing.replay import BatchReplay, Start, step_records
 
+# Real models throughout: the full tier (docs/testing.md).
+pytestmark = pytest.mark.model
+
 if TYPE_CHECKING:
     from kronk_testing.plugin import MakeKronk
     from kronk_testing.server import Serve

@@ -23,6 +23,9 @@ from kronk_api import ServerSettings, create_app
 from kronk_core.runtime.draft_policy import DraftPolicy, Wish
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 
+# Real models throughout: the full tier (docs/testing.md).
+pytestmark = pytest.mark.model
+
 # ---- the policy: what decides a reproducible request's drafts ---------------------------
 
 

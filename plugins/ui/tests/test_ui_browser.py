@@ -47,7 +47,7 @@ def chromium() -> str:
     found = shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(found).is_file():
         pytest.fail(
-            "Debian's chromium is not installed; `python3 -m nox -s tests` installs it "
+            "Debian's chromium is not installed; `nox -s full` installs it "
             "(apt-get install -y chromium) before the tests run"
         )
     return found
