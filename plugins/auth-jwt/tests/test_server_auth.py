@@ -482,7 +482,12 @@ GRANTED_ROUTES = {
     "messages": [("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")],
     "embeddings": [("POST", "/v1/embeddings")],
     "rerank": [("POST", "/v1/rerank"), ("POST", "/v1/reranking")],
-    "tokenize": [("POST", "/v1/tokenize")],
+    "tokenize": [
+        ("POST", "/v1/tokenize"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("POST", "/v1/detokenize"),
+    ],
     "probe": [("GET", "/probe/ping")],
     "ollama-chat": [("POST", "/api/chat")],
     "ollama-generate": [("POST", "/api/generate")],
@@ -719,7 +724,7 @@ def test_validation_failures_count_against_the_quota(
     clock.now = datetime(2031, 3, 14, 12, tzinfo=UTC)  # one day for all of them
     token = mint(auth_server, "chat-completions:2/day")
     with httpx.Client(base_url=auth_server.base_url, headers=bearer(token)) as http:
-        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 2}):
+        for invalid in ({"model": MODEL}, {"model": MODEL, "messages": MESSAGES, "n": 0}):
             assert_openai_error(http.post(CHAT, json=invalid), 400, "invalid_request_error")
         valid = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
         assert_openai_error(http.post(CHAT, json=valid), 429, "rate_limit_error")
