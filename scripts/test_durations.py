@@ -4,7 +4,7 @@
 (CI's run too); `nox -s durations` prints the table from whichever are there:
 
     file                                         tier    tests  seconds  share
-    tests/test_caching.py                        full       61    512.3  13.1%
+    plugins/caching/tests/test_caching.py        full       50    449.5  17.1%
     ...
 
 Run it directly to read other files: `python scripts/test_durations.py a.xml b.xml`.
@@ -28,25 +28,26 @@ class FileCost:
     seconds: float = 0.0
 
 
-def costs(reports: list[Path]) -> dict[str, FileCost]:
-    """Each test file's tests and seconds; the tier is the report's (junit-<tier>.xml)."""
-    by_file: dict[str, FileCost] = {}
+def costs(reports: list[Path]) -> dict[tuple[str, str], FileCost]:
+    """Each test file's tests and seconds per tier (a file may have tests in both); the tier
+    is the report's (junit-<tier>.xml)."""
+    by_file: dict[tuple[str, str], FileCost] = {}
     for report in reports:
         tier = report.stem.removeprefix("junit-")
         for case in ElementTree.parse(report).iter("testcase"):
             # classname is the module's dotted path (with --import-mode=importlib too).
             module = case.get("classname", "").split("::")[0]
             name = module.replace(".", "/") + ".py"
-            cost = by_file.setdefault(name, FileCost(tier))
+            cost = by_file.setdefault((name, tier), FileCost(tier))
             cost.tests += 1
             cost.seconds += float(case.get("time", "0"))
     return by_file
 
 
-def table(by_file: dict[str, FileCost]) -> str:
+def table(by_file: dict[tuple[str, str], FileCost]) -> str:
     total = sum(cost.seconds for cost in by_file.values()) or 1.0
     rows = [f"{'file':<60}{'tier':<8}{'tests':>6}{'seconds':>10}{'share':>8}"]
-    for name, cost in sorted(by_file.items(), key=lambda item: -item[1].seconds):
+    for (name, _), cost in sorted(by_file.items(), key=lambda item: -item[1].seconds):
         share = 100 * cost.seconds / total
         rows.append(f"{name:<60}{cost.tier:<8}{cost.tests:>6}{cost.seconds:>10.1f}{share:>7.1f}%")
     tiers: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
