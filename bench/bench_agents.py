@@ -42,13 +42,12 @@ from typing import Any
 
 import httpx
 from agent_load import Client, Messages, Turn, tool_result
-from bench_vs_llama_server import free_port, running, warm_up
+from bench_vs_llama_server import free_port, gemma_server_command, running, warm_up
 from llama_server import llama_server_binary, no_amx_environment
 
 from kronk_anthropic.schemas import BLOCK_SEPARATOR
 from kronk_core.tokens import common_prefix
-from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
-from kronk_templates.jinja import bundled_source
+from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 CAPTURE = Path(__file__).parent.parent / "tests" / "data" / "agents" / "claude-code-2.1.332.json"
 SLOTS, SLOT_CONTEXT = 4, 32768
@@ -188,15 +187,9 @@ def run_llama_server(
     log_dir: Path, workload: Workload, args: argparse.Namespace
 ) -> tuple[Results, int]:
     port = free_port()
-    template = log_dir / "gemma.jinja"
-    template.write_text(bundled_source("gemma"), encoding="utf-8")
-    command = [
-        str(llama_server_binary()),
-        "-m", str(gemma_model_path()),
-        "--host", "127.0.0.1", "--port", str(port),
-        "-c", str(SLOTS * SLOT_CONTEXT), "-np", str(SLOTS),
-        "--jinja", "--chat-template-file", str(template),
-    ]  # fmt: skip
+    command = gemma_server_command(
+        log_dir, port, "-c", str(SLOTS * SLOT_CONTEXT), "-np", str(SLOTS)
+    )
     client = agent_client(f"http://127.0.0.1:{port}", workload)
     with running("llama-server", command, f"{client.base_url}/health", log_dir,
                  no_amx_environment()):  # fmt: skip

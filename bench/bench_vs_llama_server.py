@@ -241,16 +241,23 @@ async def warm_up(client: Client) -> None:
     await client.single([{"role": "user", "content": "Say hello."}], max_tokens=8)
 
 
-def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only: str | None = None) -> Results:
-    port = free_port()
+def gemma_server_command(log_dir: Path, port: int, *options: str) -> list[str]:
+    """llama-server on the packaged Gemma with Kronk's bundled gemma template (written to
+    log_dir), so that both servers render the same prompts."""
     template = log_dir / "gemma.jinja"
     template.write_text(bundled_source("gemma"), encoding="utf-8")
-    command = [
+    return [
         str(llama_server_binary()),
         "-m", str(gemma_model_path()),
         "--host", "127.0.0.1", "--port", str(port),
+        *options,
         "--jinja", "--chat-template-file", str(template),
-    ]
+    ]  # fmt: skip
+
+
+def run_llama_server(log_dir: Path, w3: bool, fleets: bool, only: str | None = None) -> Results:
+    port = free_port()
+    command = gemma_server_command(log_dir, port)
     client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
     ready = f"{client.base_url}/health"
     with running("llama-server", command, ready, log_dir, no_amx_environment()):
