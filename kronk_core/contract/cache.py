@@ -102,7 +102,8 @@ class CacheStrategy(Protocol):
         `prefilling` pairs each slot now prefilling with its whole prompt. A
         strategy that can copy prompt prefixes between slots holds a request
         whose prefix one of them is about to hold; the engine asks again after
-        every step and never holds a request while no slot prefills.
+        every step and never holds a request while no slot prefills. While one is
+        held, the prefilling slots' chunks stop where their prompts part from its.
         """
 
     def prepare(

@@ -122,6 +122,9 @@ class Engine:
         # removes cancelled ones, the engine thread takes them.
         self._waiting: deque[Job] = deque()
         self._waiting_lock = threading.Lock()
+        # The prompts of requests the cache strategy holds back until a prefilling slot
+        # holds a prefix they share (`_admit`); that slot's chunks stop there (`_step`).
+        self._held_prompts: list[Sequence[int]] = []
         self._capacity = len(self.slots) * queue_depth
         self._wake = threading.Event()
         self._active: list[Job] = []
@@ -358,6 +361,7 @@ class Engine:
         prefix it can then copy; younger requests go ahead meanwhile.
         """
         held = 0
+        self._held_prompts = []
         while not self._stopping:
             free = [slot for slot in self.slots if not slot.busy]
             if not free:
@@ -375,6 +379,7 @@ class Engine:
                 ]
                 if prefilling and self._cache.admit_later(job.request, prefilling):
                     held += 1
+                    self._held_prompts.append(job.request.prompt_tokens)
                     continue
                 del self._waiting[held]
             with request_scope(job.request_id):
@@ -568,6 +573,7 @@ class Engine:
                     budget -= part.count
                 continue
             end = len(prompt) if span is None else span.start
+            end = self._stop_at_held_prefix(prompt, start, end)
             chunk = prompt[start : min(start + budget, end)]
             parts.append(Part(job, chunk, start, False, start + len(chunk) == len(prompt)))
             budget -= len(chunk)
@@ -585,6 +591,17 @@ class Engine:
         self._decode_media(media)
         self._record_step(parts, media)
         return True
+
+    def _stop_at_held_prefix(self, prompt: Sequence[int], start: int, end: int) -> int:
+        """Where this step's chunk of a prompt ends: at `end`, or earlier where a held
+        request's prompt parts from it. The slot then holds exactly the prefix they share
+        when the held request starts, and that request copies it: a slot past it by more
+        than a sliding window (or a recurrent state past it) could no longer give it."""
+        for held in self._held_prompts:
+            shared = common_prefix(prompt, held)
+            if start < shared < end:
+                end = shared
+        return end
 
     def _media_part(self, job: Job, budget: int, *, first: bool) -> MediaPart | None:
         """The job's next rows of media embeddings that fit the budget, once encoded.
