@@ -1,7 +1,9 @@
-"""The first request of a session of Claude Code, OpenCode, Cline and Open WebUI, in the
-shape each client sends it: a long system prompt, many tools with JSON schemas, streaming,
-the model name the client insists on. Their text is made up; their sizes are the clients'
-(15-20k tokens of prompt for the coding agents)."""
+"""The first request of a session of Cline and Open WebUI, in the shape each client sends
+it: Cline's long system prompt that describes its tools in the prompt itself, streaming, the
+model name the client insists on. Their text is made up; their sizes are the clients' (15-20k
+tokens of prompt for Cline). Claude Code's, Codex's and OpenCode's first requests are not
+made up: they are captured from the pinned clients (tests/data/agents,
+scripts/capture_agent_requests.py)."""
 
 from __future__ import annotations
 
@@ -67,99 +69,6 @@ def _schema(tool: str) -> dict[str, Any]:
 
 def _tool_description(tool: str) -> str:
     return f"The {tool} tool.\n\nUsage notes:\n" + _prose(tool, 11)
-
-
-def anthropic_tools() -> list[dict[str, Any]]:
-    return [
-        {"name": tool, "description": _tool_description(tool), "input_schema": _schema(tool)}
-        for tool in TOOLS
-    ]
-
-
-def openai_tools() -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool,
-                "description": _tool_description(tool),
-                "parameters": _schema(tool),
-            },
-        }
-        for tool in TOOLS
-    ]
-
-
-def claude_code(model: str) -> dict[str, Any]:
-    """POST /v1/messages?beta=true: a system prompt in blocks (cache_control marks), the tools,
-    a user turn with a system reminder, max_tokens as CLAUDE_CODE_MAX_OUTPUT_TOKENS sets it."""
-    return {
-        "model": model,
-        "max_tokens": 8192,
-        "temperature": 1,
-        "stream": True,
-        "metadata": {"user_id": "user_0a1b2c_account__session_3d4e5f"},
-        "system": [
-            {
-                "type": "text",
-                "text": "You are Claude Code, Anthropic's official CLI for Claude.",
-                "cache_control": {"type": "ephemeral"},
-            },
-            {
-                "type": "text",
-                "text": "You are an interactive CLI tool that helps users with software "
-                "engineering tasks.\n" + _prose("Coding", 75),
-                "cache_control": {"type": "ephemeral"},
-            },
-        ],
-        "tools": anthropic_tools(),
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "text",
-                        "text": "<system-reminder>This is a reminder that your todo list is "
-                        "currently empty.</system-reminder>",
-                    },
-                    {
-                        "type": "text",
-                        "text": "The tests in tests/test_parser.py fail since yesterday: find "
-                        "out why and fix it.",
-                        "cache_control": {"type": "ephemeral"},
-                    },
-                ],
-            }
-        ],
-    }
-
-
-def opencode(model: str) -> dict[str, Any]:
-    """POST /v1/chat/completions through the AI SDK's openai-compatible provider: two system
-    messages (its prompt, then the environment), the tools, max_tokens as its model's
-    `limit.output` gives it, usage asked for at the end of the stream."""
-    return {
-        "model": model,
-        "max_tokens": 8192,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "tool_choice": "auto",
-        "tools": openai_tools(),
-        "messages": [
-            {
-                "role": "system",
-                "content": "You are opencode, an interactive CLI agent.\n" + _prose("Agent", 75),
-            },
-            {
-                "role": "system",
-                "content": "Here is some useful information about the environment you are "
-                "running in:\n<env>\n  Working directory: /home/me/project\n  Is directory a "
-                "git repo: yes\n  Platform: linux\n</env>",
-            },
-            {"role": "user", "content": "Add a --verbose flag to the command line."},
-        ],
-    }
 
 
 def cline(model: str) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """Today's coding agents, in every dialect, as they really ask: the first requests of Claude
 Code 2.1.332, Codex CLI 0.171.0 and OpenCode 1.18.33 (captured, tests/data/agents) are served
-on the real Gemma 3 270M at a 32768-token context; what Kronk cannot serve is left out and
-named in the x-kronk-omitted-tools header; and a prompt past a small context is answered in
-the shape each client acts on (Claude Code compacts on Anthropic's `prompt is too long`,
-Codex on a `response.failed` with `context_length_exceeded`, OpenCode on that code or its
-overflow patterns).
+on the real Gemma 3 270M left at its default context (its 32768-token training length); what
+Kronk cannot serve is left out and named in the x-kronk-omitted-tools header; and a prompt
+past a small context is answered in the shape each client acts on (Claude Code compacts on
+Anthropic's `prompt is too long`, Codex on a `response.failed` with `context_length_exceeded`,
+OpenCode on that code or its overflow patterns).
 
 Each captured request is prefilled once (Claude Code's is ~21k tokens); the rest are
 cut-down versions of the same shapes."""
@@ -50,15 +50,15 @@ OPENCODE_OVERFLOW = [
 def agents(
     tmp_path_factory: pytest.TempPathFactory, gemma_path: str, serve: Serve
 ) -> Iterator[str]:
-    """Gemma at 32768 tokens under the names the agents send, and at 4096 (SMALL) to
-    overflow; one slot each, with the message cache."""
+    """Gemma at its default context (no context_window: its training length, 32768 tokens)
+    under the names the agents send, and at 4096 (SMALL) to overflow; one slot each, with
+    the message cache."""
     base = tmp_path_factory.mktemp("agent-dialects")
     models = base / "models.yaml"
     models.write_text(
         f"models:\n"
         f"  {AGENT}:\n"
         f"    model_path: {gemma_path}\n"
-        f"    context_window: 32768\n"
         f"    n_seq_max: 1\n"
         f"    cache: imc\n"
         f"    aliases: [claude-sonnet-4-6, claude-haiku-4-5]\n"
@@ -118,6 +118,8 @@ def test_claude_code_s_session_is_served(agents: str) -> None:
     """Its first request as captured (thinking adaptive, output_config, context_management,
     metadata, cache_control, 12 tools), then its next turn with a system message among the
     messages (what 2.1.197 got a 400 for), which reuses the first's prefix."""
+    (card,) = [m for m in httpx.get(f"{agents}/v1/models").json()["data"] if m["id"] == AGENT]
+    assert card["context_length"] == 32768
     capture = captured("claude-code-2.1.332.json")
     first = send(agents, capture, max_tokens=8)
     assert first.status_code == 200, first.text

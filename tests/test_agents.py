@@ -1,8 +1,10 @@
 """Ready for agents: a model without `context_window` gets its training length (at most the
 server's `context_window`, lowered to what fits in memory), `/v1/models` says how long each
 context is and whether the model is loaded, aliases answer to the names agents insist on in
-every dialect, and the first requests of Claude Code, OpenCode, Cline and Open WebUI
-(15-20k tokens, many tools, streaming) are served on a model left at its default context.
+every dialect, and the first requests of Cline and Open WebUI (Cline's 15-20k tokens, its
+tools in the prompt, streaming) are served on a model left at its default context. Claude
+Code's, Codex's and OpenCode's captured first requests are served on a default context in
+test_agent_dialects.py.
 
 The model is the real Gemma 3 270M (a 32k training length) with one slot, so that its
 default-sized context stays small in memory."""
@@ -36,7 +38,7 @@ from kronk_llamacpp.estimate import (
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 from kronk_llamacpp.settings import SETTINGS
-from kronk_testing.agent_requests import claude_code, cline, open_webui, opencode
+from kronk_testing.agent_requests import cline, open_webui
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
@@ -201,38 +203,14 @@ def test_the_first_requests_of_coding_agents_are_served_on_a_default_context(
     assert before[AGENT]["loaded"] is False
     assert {name: before[name]["alias_of"] for name in ALIASES} == dict.fromkeys(ALIASES, AGENT)
 
-    # Claude Code: Anthropic's Messages API, its own model name.
-    body = claude_code("claude-sonnet-4-6")
-    with (
-        anthropic.Anthropic(base_url=agent_server, api_key="unused", max_retries=0) as client,
-        client.messages.stream(
-            model=body["model"],
-            max_tokens=body["max_tokens"],
-            system=body["system"],
-            tools=body["tools"],
-            messages=body["messages"],
-            metadata=body["metadata"],
-            extra_headers={"anthropic-beta": "claude-code-20250219"},
-            extra_query={"beta": "true"},
-            extra_body={"temperature": body["temperature"]},
-        ) as stream,
-    ):
-        events = iter(stream)
-        start = next(events)
-        assert start.type == "message_start"
-        assert start.message.model == AGENT
-        assert AGENT_PROMPT[0] < start.message.usage.input_tokens < AGENT_PROMPT[1]
-        assert next(event for event in events if event.type == "content_block_delta")
-
-    # OpenCode and Cline: OpenAI's Chat Completions, each with its own shape.
+    # Cline: OpenAI's Chat Completions, its tools described in its system prompt.
     with OpenAI(base_url=f"{agent_server}/v1", api_key="unused", max_retries=0) as client:
-        for request in (opencode("gpt-4o"), cline(AGENT)):
-            stream = client.chat.completions.create(**request)
-            chunks = iter(stream)
-            assert next(chunks).model == AGENT
-            assert next(chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta)
-            stream.close()
-            assert AGENT_PROMPT[0] < cached_tokens(agent_server) < AGENT_PROMPT[1] + 8192
+        stream = client.chat.completions.create(**cline(AGENT))
+        chunks = iter(stream)
+        assert next(chunks).model == AGENT
+        assert next(chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta)
+        stream.close()
+        assert AGENT_PROMPT[0] < cached_tokens(agent_server) < AGENT_PROMPT[1] + 8192
 
         # Open WebUI: the model picker lists the models, then a plain streamed chat.
         picked = [model.id for model in client.models.list()]

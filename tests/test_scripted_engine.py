@@ -1,5 +1,6 @@
 """The engine and the model pool on the harness's scripted model (kronk_testing.scripted):
-admission, cancellation, LRU and TTL unloading and context trimming, without llama.cpp.
+admission, cancellation, LRU and TTL unloading, context trimming, the window's limits, the
+slot's token record and the SDK's refusals, without llama.cpp.
 
 The scripted model holds decodes while paused and lets them through one at a time, so
 every state below is reached by condition, never by the machine's speed; its KV records
@@ -14,11 +15,13 @@ from typing import Any
 import pytest
 
 from kronk_core import Kronk
-from kronk_core.errors import QueueFullError
+from kronk_core.contract.cache import PromptScope
+from kronk_core.errors import ContextOverflowError, InvalidRequestError, QueueFullError
+from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.engine import StepRecord
 from kronk_core.runtime.loading import LoadedModel
 from kronk_testing.plugin import SCRIPTED_MODEL_ID, ScriptedKronk
-from kronk_testing.scripted import Script, ScriptedModel, digest, tokenize
+from kronk_testing.scripted import N_VOCAB, Script, ScriptedModel, digest, tokenize
 from kronk_testing.waiting import wait_until
 
 REPLY = Script().default
@@ -185,7 +188,6 @@ async def test_trimming_drops_the_oldest_messages_the_model_never_sees(
     assert result.usage.dropped_tokens == len(prompt([system, *turns])) - len(kept)
 
 
-
 async def test_a_models_stop_ends_its_answer_as_its_end_of_turn_does(
     scripted_kronk: ScriptedKronk,
 ) -> None:
@@ -215,3 +217,106 @@ async def test_a_model_that_opens_a_new_turn_has_ended_its_own(
     assert model.template.turn_opener == "<|im_start|>"
     answer = await kronk.chat([{"role": "user", "content": "hi"}], max_tokens=64)
     assert (answer.content, answer.finish_reason.value) == ("Hello.", "stop")
+
+
+# ---- the window's limits and the slot's token record --------------------------------
+
+
+def chat_prompt(text: str) -> list[int]:
+    """The ids the scripted model's ChatML template gives one user message."""
+    return tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_max_tokens_past_the_window_is_capped_by_it(fake_kronk: Kronk) -> None:
+    """A max_tokens beyond what the window has left is no error: generation may run to the
+    window's end (Claude Code asks for 32000 on any model)."""
+    engine_model, model = loaded(fake_kronk)
+    window = model.info.n_ctx_per_seq
+    assert window == Script().context_length
+    messages = [{"role": "user", "content": "Knock knock."}]
+    room = window - len(chat_prompt("Knock knock."))
+    for asked, allowed in ((32000, room), (room, room), (5, 5)):
+        request = fake_kronk.chat_request(messages, max_tokens=asked)
+        prepared = prepare_chat(engine_model, request, PromptScope())
+        assert prepared.generation.max_tokens == allowed
+
+
+async def test_a_prompt_alone_longer_than_the_window_is_refused(fake_kronk: Kronk) -> None:
+    engine_model, model = loaded(fake_kronk)
+    text = "word " * 1000
+    n_prompt = len(chat_prompt(text))
+    assert n_prompt > model.info.n_ctx_per_seq
+    with pytest.raises(ContextOverflowError) as info:
+        await fake_kronk.start_chat(fake_kronk.chat_request([{"role": "user", "content": text}]))
+    assert str(n_prompt) in str(info.value)
+    assert str(model.info.n_ctx_per_seq) in str(info.value)
+    assert engine_model.engine.stats().queued == engine_model.engine.stats().active == 0
+    assert model.decodes == 0
+
+
+async def test_the_slot_records_the_prompt_and_each_decoded_token(fake_kronk: Kronk) -> None:
+    engine_model, model = loaded(fake_kronk)
+    engine = engine_model.engine
+    prompt = chat_prompt("Monday, Tuesday, Wednesday,")
+    snapshots: list[tuple[int, list[int]]] = []  # (step index, the busy slot's tokens)
+
+    def listener(record: StepRecord) -> None:
+        for slot in engine.slots:
+            if slot.busy:
+                snapshots.append((record.index, list(slot.tokens)))
+                assert model.sequence(slot.seq_id) == slot.tokens
+
+    engine.add_step_listener(listener)
+    try:
+        messages = [{"role": "user", "content": "Monday, Tuesday, Wednesday,"}]
+        result = await fake_kronk.chat(messages, max_tokens=12, logprobs=True)
+    finally:
+        engine.remove_step_listener(listener)
+
+    assert result.usage.completion_tokens == len(result.logprobs) == 12
+    # After step k (k = 0 is the prefill) the slot holds the prompt and k generated tokens:
+    # everything sampled so far but the newest, not yet decoded. The step that samples the
+    # 12th token finishes the request and clears the slot, so the last snapshot is step 10.
+    assert [len(tokens) for _, tokens in snapshots] == [len(prompt) + k for k in range(11)]
+    assert all(tokens[: len(prompt)] == prompt for _, tokens in snapshots)
+    assert snapshots[-1][1][len(prompt) :] == tokenize(REPLY)[:10]
+    first = snapshots[0][0]
+    assert [index for index, _ in snapshots] == list(range(first, first + 11))
+    # The `none` cache strategy: the finished request leaves nothing behind.
+    await wait_until(lambda: engine.stats().active == 0)
+    assert all(slot.tokens == [] == model.sequence(slot.seq_id) for slot in engine.slots)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error"),
+    [
+        ("", {}, "prompt must not be empty"),
+        (["text"], {}, "a string or token ids"),
+        ([1, 99_999_999], {}, "not in the vocabulary"),
+        ("Hello", {"stop": ""}, "must not be empty"),
+        ("word " * 1000, {}, "context window"),
+    ],
+    ids=["empty", "not_ids", "outside_vocabulary", "empty_stop", "too_long"],
+)
+async def test_the_sdk_refuses_a_bad_completion(
+    fake_kronk: Kronk, prompt: Any, params: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=error) as caught:
+        await fake_kronk.complete(prompt, **params)
+    assert caught.value.param in ("prompt", "stop")
+    assert loaded(fake_kronk)[1].decodes == 0
+
+
+@pytest.mark.parametrize(
+    ("bias", "error"),
+    [
+        ({"7": 1.0}, "keys must be token ids"),
+        ({7: 101.0}, "between -100 and 100"),
+        ({N_VOCAB: 1.0}, "not in the vocabulary"),
+    ],
+    ids=["text_key", "out_of_range", "outside_vocabulary"],
+)
+async def test_logit_bias_refusals(fake_kronk: Kronk, bias: Any, error: str) -> None:
+    with pytest.raises(InvalidRequestError, match=error) as caught:
+        await fake_kronk.chat([{"role": "user", "content": "Hi"}], max_tokens=1, logit_bias=bias)
+    assert caught.value.param == "logit_bias"
