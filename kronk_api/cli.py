@@ -456,10 +456,14 @@ def model_list(base_path: Path | None, model_config_file: Path | None, as_json: 
                 "-" if entry["size_bytes"] is None else _size(entry["size_bytes"]),
                 entry["quantization"] or "-",
                 str(entry["context_length"] or "-"),
-                entry["model_path"] or f"({entry['error']})",
+                entry["model_path"] or "-",
             )
         )
     _table(rows)
+    # A broken model is listed, and why it cannot be served is said under the table.
+    for entry in found:
+        if "error" in entry:
+            click.echo(f"{entry['id']}: {entry['error']}")
 
 
 def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:

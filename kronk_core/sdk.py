@@ -232,6 +232,18 @@ class Kronk:
         facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
         return facts
 
+    def model_error(self, model_id: str) -> str | None:
+        """Why the model cannot be served as it is now (its file unreadable or not pulled, its
+        package broken), or None: what a listing shows beside that model instead of failing."""
+        model_id = self.canonical(model_id)
+        if self.pool.get(model_id) is not None:
+            return None
+        try:
+            self.model_facts(model_id)
+        except KronkError as exc:
+            return exc.message
+        return None
+
     def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
         """What the model's projector reads (images, sounds): the loaded model's, else its
         projector file's as the backend's memory estimate reads it; empty without one."""

