@@ -19,7 +19,7 @@ from kronk_api.admin import ADMIN_ROUTES
 from kronk_api.affinity import affinity
 from kronk_api.body_limits import BodyLimits, body_guard
 from kronk_api.dialect import Dialect
-from kronk_api.drain import Drain, load_of
+from kronk_api.drain import Drain, Load, load_of
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings, bind_sections
@@ -40,7 +40,29 @@ async def liveness() -> dict[str, Any]:
 
 @get("/v1/readiness", opt={ENDPOINT_OPT: PUBLIC})
 async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """200 while the server accepts requests, whether or not its default model is loaded yet.
+    body, load = _readiness(request)
+    return Response(
+        body,
+        status_code=200 if body["status"] == "ready" else 503,
+        headers={"X-Kronk-Load": load.header()},
+    )
+
+
+@get(["/health", "/v1/health"], opt={ENDPOINT_OPT: PUBLIC})
+async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """llama-server's health check, for the tools that probe it: 200 `{"status": "ok"}`
+    when readiness is 200, else 503 in llama-server's error shape, saying why."""
+    body, _ = _readiness(request)
+    if body["status"] == "ready":
+        return Response({"status": "ok"}, status_code=200)
+    why = body["status"] if "error" not in body else f"{body['status']}: {body['error']}"
+    error = {"code": 503, "message": why, "type": "unavailable_error"}
+    return Response({"error": error}, status_code=503)
+
+
+def _readiness(request: Request[Any, Any, Any]) -> tuple[dict[str, Any], Load]:
+    """Readiness: 200 while the server accepts requests, whether or not its default model is
+    loaded yet.
 
     503 when a balancer should send new work elsewhere: the server is draining or
     shutting down, the model's engine has stopped, the model's last load failed, a
@@ -81,11 +103,7 @@ async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]
         )
     elif load.saturated:
         body["status"] = "busy"
-    return Response(
-        body,
-        status_code=200 if body["status"] == "ready" else 503,
-        headers={"X-Kronk-Load": load.header()},
-    )
+    return body, load
 
 
 def _engine_running(kronk: Kronk, model_id: str) -> bool:
@@ -139,7 +157,7 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
     )
     drain = Drain()
     config = AppConfig(
-        route_handlers=[liveness, readiness, *ADMIN_ROUTES],
+        route_handlers=[liveness, readiness, health, *ADMIN_ROUTES],
         middleware=[drain.middleware, request_ids, affinity(settings.api_host)],
         exception_handlers=SERVER_DIALECT.exception_handlers(),
         lifespan=[models],

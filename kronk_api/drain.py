@@ -18,7 +18,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from kronk_core import Kronk
 
 # Health probes neither keep a draining server up nor count as its load.
-UNCOUNTED = frozenset({"/v1/liveness", "/v1/readiness"})
+UNCOUNTED = frozenset({"/v1/liveness", "/v1/readiness", "/health", "/v1/health"})
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""/v1/readiness on a real server: ready before the default model loads, its state in the body."""
+"""/v1/readiness on a real server: ready before the default model loads, its state in the
+body; llama-server's /health answers the same, in its own shape."""
 
 from __future__ import annotations
 
@@ -54,12 +55,28 @@ def tiny_server(
             kronk.close()
 
 
+def status_of(base_url: str) -> int:
+    """Readiness's status alone, to wait for a change (health may answer a moment later)."""
+    return httpx.get(f"{base_url}/v1/readiness", timeout=30).status_code
+
+
 def readiness(base_url: str) -> tuple[int, dict[str, Any]]:
+    """/v1/readiness's status and body; llama-server's /health (and /v1/health) must agree."""
     response = httpx.get(f"{base_url}/v1/readiness", timeout=30)
     body: dict[str, Any] = response.json()
     # The load is checked in test_affinity_drain.py; here, the model's state.
     load = body.pop("load")
     assert response.headers["x-kronk-load"].startswith(f"slots_busy={load['slots_busy']};")
+    for path in ("/health", "/v1/health"):
+        health = httpx.get(f"{base_url}{path}", timeout=30)
+        assert health.status_code == response.status_code, path
+        if response.status_code == 200:
+            assert health.json() == {"status": "ok"}
+        else:
+            why = body["status"] + (f": {body['error']}" if "error" in body else "")
+            assert health.json() == {
+                "error": {"code": 503, "message": why, "type": "unavailable_error"}
+            }
     return response.status_code, body
 
 
@@ -159,7 +176,7 @@ def test_an_engine_stuck_in_a_step_is_503_until_the_step_ends(
             asking.start()
             try:
                 assert gate.held.wait(60)
-                assert reached(lambda: readiness(base_url)[0] == 503, 30)
+                assert reached(lambda: status_of(base_url) == 503, 30)
                 status, body = readiness(base_url)
                 assert body["stuck_seconds"] >= 0.5  # rounded to a tenth
                 del body["stuck_seconds"]
@@ -176,6 +193,6 @@ def test_an_engine_stuck_in_a_step_is_503_until_the_step_ends(
             finally:
                 gate.release()
                 asking.join(120)
-            assert reached(lambda: readiness(base_url)[0] == 200, 30)
+            assert reached(lambda: status_of(base_url) == 200, 30)
     finally:
         kronk.close()

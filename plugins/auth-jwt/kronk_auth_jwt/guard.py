@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +88,34 @@ class Authenticator:
             )
 
 
+@dataclass
+class StaticKey:
+    """`api_key`: one secret for a single-user server. The key grants everything (an admin);
+    anything else goes to the JWT checker when auth is enabled too, else is refused."""
+
+    key: str
+    tokens: TokenChecker | None = None
+
+    async def check(self, credentials: str | None, endpoint: str, times: int = 1) -> Checked:
+        scheme, _, given = (credentials or "").partition(" ")
+        # Constant time: how much of a guess matches must not show in the answer's timing.
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), self.key.encode()
+        ):
+            return Checked("api-key", admin=True)
+        if self.tokens is not None:
+            return await self.tokens.check(credentials, endpoint, times)
+        if not credentials:
+            raise AuthenticationError(
+                "missing API key (Authorization: Bearer <key>, or the x-api-key header)"
+            )
+        raise AuthenticationError("invalid API key")
+
+    def close(self) -> None:
+        if self.tokens is not None:
+            self.tokens.close()
+
+
 def credentials_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The Authorization header; Anthropic's clients send the token as x-api-key instead."""
     authorization = connection.headers.get("authorization")
@@ -99,9 +128,11 @@ def credentials_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None
 async def authorize(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
-    """Litestar guard. Does nothing unless the server runs with auth-jwt.enabled."""
+    """Litestar guard. Does nothing unless the server runs with auth-jwt.enabled or an
+    api_key."""
+    settings = SETTINGS.of(connection.app.state.settings)
     if (
-        not SETTINGS.of(connection.app.state.settings).enabled
+        not (settings.enabled or settings.api_key is not None)
         or connection.scope.get("method") == "OPTIONS"
     ):
         return  # OPTIONS: CORS preflights never carry credentials

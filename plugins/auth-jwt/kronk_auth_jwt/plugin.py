@@ -15,7 +15,7 @@ from litestar.config.app import AppConfig
 from kronk_api.auth import TOKEN_CHECKER, TokenChecker, expect_token_checker
 from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
-from kronk_auth_jwt.guard import Authenticator, authorize
+from kronk_auth_jwt.guard import Authenticator, StaticKey, authorize
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.redis_store import RedisLimitStore
 from kronk_auth_jwt.remote import RemoteAuthenticator
@@ -63,8 +63,14 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
 
 def _token_checker(kronk: Host, app: Litestar) -> TokenChecker | None:
     settings = SETTINGS.of(app.state.settings)
-    if not settings.enabled:
-        return None
+    tokens = _jwt_checker(kronk, app) if settings.enabled else None
+    if settings.api_key is not None:
+        return StaticKey(settings.api_key.get_secret_value(), tokens)
+    return tokens
+
+
+def _jwt_checker(kronk: Host, app: Litestar) -> TokenChecker:
+    settings = SETTINGS.of(app.state.settings)
     if settings.host:
         return RemoteAuthenticator(settings.host)
     base = app.state.settings.base_path.expanduser()

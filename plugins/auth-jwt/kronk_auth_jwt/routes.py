@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kronk_api.auth import TOKEN_CHECKER, TokenChecker
 from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT
-from kronk_auth_jwt.guard import Authenticator, credentials_of
+from kronk_auth_jwt.guard import Authenticator, StaticKey, credentials_of
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
 from kronk_core.errors import InvalidRequestError, KronkError
@@ -48,7 +48,9 @@ def _checker(request: Request[Any, Any, Any]) -> TokenChecker:
 
 
 def _auth(request: Request[Any, Any, Any]) -> Authenticator:
-    checker = _checker(request)
+    checker: TokenChecker | None = _checker(request)
+    if isinstance(checker, StaticKey):  # keys and tokens are the JWT checker's
+        checker = checker.tokens
     if not isinstance(checker, Authenticator):
         host = SETTINGS.of(request.app.state.settings).host
         raise InvalidRequestError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from kronk_core.settings.sections import ServerSection
 
@@ -23,12 +23,24 @@ class AuthSettings(BaseModel):
         description="HOST:PORT (or URL) of the Kronk server that checks this server's tokens "
         "with its keys, issuer and limits; unset: this server checks them",
     )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="One static key for a single-user server (llama-server's and vLLM's "
+        "--api-key): a request sending it as a bearer token or x-api-key may do anything; "
+        "JWTs still work when enabled is on too",
+    )
 
 
 SETTINGS = ServerSection(
     "auth-jwt",
     AuthSettings,
     # The manual's `--auth-enabled`, `KRONK_AUTH_ENABLED`, `auth_enabled:`.
-    spellings={"auth_enabled": "enabled", "auth_issuer": "issuer", "auth_host": "host"},
+    # llama-server's and vLLM's `--api-key` (`KRONK_API_KEY`, `api_key:`).
+    spellings={
+        "auth_enabled": "enabled",
+        "auth_issuer": "issuer",
+        "auth_host": "host",
+        "api_key": "api_key",
+    },
     deprecated={"auth_limit_store": "limit_store"},
 )

@@ -458,6 +458,8 @@ PUBLIC_ROUTES = [
     ("GET", "/ui/{name}"),
     ("GET", "/v1/liveness"),
     ("GET", "/v1/readiness"),
+    ("GET", "/health"),
+    ("GET", "/v1/health"),
     ("GET", "/api/version"),
     ("GET", "/v1/kronk/ui/reference"),
 ]
