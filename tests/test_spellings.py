@@ -142,6 +142,29 @@ def test_the_manual_s_device_and_gpu_keys(tmp_path: Path) -> None:
     }
 
 
+def test_gpu_layers_in_kronk_s_convention_or_llama_cpp_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n_gpu_layers is the manual's (0 all, -1 none); gpu_layers and GGML_N_GPU_LAYERS are
+    llama.cpp's (-1 all, 0 none), the variable above any setting; words say either plainly."""
+    monkeypatch.delenv("GGML_N_GPU_LAYERS", raising=False)
+
+    def layers(entry: dict[str, Any]) -> Any:
+        return bound(tmp_path, entry)["llamacpp"]
+
+    assert layers({"n_gpu_layers": "all"}) == {"n_gpu_layers": 0}
+    assert layers({"ngpu-layers": "none"}) == {"n_gpu_layers": -1}
+    assert layers({"gpu_layers": 99}) == {"n_gpu_layers": 99}  # the manual's 16.7
+    assert layers({"gpu_layers": -1}) == layers({"gpu_layers": "auto"}) == {"n_gpu_layers": 0}
+    assert layers({"gpu_layers": 0}) == layers({"gpu_layers": "none"}) == {"n_gpu_layers": -1}
+    assert "set one" in str(bind_error(tmp_path, {"gpu_layers": 10, "n_gpu_layers": 0}))
+    assert "greater than or equal to -1" in str(bind_error(tmp_path, {"gpu_layers": -2}))
+    monkeypatch.setenv("GGML_N_GPU_LAYERS", "0")
+    assert layers({"n_gpu_layers": 5}) == {"n_gpu_layers": -1}
+    monkeypatch.setenv("GGML_N_GPU_LAYERS", "lots")
+    assert "GGML_N_GPU_LAYERS='lots' is not a layer count" in str(bind_error(tmp_path, {}))
+
+
 def test_rpc_servers_as_a_list_or_as_llama_server_s_comma_string(tmp_path: Path) -> None:
     servers = ["10.0.0.2:50052", "gpu-box:50052"]
     assert bound(tmp_path, {"rpc_servers": servers})["llamacpp"] == {"rpc_servers": servers}

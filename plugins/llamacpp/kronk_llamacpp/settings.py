@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from kronk_core.settings.sections import ModelSection
 from kronk_llamacpp.endpoint import Endpoint
@@ -78,7 +87,11 @@ class LlamaCppSettings(BaseModel):
     cache_type_k: CacheType = CacheType.f16
     cache_type_v: CacheType = CacheType.f16
     flash_attention: FlashAttention = FlashAttention.auto
+    # The Kronk manual's convention: 0 (or "all") = every layer, -1 (or "none") = CPU only.
     n_gpu_layers: Annotated[int, Field(ge=-1)] = 0
+    # llama.cpp's convention (its -ngl, llama-cpp-python's n_gpu_layers): -1 (or "auto",
+    # "all") = every layer, 0 (or "none") = CPU only; folded into n_gpu_layers.
+    gpu_layers: Annotated[int, Field(ge=-1)] | None = None
     offload_kqv: bool = True
     op_offload: bool = True
     split_mode: SplitMode = SplitMode.layer
@@ -118,6 +131,46 @@ class LlamaCppSettings(BaseModel):
     @classmethod
     def _lower_cache_type(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("n_gpu_layers", mode="before")
+    @classmethod
+    def _kronk_layer_words(cls, value: Any) -> Any:
+        words = {"all": 0, "none": -1}
+        return words.get(value.lower(), value) if isinstance(value, str) else value
+
+    @field_validator("gpu_layers", mode="before")
+    @classmethod
+    def _llama_cpp_layer_words(cls, value: Any) -> Any:
+        return _llama_cpp_layers(value)
+
+    @model_validator(mode="after")
+    def _one_layer_count(self) -> Self:
+        """gpu_layers, or GGML_N_GPU_LAYERS above every setting (the manual's order), in
+        llama.cpp's convention, becomes n_gpu_layers in Kronk's."""
+        environment = os.environ.get(GGML_N_GPU_LAYERS, "").strip()
+        if environment:
+            try:
+                layers: int | None = int(_llama_cpp_layers(environment))
+            except ValueError:
+                raise ValueError(
+                    f"{GGML_N_GPU_LAYERS}={environment!r} is not a layer count (a number, "
+                    "-1 or auto for all, 0 or none for none)"
+                ) from None
+        else:
+            layers = self.gpu_layers
+            if layers is not None and "n_gpu_layers" in self.model_fields_set:
+                raise ValueError(
+                    "gpu_layers (llama.cpp's convention) and n_gpu_layers (Kronk's) both set: "
+                    "set one"
+                )
+        if layers is None:
+            return self
+        if layers < -1:
+            raise ValueError(f"{GGML_N_GPU_LAYERS} must be -1 or more, got {layers}")
+        self.n_gpu_layers = {-1: 0, 0: -1}.get(layers, layers)
+        self.gpu_layers = None
+        self.model_fields_set.discard("gpu_layers")
+        return self
 
     @field_validator("device", mode="before")
     @classmethod
@@ -166,6 +219,15 @@ class LlamaCppSettings(BaseModel):
         return value
 
 
+# llama.cpp's layer count for every model, above any setting (the Kronk manual's backend notes).
+GGML_N_GPU_LAYERS = "GGML_N_GPU_LAYERS"
+
+
+def _llama_cpp_layers(value: Any) -> Any:
+    words = {"auto": -1, "all": -1, "none": 0}
+    return words.get(value.strip().lower(), value) if isinstance(value, str) else value
+
+
 # The Kronk manual writes these at the top of a model's entry: `n_ubatch: 512`, `nubatch: 512`.
 _FLAT = (
     "n_ubatch",
@@ -174,6 +236,7 @@ _FLAT = (
     "cache_type_v",
     "flash_attention",
     "n_gpu_layers",
+    "gpu_layers",
     "offload_kqv",
     "op_offload",
     "split_mode",
