@@ -17,7 +17,7 @@ from kronk_core.records import current_request_id
 from kronk_tempo.tracing import Tracing, current_tracing
 
 STATE_KEY = "kronk_tempo"
-UNTRACED = frozenset({"/v1/liveness", "/v1/readiness"})
+UNTRACED = frozenset({"/v1/liveness", "/v1/readiness", "/health", "/v1/health"})
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +17,7 @@ from kronk_core.records import ChatRecord
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.sections import Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
-from kronk_tempo.settings import SETTINGS
+from kronk_tempo.settings import SETTINGS, with_otel_environment
 from kronk_tempo.tracing import Tracing, current_tracing, record_chat, record_load
 
 
@@ -59,7 +60,7 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
 
     @asynccontextmanager
     async def tracing(app: Litestar) -> AsyncIterator[None]:
-        settings = SETTINGS.of(app.state.settings)
+        settings = with_otel_environment(SETTINGS.of(app.state.settings), os.environ)
         if settings.host is None:
             yield
             return

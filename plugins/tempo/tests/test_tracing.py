@@ -28,6 +28,7 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_tempo.middleware import STATE_KEY
 from kronk_tempo.tracing import Tracing
+from kronk_testing.plugin import SCRIPTED_MODEL_ID, ScriptedKronk
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve
@@ -337,6 +338,7 @@ def test_health_checks_are_not_traced(traced: tuple[str, Tracing, Received]) -> 
     base_url, tracing, received = traced
     assert httpx.get(f"{base_url}/v1/liveness").status_code == 200
     assert httpx.get(f"{base_url}/v1/readiness").status_code == 200
+    assert httpx.get(f"{base_url}/health").status_code == 200
     assert httpx.get(f"{base_url}/v1/models").status_code == 200
     tracing.flush()
     assert [span.name for span in received.spans()] == ["GET /v1/models"]
@@ -450,3 +452,27 @@ def test_no_text_in_spans_even_with_insecure_logging(
     assert answer.json()["usage"]["completion_tokens"] > 8 and len(completion) > 8
     for text in (SECRET, prompt, completion):
         assert text.encode() not in raw, text
+
+
+def test_opentelemetry_s_variables_alone_turn_tracing_on(
+    scripted_kronk: ScriptedKronk, serve: Serve, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No tempo setting: OTEL_EXPORTER_OTLP_ENDPOINT (a base URL, over HTTP as the
+    specification's default), OTEL_SERVICE_NAME and OTEL_TRACES_SAMPLER are enough."""
+    kronk = scripted_kronk()
+    chat = {"model": SCRIPTED_MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}
+    with http_receiver() as (host, received):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{host}")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "kronk-from-otel")
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+        settings = ServerSettings.model_validate(
+            {"base_path": tmp_path, "debug": {"enabled": False}}
+        )
+        app = create_app(settings, kronk=kronk)
+        with serve(app, lifespan="on") as base_url:
+            answer = httpx.post(f"{base_url}/v1/chat/completions", json=chat, timeout=60)
+            assert answer.status_code == 200, answer.text
+            app.state[STATE_KEY].flush()
+            assert received.service_names() == {"kronk-from-otel"}
+            names = {span.name for span in received.spans()}
+    assert {"POST /v1/chat/completions", "process-request"} <= names
