@@ -496,6 +496,7 @@ GRANTED_ROUTES = {
     "ollama-embed": [("POST", "/api/embed"), ("POST", "/api/embeddings")],
 }
 ADMIN_ROUTES = [
+    ("GET", "/metrics"),  # the debug plugin's, with debug.api_metrics on (404 here)
     ("GET", "/v1/kronk/slots"),
     ("GET", "/v1/kronk/ui/live"),
     ("GET", "/v1/kronk/devices"),

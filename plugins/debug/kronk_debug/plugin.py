@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pluggy
-from litestar import Litestar
+from litestar import Litestar, Request, Response, get
 from litestar.config.app import AppConfig
 
+from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk, hookimpl
 from kronk_core.contract.host import Host
+from kronk_core.errors import NotFoundError
 from kronk_core.records import ChatRecord
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.sections import Section
@@ -22,7 +24,7 @@ from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
 from kronk_debug.middleware import STATE_KEY, count_requests
 from kronk_debug.profiling import LagMonitor
-from kronk_debug.server import DebugServer, debug_app, is_loopback
+from kronk_debug.server import PROMETHEUS_TEXT, DebugServer, debug_app, is_loopback
 from kronk_debug.settings import SETTINGS
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 @hookimpl(trylast=True)
 def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.middleware.append(count_requests)
+    app_config.route_handlers.append(api_metrics)
 
     @asynccontextmanager
     async def debug_server(app: Litestar) -> AsyncIterator[None]:
@@ -86,6 +89,18 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
                 kronk.plugins.unregister(state.observer)
 
     app_config.lifespan.append(debug_server)
+
+
+@get("/metrics", opt={ENDPOINT_OPT: ADMIN}, include_in_schema=False)
+async def api_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The debug server's /metrics on the API port, with debug.api_metrics on."""
+    state: DebugState | None = request.app.state.get(STATE_KEY)
+    if state is None or not SETTINGS.of(request.app.state.settings).api_metrics:
+        raise NotFoundError(
+            "/metrics is served on the debug server's port; start with --metrics "
+            "(debug.api_metrics) to serve it on this port too"
+        )
+    return Response(state.metrics.exposition(), media_type=PROMETHEUS_TEXT)
 
 
 def _start(kronk: Host, app: Litestar) -> DebugState | None:

@@ -20,10 +20,17 @@ class DebugSettings(BaseModel):
         "auth is on",
     )
 
+    api_metrics: bool = Field(
+        default=False,
+        description="Serve /metrics on the API port too (llama-server's --metrics), for a "
+        "scraper that reaches only that port; an admin route when auth is on",
+    )
+
     @field_validator("host")
     @classmethod
     def _host_port(cls, value: str) -> str:
         return check_host_port(value)
 
 
-SETTINGS = ServerSection("debug", DebugSettings)
+# llama-server's `--metrics` (`KRONK_METRICS`, `metrics:`).
+SETTINGS = ServerSection("debug", DebugSettings, spellings={"metrics": "api_metrics"})

@@ -309,6 +309,29 @@ def test_the_debug_routes_are_not_on_the_api_port(debug: DebugServer) -> None:
     assert index.status_code == 200 and "/debug/profile" in index.text
 
 
+def test_with_metrics_on_the_api_port_serves_them_to_admins(
+    serve: Serve, tmp_path: Path, port_finder: Callable[[], int]
+) -> None:
+    """llama-server's --metrics (`metrics: true`, debug.api_metrics): /metrics on the API
+    port as well, the same exposition; with auth on, an admin route like the operator's."""
+    with debug_server(
+        serve,
+        tmp_path,
+        f"127.0.0.1:{port_finder()}",
+        metrics=True,
+        sections={"auth-jwt": {"enabled": True}},
+    ) as server:
+        url = f"{server.api}/metrics"
+        assert httpx.get(url).status_code == 401
+        admin = {"Authorization": f"Bearer {(tmp_path / 'keys' / 'master.jwt').read_text()}"}
+        answer = httpx.get(url, headers=admin)
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+        families = {family.name for family in text_string_to_metric_families(answer.text)}
+        assert "kronk_probe_models" in families and "kronk_requests" in families
+        assert httpx.get(f"{server.api}/debug/threads", headers=admin).status_code == 404
+
+
 def test_thread_stacks(debug: DebugServer) -> None:
     answer = httpx.get(f"{debug.debug}/debug/threads")
     assert answer.status_code == 200
