@@ -1,6 +1,9 @@
 """Chat with the default model from Python, without a server.
 
-Run: python examples/sdk_chat.py
+Run it with the Python that has Kronk installed: after the README's `nox -s serve`,
+`source .nox/serve/bin/activate`, then:
+
+    python examples/sdk_chat.py
 """
 
 from __future__ import annotations

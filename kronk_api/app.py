@@ -21,6 +21,7 @@ from kronk_api.body_limits import BodyLimits, body_guard
 from kronk_api.dialect import Dialect
 from kronk_api.drain import Drain, Load, load_of
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
+from kronk_api.listening import log_summary
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings, bind_sections
 from kronk_core import Kronk, __version__
@@ -170,6 +171,8 @@ def create_app(settings: ServerSettings | None = None, *, kronk: Kronk | None = 
         logging_config=None,  # the CLI (or the embedding program) configures logging
     )
     kronk.hook.kronk_app(app_config=config, kronk=kronk)
+    # After every lifespan (the plugins' ports are open): one line of what runs where.
+    config.on_startup.append(log_summary)
     # The body is read and checked after the plugins' guards (authentication).
     config.guards.append(body_guard(limits))
     app = Litestar.from_config(config)

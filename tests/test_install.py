@@ -39,8 +39,10 @@ def test_the_readme_s_commands_never_install_into_the_system_python() -> None:
     """PEP 668: Debian 12, Ubuntu 24.04 and Homebrew refuse `python3 -m pip install`."""
     lines = _shell_lines(README)
     assert any(line.startswith("git clone https://") for line in lines)
-    setup = [line for line in lines if "nox" in line and not line.startswith(".venv/bin/nox")]
+    setup = [line for line in lines if ".venv/bin/nox -s" in line and not line.startswith(".venv")]
     assert len(setup) == 2, setup  # serve; quick, lint, core and full
+    # How to type `kronk` afterwards: the serve session's environment, never the system's.
+    assert "source .nox/serve/bin/activate" in lines
     for line in setup:
         assert line.startswith("python3 -m venv .venv && .venv/bin/pip install nox && "), line
         assert "python3 -m pip" not in line and "sudo" not in line

@@ -68,11 +68,11 @@ def create_plugin_manager(
             manager.distributions[entry_point.name] = (
                 f"{entry_point.dist.name} {entry_point.dist.version}"
             )
-        log.info("registered plugin %s from %s", entry_point.name, entry_point.value)
+        log.debug("registered plugin %s from %s", entry_point.name, entry_point.value)
     for name, plugin in (extra or {}).items():
         if allowed(name):
             manager.register(plugin, name=name)
-            log.info("registered plugin %s (in-process)", name)
+            log.debug("registered plugin %s (in-process)", name)
         else:
             manager.disabled.append(name)
     manager.hook.kronk_addhooks(plugin_manager=manager)

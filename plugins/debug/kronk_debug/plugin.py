@@ -14,6 +14,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.config.app import AppConfig
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.listening import announce
 from kronk_core import Kronk, hookimpl
 from kronk_core.contract.host import Host
 from kronk_core.errors import NotFoundError
@@ -132,6 +133,7 @@ def _start(kronk: Host, app: Litestar) -> DebugState | None:
     kronk.plugins.register(observer, name=f"debug-metrics-{id(app)}")
     monitor = LagMonitor(metrics.event_loop_lag.observe)
     monitor.start()
-    server.start()
+    if server.start():
+        announce(app, "debug", f"http://{server.url_host}")
     state = app.state[STATE_KEY] = DebugState(metrics, observer, monitor, server)
     return state

@@ -135,8 +135,14 @@ class DebugServer:
             target=self._server.run, kwargs={"sockets": [sock]}, name="kronk-debug", daemon=True
         )
         self._thread.start()
-        log.info("debug server on http://%s:%d", host, self.address[1])
+        log.debug("debug server on http://%s", self.url_host)
         return True
+
+    @property
+    def url_host(self) -> str:
+        """HOST:PORT as a URL writes it (the port it bound)."""
+        host, port = self.address
+        return f"{host}:{port}"
 
     def stop(self) -> None:
         self._server.should_exit = True

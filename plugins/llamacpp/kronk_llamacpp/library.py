@@ -19,9 +19,16 @@ _initialised = False
 _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
 
+# llama.cpp compares the whole KV pool with the training length: with one pool shared by all
+# slots (kv_unified) that is no overflow; model.py warns per slot instead.
+_POOL_WARNING = b"possible training context overflow"
+
+
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
 def route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     python_level = _LEVELS.get(level, logging.DEBUG)
+    if _POOL_WARNING in text:
+        python_level = logging.DEBUG
     if log.isEnabledFor(python_level):
         log.log(python_level, "%s", text.decode("utf-8", errors="replace").rstrip())
 

@@ -12,6 +12,7 @@ from litestar import Litestar
 from litestar.config.app import AppConfig
 
 from kronk_api.listen import ListenError
+from kronk_api.listening import announce
 from kronk_core import hookimpl
 from kronk_core.contract.server_tools import ServerTool
 from kronk_core.errors import ConfigError
@@ -53,7 +54,7 @@ def _start(app: Litestar) -> BackgroundService | None:
     """The MCP service, unless another one serves (mcp.host) or its address is taken."""
     settings = SETTINGS.of(app.state.settings)
     if settings.host:
-        log.info("mcp: clients use the MCP service at %s (mcp.host)", settings.external_url)
+        announce(app, "MCP (mcp.host)", settings.external_url)
         return None
     server_settings = app.state.settings
     gate = server_gate(app.state)
@@ -67,6 +68,7 @@ def _start(app: Litestar) -> BackgroundService | None:
         log.error("mcp: no MCP service: %s; set mcp.listen or mcp.host", exc)
         return None
     app.state[STATE_KEY] = service
+    announce(app, "MCP", f"http://{service.address}")
     return service
 
 

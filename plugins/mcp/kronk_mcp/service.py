@@ -56,7 +56,8 @@ def _mcp_server(settings: McpSettings) -> Server[Tools]:
     async def lifespan(_: Server[Tools]) -> AsyncIterator[Tools]:
         key = settings.api_key
         if key is None:
-            log.warning("mcp: no Brave Search API key; web_search answers with how to set one")
+            # An optional service nobody asked for: no warning at every start.
+            log.debug("mcp: no Brave Search API key; web_search answers with how to set one")
             yield Tools(brave=None)
             return
         async with httpx.AsyncClient(timeout=None) as client:
@@ -170,7 +171,7 @@ class BackgroundService:
                 self.stop()
                 sock.close()
                 raise RuntimeError(f"the MCP service on {self.address} did not start")
-        log.info("mcp: serving MCP (Streamable HTTP) on http://%s", self.address)
+        log.debug("mcp: serving MCP (Streamable HTTP) on http://%s", self.address)
 
     def stop(self) -> None:
         if self._server is None or self._thread is None:

@@ -18,6 +18,7 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
+from kronk_api.listening import announce, api_url
 from kronk_core import hookimpl
 from kronk_core.contract.host import Host
 from kronk_ui.live import STATE_KEY, LiveCounts, live
@@ -80,6 +81,7 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
         """The dashboard's live counters, fed by the hooks while the server runs."""
         counts = app.state[STATE_KEY] = LiveCounts()
         kronk.plugins.register(counts, name=f"ui-live-{id(app)}")
+        announce(app, "UI", f"{api_url(app)}/")
         try:
             yield
         finally:
