@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 import click
+from pydantic import ValidationError
 
 from kronk_api.bool_flags import BoolValueGroup
 from kronk_api.client import call_server
@@ -49,8 +50,14 @@ from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import KronkError
 from kronk_core.runtime.loading import model_config_for
-from kronk_core.settings.config import ModelConfig, default_base_path, load_model_config_file
+from kronk_core.settings.config import (
+    ModelConfig,
+    default_base_path,
+    load_model_config_file,
+    names_a_file,
+)
 from kronk_core.settings.model_files import delete_model_files, removable_files
+from kronk_core.settings.sections import config_error_from
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +86,20 @@ def _fail(error: KronkError) -> NoReturn:
     raise click.ClickException(error.message)
 
 
-def _local_config(base_path: Path | None, model_config_file: Path | None) -> KronkConfig:
-    """SDK config for commands that work without a server (model list, run)."""
+def _local_config(
+    base_path: Path | None, model_config_file: Path | None, model: str | None = None
+) -> KronkConfig:
+    """SDK config for commands that work without a server (model list, show, run); `model`
+    a model file's path makes that file a model (`kronk run ./x.gguf`)."""
     models = load_model_config_file(model_config_file) if model_config_file else {}
-    return KronkConfig(base_path=_base_path(base_path), models=models)
+    try:
+        return KronkConfig(
+            base_path=_base_path(base_path),
+            models=models,
+            default_model=model if model and names_a_file(model) else None,
+        )
+    except ValidationError as exc:
+        raise config_error_from(exc) from None
 
 
 # `kronk server start` flags that choose llama.cpp's libraries: the llamacpp plugin binds
@@ -494,8 +511,8 @@ def model_show(
     """Show a model's file, what the file says (architecture, parameters, quantization,
     context length), its settings, and what loading it would take (memory estimate)."""
     try:
-        kronk = Kronk(_local_config(base_path, model_config_file))
-        model_id = model_id or kronk.default_model
+        kronk = Kronk(_local_config(base_path, model_config_file, model_id))
+        model_id = kronk.resolve(model_id, pull=False)
         config = model_config_for(kronk, model_id)
         facts = kronk.model_facts(model_id)
         estimate = kronk.memory_estimate(model_id)
@@ -719,7 +736,7 @@ def run(
     # llama.cpp's load chatter would interleave with the conversation.
     logging.getLogger("kronk.llama").setLevel(logging.ERROR)
     try:
-        config = _local_config(base_path, model_config_file)
+        config = _local_config(base_path, model_config_file, model_id)
         kronk = Kronk(config)
         with _progress_lines():
             model_id = kronk.resolve(model_id, pull=True)

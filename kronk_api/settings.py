@@ -60,10 +60,16 @@ class ServerSettings(BaseModel):
     )
     model: str | None = Field(
         default=None,
-        description="Default model id (unset: the default model a plugin's package ships)",
+        description="Default model id, or a model file's path (unset: the default model a "
+        "plugin's package ships)",
     )
     model_config_file: Path | None = Field(
         default=None, description="YAML file with per-model settings"
+    )
+    model_dirs: list[Path] | None = Field(
+        default=None,
+        description="More folders of model files besides <base>/models, comma-separated "
+        "(served by file name)",
     )
     preload: bool = Field(
         default=False, description="Load the default model at start instead of on first use"
@@ -216,16 +222,16 @@ class ServerSettings(BaseModel):
 
     def kronk_config(self) -> KronkConfig:
         models = load_model_config_file(self.model_config_file) if self.model_config_file else {}
-        return KronkConfig(
-            base_path=self.base_path.expanduser(),
-            default_model=self.model,
-            models=models,
-            queue_wait_seconds=self.queue_wait_seconds,
-            models_in_cache=self.models_in_cache,
-            cache_ttl=self.cache_ttl,
-            context_window=self.context_window,
-            auto_pull=self.auto_pull,
-            media=MediaConfig(
+        values: dict[str, Any] = {
+            "base_path": self.base_path.expanduser(),
+            "default_model": self.model,
+            "models": models,
+            "queue_wait_seconds": self.queue_wait_seconds,
+            "models_in_cache": self.models_in_cache,
+            "cache_ttl": self.cache_ttl,
+            "context_window": self.context_window,
+            "auto_pull": self.auto_pull,
+            "media": MediaConfig(
                 max_bytes=self.media_max_bytes,
                 max_items=self.media_max_items,
                 max_pixels=self.media_max_pixels,
@@ -234,7 +240,14 @@ class ServerSettings(BaseModel):
                 fetch_timeout=self.media_fetch_timeout,
                 fetch_allow_hosts=self.media_fetch_allow_hosts,
             ),
-        )
+        }
+        # Unset: KronkConfig reads KRONK_MODEL_DIRS itself, as it does for the SDK.
+        if self.model_dirs is not None:
+            values["model_dirs"] = self.model_dirs
+        try:
+            return KronkConfig.model_validate(values)
+        except ValidationError as exc:
+            raise config_error_from(exc) from None
 
 
 def _as_written(

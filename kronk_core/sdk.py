@@ -53,7 +53,7 @@ from kronk_core.runtime.loading import (
 )
 from kronk_core.runtime.pool import Lease, ModelPool
 from kronk_core.sampling import GRAMMAR_STAGES, reseeded
-from kronk_core.settings.config import KronkConfig, alias_map
+from kronk_core.settings.config import KronkConfig, alias_map, names_a_file
 from kronk_core.settings.model_files import (
     ModelFile,
     ModelSources,
@@ -172,7 +172,8 @@ class Kronk:
     def resolve(self, name: str | None = None, *, pull: bool | None = None) -> str:
         """The id of the model `name` names (None: the default model).
 
-        A model id stays as it is; an alias names its model; any other name is a
+        A model id stays as it is; an alias names its model; a model's file (`./x.gguf`)
+        names that model, if it is one Kronk serves; any other name is a
         reference a plugin may know (`org/repo:Q4_K_M`), pulled first when `pull`
         (None: when `auto_pull` is on, or the name is the default model's). A name
         nothing answers to comes back unchanged; loading it raises ModelNotFoundError.
@@ -181,6 +182,8 @@ class Kronk:
         known = self.canonical(name)
         if known != name or name in self.model_ids():
             return known
+        if names_a_file(name):
+            return self._model_of_file(name)
         if pull is None:
             pull = self.config.auto_pull or name == self.default_model
         found = self.resolve_reference(name, pull=pull)
@@ -188,6 +191,19 @@ class Kronk:
             return name
         self._resolved[name] = found
         return found
+
+    def _model_of_file(self, name: str) -> str:
+        """The id the model whose file `name` is, is served under (a model-config entry's, or
+        one found in the model folders); else `name` unchanged, which loads as a model not
+        found: naming a file serves it only where the operator put it."""
+        path = Path(name).expanduser().resolve()
+        for model_id, entry in self.config.models.items():
+            if entry.model_path is not None and entry.model_path.expanduser().resolve() == path:
+                return model_id
+        for model_id, model in self.model_sources().installed.items():
+            if model.path.resolve() == path:
+                return model_id
+        return name
 
     def resolve_reference(self, reference: str, *, pull: bool) -> str | None:
         """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""

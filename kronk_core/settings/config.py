@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -176,6 +177,19 @@ def default_base_path() -> Path:
     return Path(os.environ.get("KRONK_BASE_PATH", Path.home() / ".kronk")).expanduser()
 
 
+def default_model_dirs() -> list[Path]:
+    """KRONK_MODEL_DIRS: more folders of model files, separated by commas or os.pathsep."""
+    raw = os.environ.get("KRONK_MODEL_DIRS", "")
+    parts = re.split(f"[,{os.pathsep}]", raw)
+    return [Path(part.strip()).expanduser() for part in parts if part.strip()]
+
+
+def names_a_file(name: str) -> bool:
+    """Whether a model name is a file's path (`./x.gguf`, `../x.gguf`, `/models/x.gguf`,
+    `~/x.gguf`) rather than an id or a reference (`org/repo:Q4_K_M`)."""
+    return name.startswith(("./", "../", "/", "~"))
+
+
 class KronkConfig(BaseModel):
     """Everything an SDK or server instance needs: data paths, models, plugins."""
 
@@ -199,11 +213,44 @@ class KronkConfig(BaseModel):
     auto_pull: bool = False
     # Limits on images and sounds in requests.
     media: MediaConfig = Field(default_factory=MediaConfig)
+    # More folders of model files besides <base>/models, listed and served by file name
+    # (never deleted by Kronk: it did not put them there).
+    model_dirs: list[Path] = Field(default_factory=default_model_dirs, validate_default=True)
+
+    @field_validator("model_dirs")
+    @classmethod
+    def _existing_folders(cls, value: list[Path]) -> list[Path]:
+        for folder in value:
+            if not folder.expanduser().is_dir():
+                raise ValueError(f"{folder} is not a folder")
+        return [folder.expanduser() for folder in value]
 
     @model_validator(mode="after")
     def _fill_ids(self) -> Self:
         for model_id, model in self.models.items():
             model.id = model_id
+        return self
+
+    @model_validator(mode="after")
+    def _default_model_by_path(self) -> Self:
+        """A default model named by its file (`--model ./x.gguf`, llama-server's `-m`) is
+        served under the file's name, as a model-config entry of its own."""
+        if self.default_model is None or not names_a_file(self.default_model):
+            return self
+        path = Path(self.default_model).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError("default_model", f"{self.default_model}: no such file")
+        model_id = path.stem
+        entry = self.models.get(model_id)
+        if entry is None:
+            self.models[model_id] = ModelConfig(id=model_id, model_path=path)
+        elif entry.model_path is None or entry.model_path.expanduser().resolve() != path:
+            raise ConfigError(
+                "default_model",
+                f"{self.default_model} would be served as {model_id!r}, which the "
+                "model-config file names another file",
+            )
+        self.default_model = model_id
         return self
 
     def model(self, model_id: str) -> ModelConfig | None:

@@ -271,11 +271,16 @@ def model_file(host: Host, path: Path) -> ModelFile | None:
 
 
 def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
-    """The models under <base>/models the backends recognise (`kronk_model_file`; skipped
-    with `installed=False`), those PyPI packages ship (`kronk_packaged_models`), and how to
-    get others (`kronk_pull_hint`)."""
-    root = models_dir(host.config)
-    found = find_model_files(root, partial(model_file, host)) if installed else {}
+    """The models under <base>/models and the `model_dirs` the backends recognise
+    (`kronk_model_file`; skipped with `installed=False`), those PyPI packages ship
+    (`kronk_packaged_models`), and how to get others (`kronk_pull_hint`)."""
+    found: dict[str, ModelFile] = {}
+    if installed:
+        describe = partial(model_file, host)
+        # <base>/models first, then the extra folders in order: the first file of an id wins.
+        for root in (models_dir(host.config), *host.config.model_dirs):
+            for model_id, model in find_model_files(root, describe).items():
+                found.setdefault(model_id, model)
     packaged = {m.id: m for answer in host.hook.kronk_packaged_models() for m in answer}
     hints = tuple(hint for hint in host.hook.kronk_pull_hint() if hint)
     return ModelSources(installed=found, packaged=packaged, hints=hints)
