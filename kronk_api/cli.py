@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -46,6 +45,7 @@ from kronk_api.settings import (
     load_settings,
     server_sections,
 )
+from kronk_api.terminal_chat import TerminalChat, interactive
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
 from kronk_core.errors import KronkError
@@ -718,20 +718,35 @@ def _duration(seconds: float) -> str:
 
 @main.command("run")
 @click.argument("model_id", required=False)
+@click.argument("prompt", nargs=-1)
 @base_path_option
 @model_config_option
-@click.option("--max-tokens", default=512, show_default=True, envvar="KRONK_MAX_TOKENS")
+@click.option("--verbose", is_flag=True, help="Show timings after each answer")
+@click.option("--system", default=None, help="The system message")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    envvar="KRONK_MAX_TOKENS",
+    help="Stop an answer after this many tokens [the model's natural stop]",
+)
 @click.option("--temperature", type=float, default=None, envvar="KRONK_TEMPERATURE")
 def run(
     model_id: str | None,
+    prompt: tuple[str, ...],
     base_path: Path | None,
     model_config_file: Path | None,
-    max_tokens: int,
+    verbose: bool,
+    system: str | None,
+    max_tokens: int | None,
     temperature: float | None,
 ) -> None:
-    """Chat with a model in the terminal (no server needed). Ctrl-D or /exit quits.
+    """Chat with a model in the terminal (no server needed), as `ollama run`: /? lists the
+    commands, Ctrl-C stops an answer, Ctrl-D or /bye quits.
 
-    MODEL_ID may be a reference a plugin can pull (`org/repo:Q4_K_M`): it is pulled first.
+    MODEL_ID may be a model file's path (`./x.gguf`) or a reference a plugin can pull
+    (`org/repo:Q4_K_M`, pulled first). With a PROMPT, or a message piped in, it answers
+    that and exits.
     """
     # llama.cpp's load chatter would interleave with the conversation.
     logging.getLogger("kronk.llama").setLevel(logging.ERROR)
@@ -744,44 +759,19 @@ def run(
             kronk.load(model_id)
     except KronkError as exc:
         _fail(exc)
-    sampling = {} if temperature is None else {"temperature": temperature}
-    history: list[dict[str, str]] = []
+    parameters: dict[str, Any] = {}
+    if max_tokens is not None:
+        parameters["max_tokens"] = max_tokens
+    if temperature is not None:
+        parameters["temperature"] = temperature
+    chat = TerminalChat(kronk, model_id, verbose=verbose, parameters=parameters, system=system)
     try:
-        while True:
-            try:
-                line = input(">>> ")
-            except EOFError:
-                break
-            if line.strip() in ("/exit", "/quit"):
-                break
-            if not line.strip():
-                continue
-            history.append({"role": "user", "content": line})
-            answer = asyncio.run(_stream_answer(kronk, model_id, history, max_tokens, sampling))
-            history.append({"role": "assistant", "content": answer})
+        if prompt or not sys.stdin.isatty():
+            chat.ask(" ".join(prompt) if prompt else sys.stdin.read())
+        else:
+            interactive(chat, config.base_path / "history")
     finally:
         kronk.close()
-
-
-async def _stream_answer(
-    kronk: Kronk,
-    model_id: str | None,
-    history: list[dict[str, str]],
-    max_tokens: int,
-    sampling: dict[str, float],
-) -> str:
-    parts: list[str] = []
-    try:
-        async for delta in kronk.chat_stream(
-            history, model=model_id, max_tokens=max_tokens, **sampling
-        ):
-            if delta.content:
-                parts.append(delta.content)
-                click.echo(delta.content, nl=False)
-    except KronkError as exc:
-        click.echo(f"\nerror: {exc.message}", err=True)
-    click.echo()
-    return "".join(parts)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ import json
 import math
 import re
 import threading
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ class Script:
     replies: tuple[tuple[str, str], ...] = ()
     default: str = "Hello from the scripted model."
     context_length: int = 4096
+    # Seconds each decode takes: a model slow enough that a process under test can be
+    # interrupted mid-answer (a terminal's Ctrl-C).
+    decode_seconds: float = 0.0
 
     def reply(self, seen: str) -> str:
         """The reply for a sequence holding `seen`: the trigger found last wins."""
@@ -81,6 +85,7 @@ class Script:
                 "replies": [list(pair) for pair in self.replies],
                 "default": self.default,
                 "context_length": self.context_length,
+                "decode_seconds": self.decode_seconds,
             }
         )
 
@@ -92,6 +97,7 @@ class Script:
                 replies=tuple((str(t), str(r)) for t, r in data.get("replies", ())),
                 default=str(data.get("default", cls.default)),
                 context_length=int(data.get("context_length", cls.context_length)),
+                decode_seconds=float(data.get("decode_seconds", cls.decode_seconds)),
             )
         except (OSError, ValueError, TypeError) as exc:
             raise ModelLoadError(f"{path} is not a model script: {exc}") from None
@@ -250,6 +256,8 @@ class ScriptedModel:
 
     def decode(self, batch: Batch) -> None:
         self._wait_turn()
+        if self.script.decode_seconds:
+            time.sleep(self.script.decode_seconds)
         if self.closed:
             raise BackendLostError("scripted model: decode after close")
         lengths = {seq: len(tokens) for seq, tokens in self._kv.items()}
