@@ -63,4 +63,4 @@ def test_kronk_run_answers_the_first_prompt_on_topic(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert_english_about_the_sea(result.stdout.split(">>> ")[1])
+    assert_english_about_the_sea(result.stdout)
