@@ -207,6 +207,7 @@ def core(session: nox.Session) -> None:
 
 # mypy checks every package: the core, the server, each plugin and the example plugin.
 TYPED_PACKAGES = [
+    "kronk",
     "kronk_core",
     "kronk_api",
     "kronk_testing",

@@ -114,6 +114,16 @@ def test_console_script_version() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "version" in result.stdout
+    # Where the script is not on PATH: the same command as a module.
+    module = subprocess.run(
+        [sys.executable, "-m", "kronk", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert module.returncode == 0, module.stderr
+    assert module.stdout == result.stdout.replace(script.name, "kronk", 1)
 
 
 def test_model_list(tmp_path: Path) -> None:

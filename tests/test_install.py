@@ -74,6 +74,27 @@ def test_the_packages_carry_the_license_they_declare() -> None:
         # An SPDX expression (PEP 639), which needs setuptools 77 to build.
         assert metadata["project"]["license"] == "Apache-2.0", project
         assert metadata["build-system"]["requires"] == ["setuptools>=77"], project
+        # The text goes into each wheel: a copy beside each pyproject (setuptools takes no
+        # file from outside a project's folder), the same text.
+        assert metadata["project"]["license-files"] == ["LICENSE"], project
+        assert (project.parent / "LICENSE").read_text() == license_text, project
+
+
+def test_every_package_is_typed_and_bounds_the_kronk_packages_it_needs() -> None:
+    """PEP 561's py.typed in every package (and in its wheel); a plugin built against this
+    contract says which releases of the core and of other plugins it works with."""
+    folders = [ROOT, *_plugin_distributions().values(), ROOT / "examples" / "kronk-example-plugin"]
+    for folder in folders:
+        metadata = tomllib.loads((folder / "pyproject.toml").read_text())
+        setuptools = metadata["tool"]["setuptools"]
+        for pattern in setuptools["packages"]["find"]["include"]:
+            package = pattern.rstrip("*")
+            assert (folder / package / "py.typed").is_file(), (folder, package)
+            assert "py.typed" in setuptools["package-data"][package], (folder, package)
+        for requirement in metadata["project"].get("dependencies", []):
+            name = re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0]
+            if name == "kronk" or name.startswith("kronk-"):
+                assert requirement == f"{name}>=0.1,<0.2", (folder, requirement)
 
 
 def test_nox_installs_the_default_model_s_package_the_backend_names() -> None:
