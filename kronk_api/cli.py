@@ -671,7 +671,7 @@ def model_ps(api_host: str | None, token: str | None) -> None:
                 _size(entry["memory_bytes"]),
                 str(entry["slots"]),
                 str(entry["active_requests"]),
-                "never" if ttl is None else _duration(ttl),
+                "never (kept)" if ttl is None else _duration(ttl),
             )
         )
     _table(rows)

@@ -223,7 +223,7 @@ pages.dashboard = async function loadDashboard() {
   $("dash-available").textContent = String(available.data.length);
   const pool = await api("/v1/kronk/models");
   $("dash-loaded").textContent = String(pool.data.length);
-  $("dash-pool").textContent = `of ${pool.models_in_cache} places; idle models unload after ${duration(pool.cache_ttl_seconds)}`;
+  $("dash-pool").textContent = `of ${pool.models_in_cache} places; idle models unload after ${duration(pool.cache_ttl_seconds)}, but a preloaded one or one a request keeps (keep_alive)`;
   const slots = await api("/v1/kronk/slots");
   fill(
     $("dash-slots"),
@@ -386,7 +386,7 @@ pages.models = async function loadModels() {
         el("td", { class: "num", text: bytes(model.memory_bytes) }),
         el("td", { class: "num", text: String(model.slots) }),
         el("td", { class: "num", text: String(model.active_requests) }),
-        el("td", { class: "num", text: model.ttl_left_seconds === null ? "never" : duration(model.ttl_left_seconds) }),
+        el("td", { class: "num", text: model.ttl_left_seconds === null ? "never (kept loaded)" : duration(model.ttl_left_seconds) }),
         el("td", {}, el("button", { class: "danger small", type: "button", text: "Unload", onclick: () => unload(model.id) })),
       ),
     ),
