@@ -455,7 +455,8 @@ def model() -> None:
 @model_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
 def model_list(base_path: Path | None, model_config_file: Path | None, as_json: bool) -> None:
-    """List the models Kronk can serve: size, quantization, context length and file."""
+    """List the models Kronk can serve: size, quantization, trained context length, the
+    window a request gets per slot, and file."""
     try:
         config = _local_config(base_path, model_config_file)
         with Kronk(config) as kronk:
@@ -465,7 +466,7 @@ def model_list(base_path: Path | None, model_config_file: Path | None, as_json: 
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
-    rows = [("ID", "SIZE", "QUANTIZATION", "CONTEXT", "FILE")]
+    rows = [("ID", "SIZE", "QUANTIZATION", "CONTEXT", "WINDOW", "FILE")]
     for entry in found:
         rows.append(
             (
@@ -473,6 +474,7 @@ def model_list(base_path: Path | None, model_config_file: Path | None, as_json: 
                 "-" if entry["size_bytes"] is None else _size(entry["size_bytes"]),
                 entry["quantization"] or "-",
                 str(entry["context_length"] or "-"),
+                str(entry["context_window"] or "-"),
                 entry["model_path"] or "-",
             )
         )
@@ -487,7 +489,8 @@ def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:
     """A model's file and what the file says: `kronk model list`'s entry. A model that
     cannot be resolved is listed with the reason (`error`) instead."""
     entry: dict[str, Any] = {"id": model_id, "model_path": None, "size_bytes": None}
-    entry.update(dict.fromkeys(("architecture", "parameters", "quantization", "context_length")))
+    keys = ("architecture", "parameters", "quantization", "context_length", "context_window")
+    entry.update(dict.fromkeys(keys))
     try:
         path = model_config_for(kronk, model_id).model_path
         assert path is not None  # resolved
@@ -498,6 +501,9 @@ def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:
         return {**entry, "error": exc.message if isinstance(exc, KronkError) else str(exc)}
     if facts is not None:
         entry.update(asdict(facts))
+    # What a request gets per slot, as a load would choose it now (the trained length,
+    # lowered to what fits, or the entry's context_window), beside what the file says.
+    entry["context_window"] = kronk.context_length(model_id)
     return entry
 
 

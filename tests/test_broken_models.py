@@ -104,10 +104,10 @@ def test_kronk_model_list_names_each_broken_model_and_why(
     table = runner.invoke(main, ["model", "list", "--base-path", str(tmp_path)])
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
-    assert lines[0].split() == ["ID", "SIZE", "QUANTIZATION", "CONTEXT", "FILE"]
+    assert lines[0].split() == ["ID", "SIZE", "QUANTIZATION", "CONTEXT", "WINDOW", "FILE"]
     rows = {line.split()[0]: line.split() for line in lines[1:] if "  " in line}
-    assert rows["tiny"][3:5] == ["F16", "256"]
-    assert rows["no-header"][3:5] == ["-", "-"]
+    assert rows["tiny"][3:6] == ["F16", "256", "256"]
+    assert rows["no-header"][3:6] == ["-", "-", "-"]
     said = [line for line in lines if line.startswith(("no-header: ", "truncated: "))]
     assert len(said) == 2 and all("no valid GGUF header" in line for line in said)
 

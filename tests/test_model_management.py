@@ -54,6 +54,7 @@ def test_list_shows_size_quantization_and_context_length(
         "parameters": parameters(tiny_llama_path),
         "quantization": "F16",
         "context_length": 256,
+        "context_window": 256,
     }
     split = entries["tiny-split"]  # every part counted, the projector not a model
     assert split["size_bytes"] == sum(part.stat().st_size for part in tiny_split_paths)
@@ -62,9 +63,10 @@ def test_list_shows_size_quantization_and_context_length(
     assert (default["quantization"], default["context_length"]) == ("Q4_1", 8192)
     assert default["parameters"] == parameters(default_model_path())
     table = kronk(base, "model", "list").stdout.splitlines()
-    assert table[0].split() == ["ID", "SIZE", "QUANTIZATION", "CONTEXT", "FILE"]
+    assert table[0].split() == ["ID", "SIZE", "QUANTIZATION", "CONTEXT", "WINDOW", "FILE"]
     row = next(line for line in table if line.startswith("tiny "))
-    assert row.split()[1:] == ["38.4", "MiB", "F16", "256", str(base / "models" / "tiny.gguf")]
+    tiny_file = str(base / "models" / "tiny.gguf")
+    assert row.split()[1:] == ["38.4", "MiB", "F16", "256", "256", tiny_file]
 
 
 def test_show_names_the_architecture_and_the_parameters(base: Path) -> None:
