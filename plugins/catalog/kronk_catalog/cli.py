@@ -25,7 +25,7 @@ from kronk_catalog.download import Downloader, FileSpec
 from kronk_catalog.plans import catalog_files, reference_files
 from kronk_catalog.progress import pull_with_progress
 from kronk_catalog.pulls import Pull
-from kronk_catalog.routes import describe
+from kronk_catalog.routes import describe, installed_packages
 from kronk_catalog.settings import (
     DEFAULT_HF_ENDPOINT,
     DEFAULT_SOURCE,
@@ -35,6 +35,7 @@ from kronk_catalog.settings import (
     hub_token,
 )
 from kronk_catalog.update import update_catalogs
+from kronk_core.contract.plugins import create_plugin_manager
 from kronk_core.errors import KronkError
 from kronk_core.settings.config import default_base_path
 
@@ -96,6 +97,16 @@ def _run(work: Coroutine[Any, Any, None]) -> None:
         raise click.ClickException(
             "interrupted; the same command resumes where this one stopped"
         ) from None
+
+
+def _packaged() -> set[str]:
+    """The model ids installed PyPI packages serve, as the plugins say."""
+    return installed_packages(create_plugin_manager().hook.kronk_packaged_models())
+
+
+def _pulled(entry: dict[str, Any]) -> str:
+    """`yes`; `package` for a model an installed PyPI package serves (nothing to pull)."""
+    return "yes" if entry["pulled"] else "package" if entry["packaged"] else "no"
 
 
 def _echo_table(rows: Sequence[tuple[str, ...]]) -> None:
@@ -176,16 +187,17 @@ def add_commands(group: click.Group) -> None:
         found = Catalog(base)
         for where, why in found.problems:
             click.echo(f"warning: {where} skipped: {why}", err=True)
+        packaged = _packaged()
         entries = [
-            describe(entry, base, DEFAULT_HF_ENDPOINT) for entry in found.list(filter_category)
+            describe(entry, base, DEFAULT_HF_ENDPOINT, packaged)
+            for entry in found.list(filter_category)
         ]
         if as_json:
             click.echo(json.dumps(entries, indent=2))
             return
         rows = [("CATALOG", "MODEL ID", "PULLED", "ENDPOINT")]
         rows += [
-            (entry["category"], entry["id"], "yes" if entry["pulled"] else "no", entry["endpoint"])
-            for entry in entries
+            (entry["category"], entry["id"], _pulled(entry), entry["endpoint"]) for entry in entries
         ]
         _echo_table(rows)
 
@@ -197,11 +209,11 @@ def add_commands(group: click.Group) -> None:
     def catalog_show(model_id: str, base_path: Path | None) -> None:
         """Show a catalog model: files, checksums, settings, where it is stored."""
         base = _base(base_path)
-        entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT)
+        entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT, _packaged())
         for key in ("id", "category", "endpoint", "owned_by", "web_page", "description"):
             if entry[key]:
                 click.echo(f"{key + ':':<14}{entry[key]}")
-        click.echo(f"{'pulled:':<14}{'yes' if entry['pulled'] else 'no'}")
+        click.echo(f"{'pulled:':<14}{_pulled(entry)}")
         click.echo(f"{'model path:':<14}{entry['model_path']}")
         if entry["projector_path"]:
             click.echo(f"{'projector:':<14}{entry['projector_path']}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from kronk_catalog.plans import catalog_files, models_dir, reference_files
 from kronk_catalog.pulls import Pull, Pulls
 from kronk_catalog.settings import SETTINGS, CatalogSettings
 from kronk_catalog.update import update_catalogs
+from kronk_core.settings.model_files import PackagedModel
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
 STATE_KEY = "kronk_pulls"
@@ -64,7 +65,11 @@ def pulls_of(request: Request[Any, Any, Any]) -> Pulls:
     return pulls
 
 
-def describe(entry: CatalogEntry, base_path: Path, hf_endpoint: str) -> dict[str, Any]:
+def describe(
+    entry: CatalogEntry, base_path: Path, hf_endpoint: str, packaged: Collection[str] = ()
+) -> dict[str, Any]:
+    """A catalog model as listed; `packaged`: the ids an installed PyPI package serves (such
+    a model is served without a pull)."""
     model = entry.model
     root = models_dir(base_path)
     model_path, projector = entry.paths(root, hf_endpoint)
@@ -81,6 +86,7 @@ def describe(entry: CatalogEntry, base_path: Path, hf_endpoint: str) -> dict[str
         "description": model.metadata.description,
         "capabilities": model.capabilities.model_dump(),
         "pulled": entry.pulled(root, hf_endpoint),
+        "packaged": entry.id in packaged,
         "model_path": str(model_path),
         "projector_path": None if projector is None else str(projector),
         "template": model.template,
@@ -108,9 +114,10 @@ async def list_catalog(
     """Every catalog model (`?category=` filters by a prefix), with whether it is pulled."""
     base, endpoint = _base(request), _settings(request).endpoint()
     catalog = Catalog(base)
+    packaged = installed_packages(kronk_of(request).hook.kronk_packaged_models())
     return {
         "object": "list",
-        "data": [describe(entry, base, endpoint) for entry in catalog.list(category)],
+        "data": [describe(entry, base, endpoint, packaged) for entry in catalog.list(category)],
         "problems": [{"file": where, "message": why} for where, why in catalog.problems],
     }
 
@@ -119,8 +126,15 @@ async def list_catalog(
 async def show_catalog_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> dict[str, Any]:
+    packaged = installed_packages(kronk_of(request).hook.kronk_packaged_models())
     base = _base(request)
-    return describe(Catalog(base).get(model_id), base, _settings(request).endpoint())
+    return describe(Catalog(base).get(model_id), base, _settings(request).endpoint(), packaged)
+
+
+def installed_packages(answers: Iterable[Sequence[PackagedModel]]) -> set[str]:
+    """The model ids installed PyPI packages serve: from the answers of
+    `kronk_packaged_models`."""
+    return {model.id for answer in answers for model in answer if model.installed()}
 
 
 @post("/v1/kronk/catalog/update", opt=_ADMIN, status_code=200)

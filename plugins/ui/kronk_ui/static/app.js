@@ -436,7 +436,7 @@ pages.catalog = async function loadCatalog() {
         el("td", {}, el("div", { text: model.id }), el("div", { class: "muted", text: model.description })),
         el("td", { class: "nowrap", text: model.endpoint }),
         el("td", { class: "num nowrap", text: bytes(size) }),
-        el("td", {}, el("span", { class: model.pulled ? "pill ok" : "pill", text: model.pulled ? "yes" : "no" })),
+        el("td", {}, el("span", { class: model.pulled || model.packaged ? "pill ok" : "pill", text: model.pulled ? "yes" : model.packaged ? "package" : "no" })),
         el("td", {}, el("button", { type: "button", class: "small", text: model.pulled ? "Pulled" : "Pull", disabled: model.pulled, onclick: () => startPull({ model: model.id }) })),
       );
     }),
