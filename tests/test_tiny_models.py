@@ -13,6 +13,10 @@ from kronk_core import Kronk, KronkConfig
 from kronk_core.settings.config import ModelConfig
 from kronk_testing.models.tiny import N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, make_tiny_llama
 
+# These generate their models afresh, to test the generators themselves (every other test
+# takes the cached ones): tens of seconds on 2 cores, so the full tier.
+pytestmark = pytest.mark.model
+
 WARNING_TEXT = "beyond the model's training length"
 
 

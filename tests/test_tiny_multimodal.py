@@ -23,6 +23,10 @@ from kronk_testing.models.multimodal import (
     make_tiny_multimodal,
 )
 
+# These generate their models afresh, to test the generators themselves (every other test
+# takes the cached ones): tens of seconds on 2 cores, so the full tier.
+pytestmark = pytest.mark.model
+
 TEXT_CHUNK, IMAGE_CHUNK, AUDIO_CHUNK = 0, 1, 2
 
 
