@@ -253,7 +253,14 @@ class ServerSettings(BaseModel):
 def _as_written(
     values: dict[str, Any], sections: Iterable[ServerSection[Any]] = ()
 ) -> dict[str, Any]:
-    """Plugin sections gathered, with the flat keys the given sections spell moved in."""
+    """The manual's names of server keys made ours, plugin sections gathered, with the
+    flat keys the given sections spell moved in."""
+    values = dict(values)
+    for old, new in spellings.SERVER_KEYS.items():
+        if old in values:
+            if new in values:
+                raise ConfigError(old, f"another spelling of {new}; set only that")
+            values[new] = values.pop(old)
     gathered = gather(values, ServerSettings.model_fields)
     gathered["sections"] = respell(gathered["sections"], sections).sections
     return gathered
@@ -376,7 +383,9 @@ class OtherSpelling:
 
 
 def other_spellings(sections: Iterable[ServerSection[Any]]) -> list[OtherSpelling]:
-    return [
+    """The manual's names of server keys, then each section's flat keys."""
+    core = [OtherSpelling(old, new, False) for old, new in spellings.SERVER_KEYS.items()]
+    return core + [
         OtherSpelling(old, f"{section.name}.{new}", deprecated)
         for section in sections
         for old, new, deprecated in section.flat_keys()

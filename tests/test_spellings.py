@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from kronk_api.settings import bind_sections, load_settings, server_sections
+from kronk_api.options import ServerStartCommand
+from kronk_api.settings import ServerSettings, bind_sections, load_settings, server_sections
 from kronk_core import Kronk, KronkConfig
 from kronk_core.contract.plugins import create_plugin_manager
 from kronk_core.errors import ConfigError
@@ -246,3 +247,26 @@ def test_the_manual_s_server_spellings(tmp_path: Path, caplog: pytest.LogCapture
         "auth_limit_store is deprecated and will be removed in the next release; "
         "write auth-jwt.limit_store"
     }
+
+
+def test_the_manual_s_cors_and_debug_names(tmp_path: Path) -> None:
+    """`cors_allowed_origins` (file key, `--cors-allowed-origins`, its variable, and the
+    manual's `KRONK_WEB_CORS_ALLOWED_ORIGINS`) is `cors_origins`; `KRONK_WEB_DEBUG_HOST` is
+    the debug plugin's `host`."""
+    command = ServerStartCommand("start")
+    origins = ["http://a.example", "http://b.example"]
+    for params, environ in (
+        ({"other__cors_allowed_origins": ",".join(origins)}, {}),
+        ({}, {"KRONK_CORS_ALLOWED_ORIGINS": ",".join(origins)}),
+        ({}, {"KRONK_WEB_CORS_ALLOWED_ORIGINS": ",".join(origins)}),
+    ):
+        settings = ServerSettings.model_validate(command.overrides(params, environ))
+        assert settings.cors_origins == origins, (params, environ)
+    file = tmp_path / "settings.yaml"
+    file.write_text("cors_allowed_origins: [http://a.example]\n")
+    assert load_settings(file, {}).cors_origins == ["http://a.example"]
+    file.write_text("cors_allowed_origins: [http://a.example]\ncors_origins: [http://c]\n")
+    with pytest.raises(ConfigError, match="another spelling of cors_origins"):
+        load_settings(file, {})
+    debug = command.overrides({}, {"KRONK_WEB_DEBUG_HOST": "127.0.0.1:9999"})
+    assert debug == {"debug": {"host": "127.0.0.1:9999"}}

@@ -35,9 +35,15 @@ IGNORED_MODEL_KEYS: Mapping[str, str] = {
     "cache-slot-timeout": "requests wait in the model's queue (queue_depth) for a free slot",
 }
 
+# The manual's names of server keys → ours: each also a (hidden) flag and a variable by the
+# rule (`cors_allowed_origins` → `--cors-allowed-origins`, `KRONK_CORS_ALLOWED_ORIGINS`).
+SERVER_KEYS: Mapping[str, str] = {
+    "cors_allowed_origins": "cors_origins",
+}
 # Environment variables named after the manual's sections rather than by the rule → keys.
 SERVER_ENVIRONMENT: Mapping[str, str] = {
     "KRONK_WEB_API_HOST": "api_host",
+    "KRONK_WEB_CORS_ALLOWED_ORIGINS": "cors_origins",
     "KRONK_CATALOG_MODEL_CONFIG_FILE": "model_config_file",
     "KRONK_CACHE_MODELS_IN_CACHE": "models_in_cache",
     # The manual's HTTP timeouts: its flags are the rule's (--read-timeout), not these.

@@ -32,5 +32,8 @@ class DebugSettings(BaseModel):
         return check_host_port(value)
 
 
-# llama-server's `--metrics` (`KRONK_METRICS`, `metrics:`).
-SETTINGS = ServerSection("debug", DebugSettings, spellings={"metrics": "api_metrics"})
+# llama-server's `--metrics` (`KRONK_METRICS`, `metrics:`); the manual's
+# `KRONK_WEB_DEBUG_HOST` (`--web-debug-host`).
+SETTINGS = ServerSection(
+    "debug", DebugSettings, spellings={"metrics": "api_metrics", "web_debug_host": "host"}
+)
