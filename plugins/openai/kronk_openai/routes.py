@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from litestar import Request, Response, Router, get, post
@@ -194,12 +195,14 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"object": "list", "data": await asyncio.to_thread(cards)}
 
 
-@get("/v1/models/{model_id:str}", opt={ENDPOINT_OPT: AUTHENTICATED})
-async def get_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
+# A path, not a segment: an id or alias may hold a `/` (`org/model`, `openai/gpt-4o`).
+@get("/v1/models/{model_id:path}", opt={ENDPOINT_OPT: AUTHENTICATED})
+async def get_model(request: Request[Any, Any, Any], model_id: FromPath[Path]) -> dict[str, Any]:
     kronk = kronk_of(request)
-    if model_id not in _model_names(kronk):
-        raise kronk.unknown_model(model_id)
-    return await asyncio.to_thread(_model_card, kronk, model_id)
+    name = str(model_id).lstrip("/")
+    if name not in _model_names(kronk):
+        raise kronk.unknown_model(name)
+    return await asyncio.to_thread(_model_card, kronk, name)
 
 
 async def _token_ids(request: Request[Any, Any, Any], body: TokenizeRequest) -> list[int]:
