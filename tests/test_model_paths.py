@@ -74,8 +74,11 @@ async def test_a_model_named_by_its_file_is_served_under_its_name(
         # Any file of a model it serves, by any path; a file it does not serve is no model.
         assert kronk.resolve(str(a / "shared.gguf")) == "shared"
         assert kronk.resolve("../a/./shared.gguf") == "shared"
-        # b's shared.gguf (here, in the working folder) is hidden by a's: not a model.
-        for unserved in ("./shared.gguf", "/etc/hostname"):
+        # b's shared.gguf (here, in the working folder) is hidden by a's; a model file in
+        # no model folder is no model either: a name does not make Kronk open a file.
+        stray = base.parent / "stray.gguf"
+        shutil.copyfile(b / "own.gguf", stray)
+        for unserved in ("./shared.gguf", str(stray)):
             with pytest.raises(ModelNotFoundError, match=f"model '{unserved}' not found"):
                 await kronk.complete("Hello", max_tokens=1, model=unserved)
     with pytest.raises(ConfigError, match=r"default_model: \./gone\.gguf: no such file"):
