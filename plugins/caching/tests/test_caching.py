@@ -99,6 +99,11 @@ def models(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 # nats apart (batched with other requests, copied, ten turns).
 NEAR_TIE = 0.5
 
+# Enough turns for every kind of reuse (a build, hits, a partial hit after a re-rendered
+# answer) and, on Gemma, a prompt past its 512-token sliding window; each turn costs a cold
+# prefill of the whole conversation, so more turns add time, not cases.
+TURNS = 6
+
 
 def assert_same_text_or_a_near_tie(
     kronk: Kronk, model: str, result: ChatResult, cold: ChatResult
@@ -140,12 +145,12 @@ def assert_same_text_or_a_near_tie(
 
 @on_both_models
 @pytest.mark.parametrize("strategy", ["imc", "spc"])
-async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
+async def test_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     messages = [{"role": "system", "content": SYSTEM}]
     previous_prompt = 0
     replay = ColdReplay(models.load(strategy).config)
     try:
-        for turn in range(10):
+        for turn in range(TURNS):
             messages.append(user_turn(turn))
             cached = await ask(models, strategy, messages)
             cold = await ask(models, "cold", messages)
@@ -174,7 +179,7 @@ async def test_ten_turns_match_a_cold_run(models: Kronk, strategy: str) -> None:
     counters = models.load(strategy).engine.cache_counters()
     # A partial hit cut only the last answer, re-rendered by the client into other tokens
     # (everything up to the previous prompt was kept, as checked each turn).
-    assert counters.hits + counters.partial_hits >= 9 and counters.rebuilds >= 1
+    assert counters.hits + counters.partial_hits >= TURNS - 1 and counters.rebuilds >= 1
 
 
 def disk_tier(directory: Path) -> dict[str, Any]:

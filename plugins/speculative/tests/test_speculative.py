@@ -194,20 +194,24 @@ def drafting_slots(record: StepRecord) -> int:
 
 @pytest.mark.parametrize("model", ["lookup", "lookup-adaptive", "lookup-imc", "draft", "draft-imc"])
 async def test_greedy_output_is_the_targets_token_for_token(models: Kronk, model: str) -> None:
-    conversations = [user(edit("alpha")), user(edit("beta")), user(STORY), user(edit("gamma"))]
+    # Answers of 120 tokens: the files are still being repeated where they stop.
+    answer = 120
+    conversations = [
+        user(edit("alpha", 6)), user(edit("beta", 6)), user(STORY), user(edit("gamma", 6))
+    ]  # fmt: skip
     replayed = Replayed(models, model)
     try:
-        speculated = await replayed.ask(conversations)
+        speculated = await replayed.ask(conversations, max_tokens=answer)
     finally:
         replayed.close()
-    assert all(result.usage.completion_tokens == 200 for result in speculated)
+    assert all(result.usage.completion_tokens == answer for result in speculated)
     accepted = sum(result.usage.accepted_prediction_tokens for result in speculated)
-    assert accepted > 200
+    assert accepted > answer
     assert sum(result.usage.rejected_prediction_tokens for result in speculated) > 0
     # Several slots carried their drafts in one decode.
     assert max(drafting_slots(record) for record in replayed.steps) >= 2
     # Fewer decodes than tokens: drafts stood.
-    assert len(replayed.steps) < 200
+    assert len(replayed.steps) < answer
 
 
 @pytest.mark.parametrize("model", ["lookup-imc", "draft-imc"])
@@ -369,9 +373,9 @@ async def test_drafts_of_the_targets_second_choices_never_stand(
     try:
         for _ in range(2):
             prompts = [prompt_of(hesitant, model, messages) for messages in conversations]
-            results = await replayed.ask(conversations)
+            results = await replayed.ask(conversations, max_tokens=120)
             rejected += sum(result.usage.rejected_prediction_tokens for result in results)
-            assert sum(result.usage.accepted_prediction_tokens for result in results) > 100
+            assert sum(result.usage.accepted_prediction_tokens for result in results) > 60
             if held and model == "near-misses-imc":
                 # The next turn keeps what it shares with the slot: the last prompt, and the
                 # answer as far as its text tokenizes to the tokens picked (an answer that
