@@ -78,7 +78,12 @@ def test_a_shared_pool_past_the_training_length_is_no_warning(
         "pool": ModelConfig(model_path=tiny_llama_path, n_seq_max=4, context_window=256),
         "long": ModelConfig(model_path=tiny_llama_path, n_seq_max=1, context_window=512),
     }
-    with caplog.at_level(logging.DEBUG), Kronk(KronkConfig(base_path=tmp_path, models=models)) as k:
+    # llama.cpp's own logger too: a CLI command run in-process before may have quieted it.
+    with (
+        caplog.at_level(logging.DEBUG),
+        caplog.at_level(logging.DEBUG, logger="kronk.llama"),
+        Kronk(KronkConfig(base_path=tmp_path, models=models)) as k,
+    ):
         k.load("pool")
         pool = [r for r in caplog.records if "possible training context overflow" in r.getMessage()]
         assert pool and all(r.levelno == logging.DEBUG for r in pool)
