@@ -160,7 +160,11 @@ def quick(session: nox.Session) -> None:
     models, in-process (every test marked neither `model` nor `process`). Contributors run it
     first; so does CI."""
     install_suite(session)
-    run_tier(session, "quick", "-m", "not model and not process")
+    # In-process tests, so one worker per core; a test file stays on one worker, which sets
+    # up its module's fixtures once. (The full tier stays serial: two llama.cpp processes
+    # at once slow both many times over on a small machine.)
+    parallel = ["-n", "auto", "--dist", "loadfile"]
+    run_tier(session, "quick", "-m", "not model and not process", *parallel)
 
 
 @nox.session

@@ -20,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 TEST = [
     "pytest>=8",
     "pytest-asyncio>=0.24",
+    # The quick tier runs on every core (noxfile.py, `quick`).
+    "pytest-xdist==3.8.0",
     "httpx>=0.27",
     "openai>=2.0",
     "anthropic>=2.14",
