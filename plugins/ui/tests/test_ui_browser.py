@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Locator, Page, expect, sync_playwright
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
@@ -281,14 +281,28 @@ def test_a_model_is_deleted_from_the_models_page_and_the_cli_agrees(
     page.goto(f"{scripted_ui}/#/models")
     tiny = page.locator('#models-available tr[data-model="tiny"]')
     expect(tiny).to_have_count(1)
-    # Playwright dismisses the confirm dialog unless told otherwise: nothing is deleted.
-    tiny.get_by_role("button", name="Delete").click()
-    expect(tiny).to_have_count(1)
-    assert (tmp_path / "models" / "tiny.gguf").is_file()
+    # The first confirm dialog is dismissed, the others accepted. Requests leave in the order
+    # the clicks send them, so one DELETE in all means the dismissed click sent none.
+    answers = iter([False, True, True])
+    asked: list[str] = []
+    sent: list[str] = []
 
-    page.on("dialog", lambda dialog: dialog.accept())
+    def answer(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        if next(answers):
+            dialog.accept()
+        else:
+            dialog.dismiss()
+
+    page.on("dialog", answer)
+    page.on(
+        "request", lambda request: sent.append(request.url) if request.method == "DELETE" else None
+    )
+    tiny.get_by_role("button", name="Delete").click()
     tiny.get_by_role("button", name="Delete").click()
     expect(tiny).to_have_count(0)
+    assert len(asked) == 2 and "tiny" in asked[0]
+    assert sent == [f"{scripted_ui}/v1/kronk/models/tiny"]
     assert not (tmp_path / "models" / "tiny.gguf").exists()
     served = [model["id"] for model in httpx.get(f"{scripted_ui}/v1/models").json()["data"]]
     assert "tiny" not in served and MARKDOWN_MODEL in served
