@@ -142,3 +142,33 @@ def test_rm_is_refused_while_the_server_has_it_loaded_unless_forced(
     assert not (base / "models" / "tiny.gguf").exists()
     pool = httpx.get(f"http://{host}/v1/kronk/models").json()
     assert pool["data"] == []
+
+
+def test_the_server_deletes_a_model_as_rm_does(
+    base: Path, server_with_tiny_loaded: tuple[str, Kronk], tiny_llama_path: Path
+) -> None:
+    """DELETE /v1/kronk/models/{id}, which the UI's Delete button calls: the same files and
+    the same refusals as `kronk model rm`."""
+    host, server = server_with_tiny_loaded
+    models = f"http://{host}/v1/kronk/models"
+    refused = httpx.delete(f"{models}/tiny")
+    assert refused.status_code == 409
+    assert "tiny is loaded (as tiny)" in refused.json()["error"]["message"]
+    assert (base / "models" / "tiny.gguf").exists()
+    packaged = httpx.delete(f"{models}/{DEFAULT_MODEL_ID}")
+    assert packaged.status_code == 400
+    assert "comes with a PyPI package" in packaged.json()["error"]["message"]
+    assert httpx.delete(f"{models}/no-such-model").status_code == 404
+
+    deleted = httpx.delete(f"{models}/tiny", params={"force": "true"})
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {
+        "id": "tiny",
+        "deleted": [str(base / "models" / "tiny.gguf")],
+        "size_bytes": tiny_llama_path.stat().st_size,
+        "unloaded": ["tiny"],
+    }
+    assert server.get_loaded("tiny") is None
+    assert not (base / "models" / "tiny.gguf").exists()
+    listed = [entry["id"] for entry in json.loads(kronk(base, "model", "list", "--json").stdout)]
+    assert "tiny" not in listed

@@ -456,6 +456,7 @@ def test_an_oversized_body_without_a_token_is_401_not_413(small_body_server: Aut
 PUBLIC_ROUTES = [
     ("GET", "/"),
     ("GET", "/ui/{name}"),
+    ("GET", "/ui/vendor/{name}"),
     ("GET", "/v1/liveness"),
     ("GET", "/v1/readiness"),
     ("GET", "/health"),
@@ -502,6 +503,7 @@ ADMIN_ROUTES = [
     ("GET", "/v1/kronk/devices"),
     ("GET", "/v1/kronk/models"),
     ("POST", "/v1/kronk/models/{model_id}/unload"),
+    ("DELETE", "/v1/kronk/models/{model_id}"),
     # The Kronk manual's operator routes.
     ("GET", "/v1/kronk/models/ps"),
     ("GET", "/v1/kronk/models/imc-sessions"),

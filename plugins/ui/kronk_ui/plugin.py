@@ -1,6 +1,7 @@
 """Hook implementations of the ui plugin: the page at / and its assets under /ui/.
 
-The assets are plain files shipped in the package (no build step). Every
+The assets are plain files shipped in the package (no build step); static/vendor/ holds
+the Markdown renderer and sanitizer, copied from npm by scripts/vendor_ui.py. Every
 answer carries a Content-Security-Policy without inline scripts or styles;
 the page calls the API with the token the user enters in its settings, which
 stays in the browser.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 from litestar import Litestar, Response, Router, get
 from litestar.config.app import AppConfig
@@ -50,11 +52,12 @@ MEDIA_TYPES = {
     ".svg": "image/svg+xml",
 }
 STATIC = files("kronk_ui").joinpath("static")
+VENDOR = STATIC.joinpath("vendor")
 
 
-def _asset(name: str) -> Response[bytes]:
+def _asset(name: str, folder: Traversable = STATIC) -> Response[bytes]:
     suffix = "." + name.rpartition(".")[2]
-    item = STATIC.joinpath(name)
+    item = folder.joinpath(name)
     if "/" in name or name.startswith(".") or suffix not in MEDIA_TYPES or not item.is_file():
         raise NotFoundException(f"no UI asset {name!r}")
     return Response(item.read_bytes(), media_type=MEDIA_TYPES[suffix], headers=HEADERS)
@@ -70,10 +73,15 @@ async def asset(name: FromPath[str]) -> Response[bytes]:
     return _asset(name)
 
 
+@get("/ui/vendor/{name:str}", opt=_PUBLIC, include_in_schema=False)
+async def vendor_asset(name: FromPath[str]) -> Response[bytes]:
+    return _asset(name, VENDOR)
+
+
 @hookimpl
 def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.route_handlers.append(
-        Router(path="/", route_handlers=[index, asset, live, reference])
+        Router(path="/", route_handlers=[index, asset, vendor_asset, live, reference])
     )
 
     @asynccontextmanager

@@ -1,10 +1,14 @@
 """The browser UI in a real headless Chromium (Debian's, driven by Playwright) against a
-real server: a streamed chat, a catalog pull whose progress reaches 100%, and a token
-created with auth on. Screenshots of every page are kept in a temporary directory the run
-prints, never in the source tree (docs/images is refreshed from there by hand)."""
+real server: a streamed chat, answers rendered as sanitized Markdown (a hostile one
+included), a catalog pull whose progress reaches 100%, a model deleted from the models
+page, and a token created with auth on. Screenshots of every page are kept in a temporary
+directory the run prints, never in the source tree (docs/images is refreshed from there by
+hand)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import threading
@@ -14,16 +18,19 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Locator, Page, expect, sync_playwright
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
 from kronk_core.settings.config import parse_model_config
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_testing.cli import kronk_at
 from kronk_testing.file_server import FileServer, Served
+from kronk_testing.plugin import ScriptedKronk
 from kronk_testing.pulls import TINY_PATH, write_catalog
+from kronk_testing.scripted import CHATML, Script
 from kronk_testing.templates import THINKING_GEMMA
-from kronk_ui.plugin import CONTENT_SECURITY_POLICY
+from kronk_ui.plugin import CONTENT_SECURITY_POLICY, VENDOR
 
 # Chromium as the tests run it: no sandbox (root in a container), no network of its own.
 CHROMIUM_FLAGS = [
@@ -40,6 +47,27 @@ SMALL_GEMMA = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
 # The default model under a template that opens a <think> block it never closes: all it
 # writes is reasoning.
 THINKING_MODEL = "thinking-gemma"
+
+# Scripted models (no llama.cpp) that answer fixed Markdown. The first thinks aloud: its
+# template opens a <think> block that its answer closes.
+MARKDOWN_MODEL = "markdown"
+HOSTILE_MODEL = "hostile"
+THINKING_CHATML = CHATML.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+MARKDOWN_ANSWER = (
+    "Light **scatters** off `air`.\n</think>\n"
+    "# Tides\n\n- **Spring** tides\n- Neap tides\n\n"
+    "```python\nprint('moon')\n```\n\nSee [the docs](https://example.com/tides).\n"
+)
+# Each way an answer could try to run script in the page: HTML (an event handler, a script
+# element, a javascript: link) and Markdown (a javascript: link, a javascript: image).
+HOSTILE_HTML = [
+    '<img src="x" onerror="window.__pwned=1">',
+    "<script>window.__pwned=2</script>",
+    '<a href="javascript:window.__pwned=4">here</a>',
+]
+HOSTILE_ANSWER = "\n\n".join(
+    [*HOSTILE_HTML, "[click](javascript:window.__pwned=3)", "![pic](javascript:window.__pwned=5)"]
+)
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +149,37 @@ def ui_server(
             yield base_url, hub
 
 
+@pytest.fixture
+def scripted_ui(
+    tmp_path: Path, tiny_llama_path: Path, scripted_kronk: ScriptedKronk, serve: Any
+) -> Iterator[str]:
+    """A server of scripted models that answer Markdown, with a model installed under
+    <base>/models (tiny) that can be deleted."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(tiny_llama_path, tmp_path / "models" / "tiny.gguf")
+    template = tmp_path / "thinking-chatml.jinja"
+    template.write_text(THINKING_CHATML, encoding="utf-8")
+    models = {
+        MARKDOWN_MODEL: {
+            "script": Script(default=MARKDOWN_ANSWER, decode_seconds=0.01),
+            "templates": {"template": str(template)},
+        },
+        HOSTILE_MODEL: {"script": Script(default=HOSTILE_ANSWER)},
+    }
+    kronk = scripted_kronk(models, base_path=tmp_path)
+    with serve(create_app(ServerSettings(base_path=tmp_path), kronk=kronk)) as base_url:
+        yield base_url
+
+
+def ask(page: Page, model: str, text: str) -> Locator:
+    """Send `text` to `model` in Chat; the answer's element, still streaming."""
+    page.select_option("#chat-model", model)
+    page.fill("#chat-max-tokens", "400")
+    page.fill("#chat-text", text)
+    page.click("#chat-send")
+    return page.locator(".msg.assistant").last
+
+
 def test_the_page_and_its_assets_carry_the_content_security_policy(
     ui_server: tuple[str, FileServer],
 ) -> None:
@@ -129,6 +188,8 @@ def test_the_page_and_its_assets_carry_the_content_security_policy(
         ("/", "text/html"),
         ("/ui/app.js", "text/javascript"),
         ("/ui/app.css", "text/css"),
+        ("/ui/vendor/marked.umd.js", "text/javascript"),
+        ("/ui/vendor/purify.min.js", "text/javascript"),
     ):
         response = httpx.get(base_url + path)
         assert response.status_code == 200
@@ -143,6 +204,116 @@ def test_the_page_and_its_assets_carry_the_content_security_policy(
     )
     assert httpx.get(base_url + "/ui/missing.js").status_code == 404
     assert httpx.get(base_url + "/ui/..%2Fplugin.py").status_code == 404
+    assert httpx.get(base_url + "/ui/vendor/README.md").status_code == 404
+    # Every script is the server's own: nothing from a CDN.
+    assert re.findall(r'src="([^"]+\.js)"', index) == [
+        "/ui/vendor/marked.umd.js",
+        "/ui/vendor/purify.min.js",
+        "/ui/app.js",
+    ]
+
+
+def test_the_vendored_files_are_the_ones_their_readme_names() -> None:
+    """scripts/vendor_ui.py copies them from npm and records each file's SHA-256; a file
+    changed by hand since, or left out of the package, fails here."""
+    readme = VENDOR.joinpath("README.md").read_text(encoding="utf-8")
+    assert "## marked 18.2.1" in readme and "## dompurify 3.5.0" in readme
+    recorded = dict(re.findall(r"- `([^`]+)` sha256 `([0-9a-f]{64})`", readme))
+    assert {"marked.umd.js", "purify.min.js", "marked.LICENSE", "dompurify.LICENSE"} <= set(
+        recorded
+    )
+    for name, digest in recorded.items():
+        assert hashlib.sha256(VENDOR.joinpath(name).read_bytes()).hexdigest() == digest, name
+
+
+def test_an_answer_renders_as_markdown_while_it_streams(
+    scripted_ui: str, page: Page, screenshots: Path
+) -> None:
+    page.goto(f"{scripted_ui}/#/chat")
+    answer = ask(page, MARKDOWN_MODEL, "Tell me about **tides** <b>now</b>")
+    content = answer.locator(".content")
+    # Rendered as it arrives, not only once the answer is complete.
+    expect(page.locator(".msg.assistant.streaming .content h1")).to_have_text("Tides")
+    expect(answer).to_have_attribute("data-done", "true", timeout=30_000)
+    expect(content.locator("h1")).to_have_text("Tides")
+    expect(content.locator("ul > li")).to_have_count(2)
+    expect(content.locator("li strong")).to_have_text("Spring")
+    expect(content.locator("pre > code")).to_have_text("print('moon')\n")
+    link = content.locator("a")
+    expect(link).to_have_attribute("href", "https://example.com/tides")
+    expect(link).to_have_attribute("rel", "noopener noreferrer")
+    expect(link).to_have_attribute("target", "_blank")
+    reasoning = answer.locator("details.reasoning .text")
+    expect(reasoning.locator("strong")).to_have_text("scatters")
+    expect(reasoning.locator("code")).to_have_text("air")
+    # The user's own message is text as typed, never markup.
+    user = page.locator(".msg.user .content")
+    expect(user).to_have_text("Tell me about **tides** <b>now</b>")
+    expect(user.locator("strong, b")).to_have_count(0)
+    shoot(page, screenshots, "chat-markdown")
+
+
+def test_a_hostile_answer_runs_no_script(scripted_ui: str, page: Page) -> None:
+    page.goto(f"{scripted_ui}/#/chat")
+    answer = ask(page, HOSTILE_MODEL, "Say something nasty.")
+    expect(answer).to_have_attribute("data-done", "true", timeout=30_000)
+    content = answer.locator(".content")
+    # HTML in an answer is shown as text, never parsed into the page.
+    for html in HOSTILE_HTML:
+        expect(content).to_contain_text(html)
+    assert content.locator("script, img[onerror], [onerror]").count() == 0
+    # What Markdown makes of the links and the image keeps no javascript: URL.
+    expect(content.locator("a")).to_have_count(1)
+    expect(content.locator("img")).to_have_count(1)
+    urls = content.locator("a, img").evaluate_all(
+        "nodes => nodes.map(node => node.getAttribute('href') ?? node.getAttribute('src'))"
+    )
+    assert not any((url or "").strip().lower().startswith("javascript:") for url in urls), urls
+    content.locator("a").click()
+    page.wait_for_timeout(200)
+    assert page.evaluate("window.__pwned") is None
+    assert len(page.context.pages) == 1
+
+
+def test_a_model_is_deleted_from_the_models_page_and_the_cli_agrees(
+    scripted_ui: str, page: Page, tmp_path: Path
+) -> None:
+    page.goto(f"{scripted_ui}/#/models")
+    tiny = page.locator('#models-available tr[data-model="tiny"]')
+    expect(tiny).to_have_count(1)
+    # The first confirm dialog is dismissed, the others accepted. Requests leave in the order
+    # the clicks send them, so one DELETE in all means the dismissed click sent none.
+    answers = iter([False, True, True])
+    asked: list[str] = []
+    sent: list[str] = []
+
+    def answer(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        if next(answers):
+            dialog.accept()
+        else:
+            dialog.dismiss()
+
+    page.on("dialog", answer)
+    page.on(
+        "request", lambda request: sent.append(request.url) if request.method == "DELETE" else None
+    )
+    tiny.get_by_role("button", name="Delete").click()
+    tiny.get_by_role("button", name="Delete").click()
+    expect(tiny).to_have_count(0)
+    assert len(asked) == 2 and "tiny" in asked[0]
+    assert sent == [f"{scripted_ui}/v1/kronk/models/tiny"]
+    assert not (tmp_path / "models" / "tiny.gguf").exists()
+    served = [model["id"] for model in httpx.get(f"{scripted_ui}/v1/models").json()["data"]]
+    assert "tiny" not in served and MARKDOWN_MODEL in served
+    listed = kronk_at(tmp_path, "model", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "tiny" not in [entry["id"] for entry in json.loads(listed.stdout)]
+
+    # A model Kronk did not put under <base>/models is refused, and the page says why.
+    page.locator(f'#models-available tr[data-model="{MARKDOWN_MODEL}"] button').click()
+    expect(page.locator("#banner")).to_contain_text("which is not under")
+    expect(page.locator(f'#models-available tr[data-model="{MARKDOWN_MODEL}"]')).to_have_count(1)
 
 
 def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(

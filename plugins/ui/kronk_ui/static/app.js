@@ -8,6 +8,31 @@ const PAGES = ["dashboard", "chat", "models", "catalog", "libraries", "security"
 
 const $ = (id) => document.getElementById(id);
 
+// A model's answer is untrusted text. marked (static/vendor/) turns its Markdown into HTML;
+// HTML written in the answer itself is shown as the text it is ("use <br>" stays readable,
+// and a tag never reaches a parser); DOMPurify then removes from marked's HTML whatever
+// could run (javascript: links and images) before it reaches the page. The
+// Content-Security-Policy is the last line: it blocks any inline script that got through.
+const { marked, DOMPurify } = globalThis;
+
+function escapeHtml(text) {
+  return text.replace(/[&<>"']/g, (char) => `&#${char.charCodeAt(0)};`);
+}
+
+const markdown = new marked.Marked({ renderer: { html: ({ text }) => escapeHtml(text) } });
+
+// Links leave the UI in a new tab that gets no handle on this page and no referrer.
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer");
+  }
+});
+
+function renderMarkdown(node, text) {
+  node.innerHTML = DOMPurify.sanitize(markdown.parse(text));
+}
+
 function el(tag, attributes = {}, ...children) {
   const node = document.createElement(tag);
   for (const [name, value] of Object.entries(attributes)) {
@@ -263,7 +288,8 @@ pages.chat = async function loadChat() {
 
 function chatMessage(role, text) {
   $("chat-empty").hidden = true;
-  const content = el("div", { class: "content", text });
+  // The user's own words stay plain text; only answers are read as Markdown.
+  const content = el("div", { class: role === "user" ? "content" : "content markdown", text });
   const node = el("div", { class: `msg ${role}`, "data-role": role }, el("div", { class: "role", text: role }), content);
   $("chat-log").append(node);
   node.scrollIntoView({ block: "end" });
@@ -280,7 +306,7 @@ async function sendChat(event) {
   chatMessage("user", text);
   const answer = chatMessage("assistant", "");
   answer.node.classList.add("streaming");
-  const reasoning = el("div", { class: "text" });
+  const reasoning = el("div", { class: "text markdown" });
   const reasoningBlock = el("details", { class: "reasoning", open: true, hidden: true }, el("summary", { text: "Reasoning" }), reasoning);
   answer.content.before(reasoningBlock);
   const messages = [];
@@ -300,6 +326,7 @@ async function sendChat(event) {
   $("chat-send").disabled = true;
   $("chat-stop").hidden = false;
   let content = "";
+  let thought = "";
   let finish = "";
   let usage = null;
   // Measured here, as the user sees it: the first token's arrival, then the stream's pace.
@@ -315,12 +342,13 @@ async function sendChat(event) {
         const delta = choice.delta || {};
         if (firstAt === null && (delta.content || delta.reasoning_content)) firstAt = performance.now();
         if (delta.reasoning_content) {
-          reasoning.textContent += delta.reasoning_content;
+          thought += delta.reasoning_content;
+          renderMarkdown(reasoning, thought);
           reasoningBlock.hidden = !$("chat-show-reasoning").checked;
         }
         if (delta.content) {
           content += delta.content;
-          answer.content.textContent = content;
+          renderMarkdown(answer.content, content);
           answer.node.scrollIntoView({ block: "end" });
         }
         if (choice.finish_reason) finish = choice.finish_reason;
@@ -333,7 +361,7 @@ async function sendChat(event) {
       chat.history.push({ role: "assistant", content });
     } else {
       answer.node.classList.add("error");
-      answer.content.textContent = content || error.message;
+      if (!content) answer.content.textContent = error.message;
       chat.history.pop();
       showError(error);
     }
@@ -400,20 +428,38 @@ pages.models = async function loadModels() {
     available.data.map((model) =>
       el(
         "tr",
-        {},
+        { "data-model": model.id },
         el("td", { text: model.id }),
         el("td", { text: model.owned_by || "" }),
         el("td", { text: (model.input_modalities || ["text"]).join(", ") }),
         el("td", {}, el("span", { class: loaded.has(model.id) ? "pill ok" : "pill", text: loaded.has(model.id) ? "loaded" : "on disk" })),
+        el("td", {}, el("button", { class: "danger small", type: "button", text: "Delete", onclick: () => deleteModel(model.id, loaded.has(model.id)) })),
       ),
     ),
     "No models.",
-    4,
+    5,
   );
 };
 
 async function unload(modelId) {
   await api(`/v1/kronk/models/${encodeURIComponent(modelId)}/unload`, { method: "POST" });
+  await pages.models();
+}
+
+// The server deletes only what it installed or pulled under <base>/models, as `kronk model
+// rm` does; anything else it refuses, saying why, and the banner shows that.
+async function deleteModel(modelId, isLoaded) {
+  const question = isLoaded
+    ? `Unload ${modelId} and delete its files from the server's disk?`
+    : `Delete ${modelId}'s files from the server's disk?`;
+  if (!window.confirm(question)) return;
+  clearError();
+  try {
+    await api(`/v1/kronk/models/${encodeURIComponent(modelId)}${isLoaded ? "?force=true" : ""}`, { method: "DELETE" });
+  } catch (error) {
+    showError(error);
+    return;
+  }
   await pages.models();
 }
 
