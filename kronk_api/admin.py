@@ -14,15 +14,8 @@ from litestar.params import FromPath, FromQuery
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_core import Kronk
 from kronk_core.contract.memory import estimate_summary
-from kronk_core.errors import KronkError
+from kronk_core.errors import ModelLoadedError
 from kronk_core.settings.model_files import delete_model_files, removable_files
-
-
-class ModelLoadedError(KronkError):
-    """A model to delete is loaded and the request did not ask to unload it."""
-
-    status = 409
-    code = "model_loaded"
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})

@@ -69,6 +69,13 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
+class ModelLoadedError(KronkError):
+    """A model to delete is loaded and the request did not ask to unload it first."""
+
+    status = 409
+    code = "model_loaded"
+
+
 class ConfigError(KronkError):
     """A configuration value is invalid; the message names the key."""
 
