@@ -50,16 +50,24 @@ def test_the_readme_s_commands_never_install_into_the_system_python() -> None:
 
 
 def test_the_all_extra_names_every_built_in_plugin() -> None:
-    """`pip install '.[all]'` installs each plugin directory, found by its path."""
+    """`pip install '.[all]'` installs each plugin directory, found by its path, with the
+    plugin's own extras (auth-jwt's redis, tempo's grpc)."""
     required = importlib.metadata.requires("kronk") or []
     named = {}
     for requirement in required:
-        found = re.fullmatch(r'(\S+) @ (\S+) ; extra == "all"', requirement)
+        found = re.fullmatch(r'([^\s\[]+)(\[\S+\])? @ (\S+) ; extra == "all"', requirement)
         if found:
-            named[found[1]] = found[2]
+            named[found[1]] = (found[2] or "", found[3])
     plugins = _plugin_distributions()
     assert len(plugins) >= 14
-    assert named == {name: folder.as_uri() for name, folder in plugins.items()}
+    expected = {}
+    for name, folder in plugins.items():
+        extras = tomllib.loads((folder / "pyproject.toml").read_text())["project"].get(
+            "optional-dependencies", {}
+        )
+        expected[name] = (f"[{','.join(sorted(extras))}]" if extras else "", folder.as_uri())
+    assert named == expected
+    assert expected["kronk-auth-jwt"][0] == "[redis]" and expected["kronk-tempo"][0] == "[grpc]"
     for page in (README, (ROOT / "docs" / "install.md").read_text()):
         assert "pip install '.[all]'" in page
 
