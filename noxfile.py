@@ -1,5 +1,5 @@
-"""Developer sessions: quick, full (tests: both), lint, packages, core, durations, bench, serve,
-fuzz, zig.
+"""Developer sessions: quick, full (tests: both), lint, docs, packages, core, durations, bench,
+serve, fuzz, zig.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -21,7 +21,7 @@ from typing import Any
 
 import nox
 
-nox.options.sessions = ["quick", "lint", "packages", "core", "full"]
+nox.options.sessions = ["quick", "lint", "docs", "packages", "core", "full"]
 nox.options.reuse_existing_virtualenvs = True
 # A failing session stops the run: the quick tier, first, fails in minutes, not after the rest.
 nox.options.stop_on_first_error = True
@@ -230,6 +230,19 @@ def lint(session: nox.Session) -> None:
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
     session.run("mypy", *TYPED_PACKAGES)
+
+
+# The manual's site (mkdocs.yml), pinned: another release may warn, so fail, where this one
+# does not. pymdown-extensions gives the headings GitHub's anchors.
+DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "pymdown-extensions==13.1.2"]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The manual (docs/) built as a site into site/, strict: a broken link, a missing anchor
+    or a page the nav leaves out fails the build (mkdocs.yml's validation)."""
+    session.install(*DOCS_REQUIREMENTS)
+    session.run("mkdocs", "build", "--strict")
 
 
 # What `nox -s packages` builds: the root's sdist and, from it, its wheel; a wheel of each
