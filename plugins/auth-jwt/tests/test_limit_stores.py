@@ -351,3 +351,24 @@ def test_an_unregistered_store_scheme_stops_the_server(tmp_path: Path) -> None:
     with pytest.raises(BaseExceptionGroup) as info, TestClient(app):
         pass
     assert info.group_contains(ConfigError, match=r"^auth-jwt\.limit_store: .*'nope'.*redis")
+
+
+def test_a_redis_store_without_the_redis_extra_stops_the_server_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if kronk-auth-jwt were installed without its `redis` extra.
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "kronk_auth_jwt.redis_store")
+    kronk = Kronk(KronkConfig(base_path=tmp_path))
+    url = "redis://:hunter2@127.0.0.1:6379/0"
+    settings = ServerSettings(
+        base_path=tmp_path, sections={"auth-jwt": {"enabled": True, "limit_store": url}}
+    )
+    app = create_app(settings, kronk=kronk)
+    with pytest.raises(BaseExceptionGroup) as info, TestClient(app):
+        pass
+    assert info.group_contains(
+        ConfigError,
+        match=r"^auth-jwt\.limit_store: a redis:// store needs the redis package: "
+        r"pip install 'kronk-auth-jwt\[redis\]'$",  # the URL's password never shown
+    )

@@ -33,8 +33,12 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.util.types import Attributes
 
+from kronk_core.errors import ConfigError
 from kronk_core.records import ChatRecord, RequestRecord
-from kronk_tempo.settings import TempoSettings
+from kronk_tempo.settings import SETTINGS, TempoSettings
+
+# What the `grpc` extra installs, the exporter and grpcio under it: a missing module named so.
+_GRPC_MODULES = ("opentelemetry.exporter.otlp.proto.grpc", "grpc")
 
 
 def exporter_for(settings: TempoSettings) -> SpanExporter:
@@ -43,10 +47,19 @@ def exporter_for(settings: TempoSettings) -> SpanExporter:
     target = settings.host if "://" in settings.host else f"http://{settings.host}"
     url = urlsplit(target)
     if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-
+        # An extra (grpcio is large): the HTTP exporter needs none.
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith(_GRPC_MODULES):
+                raise
+            raise ConfigError(
+                f"{SETTINGS.name}.protocol",
+                "grpc needs the OTLP gRPC exporter: pip install 'kronk-tempo[grpc]', "
+                "or export over http (--tempo-protocol http, port 4318)",
+            ) from None
         return GrpcExporter(endpoint=url.netloc, insecure=url.scheme != "https")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,

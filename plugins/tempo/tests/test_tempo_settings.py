@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 from pydantic import ValidationError
 
+from kronk_core.errors import ConfigError
 from kronk_tempo.settings import TempoSettings
 from kronk_tempo.tracing import exporter_for
 
@@ -34,6 +37,19 @@ def test_grpc_endpoints_are_plain_text_unless_https(host: str, insecure: bool) -
     assert isinstance(exporter, Grpc)
     assert (exporter._credentials is None) is insecure
     exporter.shutdown()
+
+
+def test_grpc_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if kronk-tempo were installed without its `grpc` extra.
+    for module in ("opentelemetry.exporter.otlp.proto.grpc", Grpc.__module__):
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(
+        ConfigError,
+        match=r"^tempo\.protocol: grpc needs the OTLP gRPC exporter: "
+        r"pip install 'kronk-tempo\[grpc\]', or export over http",
+    ):
+        exporter_for(TempoSettings(host="localhost:4317"))
+    exporter_for(TempoSettings(host="localhost:4318", protocol="http")).shutdown()
 
 
 @pytest.mark.parametrize("probability", [-0.1, 1.5])
