@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Dialog, Locator, Page, expect, sync_pla
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
 from kronk_core.settings.config import parse_model_config
-from kronk_llamacpp.packaged import GEMMA_MODEL_ID
+from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, GEMMA_MODEL_ID
 from kronk_testing.cli import kronk_at
 from kronk_testing.file_server import FileServer, Served
 from kronk_testing.plugin import ScriptedKronk
@@ -43,7 +43,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SMALL_GEMMA = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
+SMALL = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
 # The default model under a template that opens a <think> block it never closes: all it
 # writes is reasoning.
 THINKING_MODEL = "thinking-gemma"
@@ -135,9 +135,10 @@ def ui_server(
     write_catalog(tmp_path, tiny_llama_path)
     template = tmp_path / "thinking-gemma.jinja"
     template.write_text(THINKING_GEMMA, encoding="utf-8")
-    thinking = {**SMALL_GEMMA, "model_path": gemma_path, "templates": {"template": str(template)}}
+    thinking = {**SMALL, "model_path": gemma_path, "templates": {"template": str(template)}}
     models = {
-        GEMMA_MODEL_ID: parse_model_config(GEMMA_MODEL_ID, SMALL_GEMMA),
+        # The default model, instruction-tuned: the chat's screenshot shows an answer.
+        DEFAULT_MODEL_ID: parse_model_config(DEFAULT_MODEL_ID, SMALL),
         THINKING_MODEL: parse_model_config(THINKING_MODEL, thinking),
     }
     with FileServer() as hub:
@@ -321,9 +322,9 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
 ) -> None:
     base_url, hub = ui_server
     page.goto(f"{base_url}/#/chat")
-    page.select_option("#chat-model", GEMMA_MODEL_ID)
+    page.select_option("#chat-model", DEFAULT_MODEL_ID)
     page.fill("#chat-system", "You are a poet.")
-    page.fill("#chat-max-tokens", "24")
+    page.fill("#chat-max-tokens", "40")
     page.fill("#chat-temperature", "0")
     page.fill("#chat-text", "Write one line about the sea.")
     page.click("#chat-send")
@@ -381,7 +382,8 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
     # tokens per second, then as a time to first token once it finishes.
     requests_chart = page.locator("#dash-chart-requests")
     expect(requests_chart).to_have_attribute("data-points", re.compile(r"[1-9]"), timeout=10_000)
-    body = {"model": GEMMA_MODEL_ID, "messages": [{"role": "user", "content": "Count on."}]}
+    count = "Count from 1 to 100, separated by commas."
+    body = {"model": DEFAULT_MODEL_ID, "messages": [{"role": "user", "content": count}]}
     body |= {"max_tokens": 64, "temperature": 0}
     running = threading.Thread(
         target=httpx.post,
@@ -404,9 +406,10 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
         assert int(points or 0) >= 1, chart
     shoot(page, screenshots, "dashboard")
     page.goto(f"{base_url}/#/models")
-    expect(page.locator(f'#models-loaded tr[data-model="{GEMMA_MODEL_ID}"]')).to_have_count(1)
+    expect(page.locator(f'#models-loaded tr[data-model="{DEFAULT_MODEL_ID}"]')).to_have_count(1)
+    expect(page.locator(f'#models-available tr[data-model="{THINKING_MODEL}"]')).to_have_count(1)
     shoot(page, screenshots, "models")
-    for model in (GEMMA_MODEL_ID, THINKING_MODEL):
+    for model in (DEFAULT_MODEL_ID, THINKING_MODEL):
         page.locator(f'#models-loaded tr[data-model="{model}"] button').click()
         expect(page.locator(f'#models-loaded tr[data-model="{model}"]')).to_have_count(0)
     expect(page.locator("#models-loaded")).to_contain_text("No model is loaded")
@@ -415,7 +418,7 @@ def test_chat_streams_an_answer_and_a_catalog_pull_reaches_100_percent(
 def test_with_auth_on_a_token_is_created_from_the_admin_token_in_settings(
     tmp_path: Path, page: Page, screenshots: Path, serve: Any
 ) -> None:
-    models = {GEMMA_MODEL_ID: parse_model_config(GEMMA_MODEL_ID, SMALL_GEMMA)}
+    models = {GEMMA_MODEL_ID: parse_model_config(GEMMA_MODEL_ID, SMALL)}
     kronk = Kronk(KronkConfig(base_path=tmp_path, models=models))
     settings = ServerSettings(base_path=tmp_path, sections={"auth-jwt": {"enabled": True}})
     with serve(create_app(settings, kronk=kronk)) as base_url:
