@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Sequence
@@ -19,7 +20,11 @@ from kronk_core.errors import ConfigError, TemplateError
 from kronk_core.types import ChatMessage, StructuredOutput, ToolChoice, ToolSpec
 from kronk_templates.formats import ToolFormat, reasoning_opened
 
+log = logging.getLogger(__name__)
+
 BUNDLED = ("gemma", "chatml", "llama3")
+# Distinct render failures warned about per template; the same one again is logged at debug.
+_WARNED_FAILURES = 32
 _RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 
 
@@ -150,8 +155,12 @@ class JinjaTemplateProcessor:
         eos_token: str,
         tool_format: ToolFormat,
         think: bool,
+        fallback: JinjaTemplateProcessor | None = None,
     ) -> None:
         self.name = name
+        # What renders a request this template fails on (ChatML, as llama.cpp falls back to).
+        self.fallback = fallback
+        self._warned: set[str] = set()
         self.special_tokens_as_text = tool_format.special_tokens_as_text
         self._format = tool_format
         self._think = think
@@ -246,10 +255,22 @@ class JinjaTemplateProcessor:
             ]
         try:
             return self._template.render(context)
-        except TemplateError:
-            raise
+        except TemplateError as exc:
+            failure = str(exc)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
-            raise TemplateError(f"chat template {self.name!r} failed: {exc}") from None
+            failure = f"chat template {self.name!r} failed: {exc}"
+        if self.fallback is None:
+            raise TemplateError(failure)
+        self._warn(failure, self.fallback.name)
+        return self.fallback.render(messages, options)
+
+    def _warn(self, failure: str, fallback: str) -> None:
+        """A warning once per kind of failure, then debug: each request would repeat it."""
+        level = logging.DEBUG
+        if failure not in self._warned and len(self._warned) < _WARNED_FAILURES:
+            self._warned.add(failure)
+            level = logging.WARNING
+        log.log(level, "%s; rendered the request with %s instead", failure, fallback)
 
     def parser(self, options: RenderOptions, prompt: str) -> OutputParser:
         return self._format.parser(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from kronk_templates import hookspecs
 from kronk_templates.formats import FORMATS, ToolFormat, detect_format, uses_think
 from kronk_templates.jinja import BUNDLED, JinjaTemplateProcessor, bundled_source
 from kronk_templates.settings import SETTINGS
+
+log = logging.getLogger(__name__)
 
 
 def choose_template(model_info: ModelInfo, model_config: ModelConfig) -> tuple[str, str]:
@@ -54,14 +57,23 @@ def jinja_processor(
         chosen or detect_format(source, model_info.architecture),
         f"{model_config.section_key(SETTINGS.name)}.tool_format",
     )
-    return JinjaTemplateProcessor(
-        name,
-        source,
-        model_info.bos_token,
-        model_info.eos_token,
-        tool_format,
-        think=uses_think(source),
-    )
+
+    def processor(
+        name: str, source: str, fallback: JinjaTemplateProcessor | None = None
+    ) -> JinjaTemplateProcessor:
+        bos, eos = model_info.bos_token, model_info.eos_token
+        think = uses_think(source)
+        return JinjaTemplateProcessor(name, source, bos, eos, tool_format, think, fallback)
+
+    # ChatML renders what the model's own template cannot, as llama.cpp does.
+    chatml = None if name == "chatml" else processor("chatml", bundled_source("chatml"))
+    try:
+        return processor(name, source, chatml)
+    except ConfigError as exc:
+        if name != "gguf" or chatml is None:
+            raise  # a template the configuration names is the user's to fix
+        log.warning("%s: %s; rendering ChatML instead", model_config.id, exc)
+        return chatml
 
 
 @hookimpl
