@@ -53,6 +53,12 @@ def _shared(tokens: Sequence[int], request: GenerationRequest) -> int:
     return cut_point(request.media, min(common_prefix(tokens, prompt), len(prompt) - 1))
 
 
+def _log_decision(slot: Slot, what: str, kept: int, prompt: int) -> None:
+    """A debug line per slot compared, and one per plan (docs/caching.md, "Debug lines")."""
+    share = 100 * kept // prompt if prompt else 0
+    log.debug("slot[%d] %s %d/%d tokens (%d%% salvageable)", slot.id, what, kept, prompt, share)
+
+
 class IncrementalCache(Counted, PromptsAsGiven):
     name = "imc"
 
@@ -137,6 +143,10 @@ class IncrementalCache(Counted, PromptsAsGiven):
         """
         prompt = request.prompt_tokens
         reuses = [(self._reuse(slot, request, model), slot) for slot in free]
+        if log.isEnabledFor(logging.DEBUG):
+            for kept, slot in reuses:
+                if slot.tokens:
+                    _log_decision(slot, "common-prefix", kept.keep, len(prompt))
         reuse, best = max(reuses, key=lambda pair: (pair[0].keep, -pair[1].id))
         if self._continues(best, prompt, reuse):
             return best
@@ -181,8 +191,11 @@ class IncrementalCache(Counted, PromptsAsGiven):
             if restored:
                 through = int(restored < min(entry.floor, len(entry.tokens)))
                 self._count(restores=1, checkpoint_restores=through, tokens_saved=restored)
+                restore = "plan: restored from the host tier, keeps"
+                _log_decision(slot, restore, restored, len(prompt))
                 return CachePlan(reused=restored)
         if donor is not None and shared >= max(self._min_tokens, reuse.keep + self._min_tokens):
+            _log_decision(slot, f"plan: copied from slot[{donor.id}], keeps", shared, len(prompt))
             return self._copy(donor, shared, slot, prompt, model)
         if reuse.keep and not self._continues(slot, prompt, reuse):
             # Another branch of the conversation is about to be cut away: keep it in
@@ -193,6 +206,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if not reuse.keep:
             self._clear(slot, model)
             self._count(rebuilds=1)
+            _log_decision(slot, "plan: rebuilt, keeps", 0, len(prompt))
             return CachePlan(reused=0)
         keep = reuse.keep
         was = len(slot.tokens)
@@ -204,6 +218,10 @@ class IncrementalCache(Counted, PromptsAsGiven):
         # Dropping only the previous answer's tail (or re-prefilling the last
         # prompt token of an identical repeat) still counts as a hit.
         partial = keep < min(was, len(prompt) - 1)
+        how = f"cut back from {was}" if keep < was else "extended"
+        if reuse.checkpoint is not None:
+            how += f" through the checkpoint at {reuse.checkpoint.length}"
+        _log_decision(slot, f"plan: {how}, keeps", keep, len(prompt))
         self._count(
             partial_hits=int(partial),
             hits=int(not partial),
