@@ -12,10 +12,9 @@ from litestar import Request, delete, get, post
 from litestar.params import FromPath, FromQuery
 
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.model_removal import delete_model_files_of
 from kronk_core import Kronk
 from kronk_core.contract.memory import estimate_summary
-from kronk_core.errors import ModelLoadedError
-from kronk_core.settings.model_files import delete_model_files, removable_files
 
 
 @get("/v1/kronk/slots", opt={ENDPOINT_OPT: ADMIN})
@@ -98,28 +97,7 @@ async def delete_model(
     """Delete a model installed or pulled under <base>/models, as `kronk model rm` does, and
     with its refusals. While loaded from these files it is refused (409), unless `force`
     unloads it first."""
-    kronk: Kronk = request.app.state.kronk
-    if model_id not in kronk.model_ids():
-        raise kronk.unknown_model(model_id)
-    sources = kronk.model_sources()
-    removed = removable_files(kronk.config, model_id, kronk.provided_models(), sources)
-    ours = {path.resolve() for path in removed.parts}
-    entries = kronk.pool.entries()
-    loaded = [e.model_id for e in entries if Path(e.model.info.path).resolve() in ours]
-    if loaded and not force:
-        raise ModelLoadedError(
-            f"{model_id} is loaded (as {', '.join(loaded)}): unload it first, or pass force=true"
-        )
-    for loaded_id in loaded:
-        await kronk.aunload(loaded_id)
-    size = sum(path.stat().st_size for path in removed.parts)
-    await asyncio.to_thread(delete_model_files, kronk.config, removed, sources)
-    return {
-        "id": model_id,
-        "deleted": [str(path) for path in removed.parts],
-        "size_bytes": size,
-        "unloaded": loaded,
-    }
+    return await delete_model_files_of(request.app.state.kronk, model_id, force=force)
 
 
 def _iso(seconds_ago: float | None) -> str | None:

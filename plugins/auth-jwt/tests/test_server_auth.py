@@ -504,6 +504,8 @@ ADMIN_ROUTES = [
     ("GET", "/v1/kronk/models"),
     ("POST", "/v1/kronk/models/{model_id}/unload"),
     ("DELETE", "/v1/kronk/models/{model_id}"),
+    ("POST", "/api/pull"),  # Ollama's, as the catalog's pulls and `kronk model rm`
+    ("DELETE", "/api/delete"),
     # The Kronk manual's operator routes.
     ("GET", "/v1/kronk/models/ps"),
     ("GET", "/v1/kronk/models/imc-sessions"),

@@ -1,29 +1,39 @@
-"""Ollama routes: chat, generate, embed, and the model listings (tags, ps, show, version)."""
+"""Ollama routes: chat, generate, embed, the model listings (tags, ps, show, version), and
+pulling and deleting models (pull, delete)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Request, Response, Router, get, post
+from litestar import Request, Response, Router, delete, get, post
 from litestar.response import Stream
 
-from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, PUBLIC, subject_of
+from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, subject_of
 from kronk_api.http import kronk_of, media_sources, parse_body
+from kronk_api.model_removal import delete_model_files_of
+from kronk_core.errors import KronkError
 from kronk_core.sdk import ChatStream, Kronk
 from kronk_ollama.answers import Answer, nanoseconds
-from kronk_ollama.errors import OLLAMA
+from kronk_ollama.errors import NDJSON, OLLAMA, ndjson_line
 from kronk_ollama.models import running, show, tags
 from kronk_ollama.schemas import (
     ChatBody,
+    DeleteBody,
     EmbedBody,
     EmbeddingsBody,
     GenerateBody,
     OllamaGeneration,
     OllamaRequest,
+    PullBody,
     ShowBody,
 )
+from kronk_ollama.schemas import model_id as model_id_of
+
+log = logging.getLogger(__name__)
 
 # The Ollama API level these routes follow; clients compare it against the versions that
 # introduced the features they use (structured outputs, tools, think).
@@ -163,6 +173,55 @@ async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return await asyncio.to_thread(show, kronk, kronk.canonical(body.model_id))
 
 
+async def _pull(kronk: Kronk, name: str) -> str:
+    """The id of the model `name` names, pulled first where it is not on disk (by the
+    plugin that knows such references: the catalog, for Hugging Face's)."""
+    known = kronk.canonical(model_id_of(name))
+    if known in kronk.model_ids():
+        return known
+    found = await asyncio.to_thread(kronk.resolve_reference, name, pull=True)
+    if found is None:
+        raise kronk.unknown_model(name)
+    return found
+
+
+async def _pull_lines(kronk: Kronk, name: str) -> AsyncIterator[bytes]:
+    """Ollama's progress lines: what is pulled, then `success` or the error. (Per-file
+    byte counts are the catalog's own pull route's, /v1/kronk/pulls.)"""
+    yield ndjson_line({"status": f"pulling {name}"})
+    try:
+        pulled = await _pull(kronk, name)
+    except KronkError as error:
+        yield OLLAMA.stream_error(error)
+        return
+    except Exception as error:  # a download gone wrong: said in the stream, not a trace
+        log.exception("pulling %s failed", name)
+        yield ndjson_line({"error": f"pulling {name} failed: {error}"})
+        return
+    yield ndjson_line({"status": f"pulled {pulled}"})
+    yield ndjson_line({"status": "success"})
+
+
+@post("/api/pull", status_code=200, opt={ENDPOINT_OPT: ADMIN})
+async def pull_model(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    body = await parse_body(request, PullBody)
+    kronk = kronk_of(request)
+    if body.stream:
+        return Stream(_pull_lines(kronk, body.given_name), media_type=NDJSON)
+    await _pull(kronk, body.given_name)
+    return Response({"status": "success"})
+
+
+@delete("/api/delete", status_code=200, opt={ENDPOINT_OPT: ADMIN})
+async def delete_model(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """`ollama rm`: the model's files, as `kronk model rm --force` (a loaded model is
+    unloaded first, as Ollama stops it)."""
+    body = await parse_body(request, DeleteBody)
+    kronk = kronk_of(request)
+    await delete_model_files_of(kronk, kronk.canonical(body.model_id), force=True)
+    return Response(b"")  # Ollama's answer: 200, nothing more
+
+
 def router() -> Router:
     return Router(
         path="/",
@@ -175,6 +234,8 @@ def router() -> Router:
             list_models,
             running_models,
             show_model,
+            pull_model,
+            delete_model,
         ],
         # Router-level, so guards' errors on these routes come out in Ollama's shape too.
         exception_handlers=OLLAMA.exception_handlers(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -342,23 +342,44 @@ class EmbeddingsBody(OllamaRequest):
     options: Options | None = None
 
 
-class ShowBody(BaseModel):
-    """POST /api/show; older clients send `name`."""
+class NamedBody(BaseModel):
+    """A request that names one model; older clients send `name`."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: Annotated[str, Field(min_length=1)] | None = None
     name: Annotated[str, Field(min_length=1)] | None = None
-    verbose: bool = False
 
     @model_validator(mode="after")
-    def _named(self) -> ShowBody:
+    def _named(self) -> Self:
         if self.model is None and self.name is None:
             raise ValueError("missing required field: model")
         return self
 
     @property
-    def model_id(self) -> str:
+    def given_name(self) -> str:
         name = self.model or self.name
         assert name is not None
-        return model_id(name)
+        return name
+
+    @property
+    def model_id(self) -> str:
+        return model_id(self.given_name)
+
+
+class ShowBody(NamedBody):
+    """POST /api/show."""
+
+    verbose: bool = False
+
+
+class PullBody(NamedBody):
+    """POST /api/pull: a reference the catalog can pull (`hf.co/org/repo:Q4_K_M`)."""
+
+    # Ollama's switch for registries without TLS; a reference names its own scheme here.
+    insecure: bool = False
+    stream: bool = True
+
+
+class DeleteBody(NamedBody):
+    """DELETE /api/delete."""
