@@ -297,7 +297,8 @@ class Catalog:
         entry = self.entries.get(model_id)
         if entry is None:
             raise ModelNotFoundError(
-                f"model {model_id!r} is not in the catalog (see `kronk catalog list`)",
+                f"model {model_id!r} is not in the catalog (see `kronk catalog list`; "
+                "`kronk catalog update` fetches the latest catalogs)",
                 param="model",
             )
         return entry

@@ -63,6 +63,44 @@ _local = click.option(
 )
 
 
+_catalog_source = setting_option(
+    "catalog.source", help=f"Where the catalogs come from [{DEFAULT_SOURCE}]"
+)
+_templates_source = setting_option(
+    "catalog.templates_source",
+    help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
+)
+
+
+def _update(base: Path, source: str | None, templates_source: str | None) -> list[Path]:
+    """`kronk catalog update`: the catalogs and their templates fetched; the paths written."""
+    templates = DEFAULT_TEMPLATES_SOURCE if templates_source is None else templates_source
+    written: list[Path] = []
+
+    async def run() -> None:
+        written.extend(await update_catalogs(source or DEFAULT_SOURCE, base, templates))
+
+    _run(run())
+    return written
+
+
+def _refreshed(
+    base: Path, model_id: str, source: str | None, templates_source: str | None
+) -> Catalog:
+    """The catalogs fetched anew for a model they lacked (a fresh install has none but the
+    bundled one); where the source cannot be reached, an error that says what to run."""
+    click.echo(f"{model_id} is not in the local catalogs: updating them", err=True)
+    try:
+        for path in _update(base, source, templates_source):
+            click.echo(f"updated {path}", err=True)
+    except KronkError as exc:
+        raise click.ClickException(
+            f"model {model_id!r} is not in the local catalogs, and updating them failed "
+            f"({exc.message}); run `kronk catalog update` once the source can be reached"
+        ) from None
+    return Catalog(base)
+
+
 def _base(value: Path | None) -> Path:
     return (value or default_base_path()).expanduser()
 
@@ -240,24 +278,33 @@ def add_commands(group: click.Group) -> None:
     @_base_path
     @_hf_endpoint
     @_hf_token
+    @_catalog_source
+    @_templates_source
     @_local
     @_cli_errors
     def catalog_pull(
-        model_id: str, base_path: Path | None, catalog_hf_endpoint: str | None, hf_token: str | None
+        model_id: str,
+        base_path: Path | None,
+        catalog_hf_endpoint: str | None,
+        hf_token: str | None,
+        catalog_source: str | None,
+        catalog_templates_source: str | None,
     ) -> None:
-        """Download a catalog model (resumes an interrupted pull; checks every sha256)."""
+        """Download a catalog model (resumes an interrupted pull; checks every sha256). A
+        model the local catalogs lack is looked for in the catalog source first, as
+        `kronk catalog update` fetches it."""
         base = _base(base_path)
         endpoint = hub_endpoint(catalog_hf_endpoint)
-        files = catalog_files(Catalog(base), model_id, base, endpoint)
+        found = Catalog(base)
+        if model_id not in found.entries:
+            found = _refreshed(base, model_id, catalog_source, catalog_templates_source)
+        files = catalog_files(found, model_id, base, endpoint)
         _pull(model_id, files, "catalog", endpoint, hub_token(hf_token))
 
     @catalog.command("update")
     @_base_path
-    @setting_option("catalog.source", help=f"Where the catalogs come from [{DEFAULT_SOURCE}]")
-    @setting_option(
-        "catalog.templates_source",
-        help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
-    )
+    @_catalog_source
+    @_templates_source
     @_local
     @_cli_errors
     def catalog_update(
@@ -265,19 +312,8 @@ def add_commands(group: click.Group) -> None:
     ) -> None:
         """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
         <base>/templates) from the catalog source."""
-        base = _base(base_path)
-        templates = (
-            DEFAULT_TEMPLATES_SOURCE
-            if catalog_templates_source is None
-            else catalog_templates_source
-        )
-
-        async def run() -> None:
-            written = await update_catalogs(catalog_source or DEFAULT_SOURCE, base, templates)
-            for path in written:
-                click.echo(f"updated {path}")
-
-        _run(run())
+        for path in _update(_base(base_path), catalog_source, catalog_templates_source):
+            click.echo(f"updated {path}")
 
     model = group.commands.get("model")
     if not isinstance(model, click.Group):

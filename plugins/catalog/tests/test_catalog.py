@@ -393,3 +393,47 @@ def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
     template.unlink()
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
         assert "templates" not in kronk.provided_models()["Tiny-Chat-Q8_0"]
+
+
+def test_a_pull_of_a_model_the_local_catalogs_lack_updates_them_first(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """The manual's quick start on a fresh install: `kronk catalog pull ID` finds the model
+    in the catalog source, with its template, without a `kronk catalog update` first."""
+    with FileServer() as hub:
+        hub.routes["/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf"] = Served(
+            path=tiny_llama_path
+        )
+        hub.routes["/catalogs"] = Served(data=listing(hub, ["text_generation.yaml"]))
+        hub.routes["/templates"] = Served(data=listing(hub, ["chat.jinja"]))
+        hub.routes["/raw/text_generation.yaml"] = Served(
+            data=KRONK_CATALOG.format(hub=hub.url).encode()
+        )
+        hub.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+        sources = [
+            "--catalog-source",
+            f"{hub.url}/catalogs",
+            "--catalog-templates-source",
+            f"{hub.url}/templates",
+        ]
+        gone = ["--catalog-source", f"{hub.url}/gone"]
+        code, output = cli(tmp_path, "catalog", "pull", "Tiny-Chat-Q8_0", *gone)
+        assert code == 1
+        assert "model 'Tiny-Chat-Q8_0' is not in the local catalogs, and updating them" in output
+        assert "404 Not Found" in output
+        assert "run `kronk catalog update` once the source can be reached" in output
+        code, output = cli(tmp_path, "catalog", "pull", "Tiny-Chat-Q8_0", *sources)
+        assert code == 0, output
+        assert "Tiny-Chat-Q8_0 is not in the local catalogs: updating them" in output
+        # A model the source lacks too: the catalog's own refusal, naming both commands.
+        code, output = cli(tmp_path, "catalog", "pull", "No-Such-Model", *sources)
+        assert code == 1
+        assert "`kronk catalog update` fetches the latest catalogs" in output
+    assert (tmp_path / "catalogs" / "text_generation.yaml").is_file()
+    template = tmp_path / "templates" / "chat.jinja"
+    assert template.read_text() == CHATML
+    pulled = tmp_path / "models" / "kronk" / "Tiny-Chat-GGUF" / "tiny-llama.gguf"
+    assert sha256(pulled) == sha256(tiny_llama_path)
+    with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
+        resolved = model_config_for(kronk, "Tiny-Chat-Q8_0")
+        assert resolved.sections["templates"].template == str(template)
