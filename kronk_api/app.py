@@ -18,7 +18,7 @@ from litestar.config.cors import CORSConfig
 from kronk_api.admin import ADMIN_ROUTES
 from kronk_api.affinity import affinity
 from kronk_api.body_limits import BodyLimits, body_guard
-from kronk_api.dialect import Dialect
+from kronk_api.dialect import KronkDialect
 from kronk_api.drain import Drain, Load, load_of
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_api.listening import log_summary
@@ -31,7 +31,7 @@ from kronk_core.runtime.pool import LoadState
 log = logging.getLogger(__name__)
 
 # The server's own routes (health, admin) and unknown paths answer in OpenAI's shape.
-SERVER_DIALECT = Dialect()
+SERVER_DIALECT = KronkDialect()
 
 
 @get("/v1/liveness", opt={ENDPOINT_OPT: PUBLIC})

@@ -57,6 +57,8 @@ class Dialect:
     }
     client_error_type: ClassVar[str] = "invalid_request_error"
     server_error_type: ClassVar[str] = "server_error"
+    # Error codes this dialect's clients know under another name (KronkError.code → it).
+    codes: ClassVar[Mapping[str, str]] = {}
     # An SSE comment: clients skip it.
     keepalive_frame: ClassVar[bytes] = b": keep-alive\n\n"
     stream_media_type: ClassVar[str] = "text/event-stream"
@@ -84,7 +86,8 @@ class Dialect:
         return sse_frame(self._kronk_body(error))
 
     def _kronk_body(self, error: KronkError) -> dict[str, Any]:
-        return self.error_body(error.status, self.message(error), error.code, error.param)
+        code = self.codes.get(error.code, error.code)
+        return self.error_body(error.status, self.message(error), code, error.param)
 
     # ---- the same for every dialect --------------------------------------------------
 
@@ -216,3 +219,15 @@ async def keepalive(
             pending = asyncio.ensure_future(anext(frames))
     finally:
         pending.cancel()
+
+
+class KronkDialect(Dialect):
+    """The server's own routes (/v1/kronk/..., health, unknown paths): OpenAI's shape, with
+    the codes of the Kronk manual's error table (§8.10), which its clients read. The
+    OpenAI-compatible routes keep OpenAI's `model_not_found`."""
+
+    codes: ClassVar[Mapping[str, str]] = {
+        "model_not_found": "not_found",
+        "invalid_token": "unauthenticated",
+    }
+

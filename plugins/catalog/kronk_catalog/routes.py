@@ -12,7 +12,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from kronk_api.dialect import Dialect, sse_frame
+from kronk_api.dialect import KronkDialect, sse_frame
 from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
 from kronk_api.http import kronk_of, parse_body
 from kronk_catalog.catalog import Catalog, CatalogEntry, templates_dir
@@ -25,7 +25,7 @@ from kronk_core.settings.model_files import PackagedModel
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
 STATE_KEY = "kronk_pulls"
-_DIALECT = Dialect()
+_DIALECT = KronkDialect()
 
 
 class PullRequest(BaseModel):
