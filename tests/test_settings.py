@@ -181,6 +181,8 @@ def test_the_security_cli_reads_the_settings_names_and_the_deprecated_ones(
         assert issuer(env={"KRONK_AUTH_JWT_ISSUER": "from-env"}) == "from-env"
         assert issuer("--auth-issuer", "manual-flag") == "manual-flag"
         assert issuer(env={"KRONK_AUTH_ISSUER": "manual-env"}) == "manual-env"
+        # The manual's settings table names the local issuer's variable so too.
+        assert issuer(env={"KRONK_AUTH_LOCAL_ISSUER": "manual-table"}) == "manual-table"
         assert issuer("--auth-issuer", "a", "--auth-jwt-issuer", "b") == "b"
     assert "deprecated" not in caplog.text  # the manual's spellings
 

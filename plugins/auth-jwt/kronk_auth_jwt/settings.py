@@ -34,11 +34,14 @@ class AuthSettings(BaseModel):
 SETTINGS = ServerSection(
     "auth-jwt",
     AuthSettings,
-    # The manual's `--auth-enabled`, `KRONK_AUTH_ENABLED`, `auth_enabled:`.
+    # The manual's `--auth-enabled`, `KRONK_AUTH_ENABLED`, `auth_enabled:`, and its
+    # settings table's KRONK_AUTH_LOCAL_ENABLED and KRONK_AUTH_LOCAL_ISSUER.
     # llama-server's and vLLM's `--api-key` (`KRONK_API_KEY`, `api_key:`).
     spellings={
         "auth_enabled": "enabled",
+        "auth_local_enabled": "enabled",
         "auth_issuer": "issuer",
+        "auth_local_issuer": "issuer",
         "auth_host": "host",
         "api_key": "api_key",
     },

@@ -10,7 +10,6 @@ import asyncio
 import functools
 import json
 import os
-import re
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,13 @@ from kronk_catalog.settings import (
     DEFAULT_SOURCE,
     DEFAULT_TEMPLATES_SOURCE,
     HF_TOKEN_VARIABLE,
+    REPOSITORY_VARIABLES,
+    default_source,
+    github_folder,
     hub_endpoint,
     hub_token,
 )
-from kronk_catalog.update import update_catalogs
+from kronk_catalog.update import update_catalogs, update_templates
 from kronk_core.contract.plugins import create_plugin_manager
 from kronk_core.errors import KronkError
 from kronk_core.settings.config import default_base_path
@@ -64,21 +66,24 @@ _local = click.option(
 
 
 _catalog_source = setting_option(
-    "catalog.source", help=f"Where the catalogs come from [{DEFAULT_SOURCE}]"
+    "catalog.source",
+    help=f"Where the catalogs come from [the catalogs/ folder of "
+    f"{REPOSITORY_VARIABLES['catalogs']}'s repository, else {DEFAULT_SOURCE}]",
 )
 _templates_source = setting_option(
     "catalog.templates_source",
-    help=f"Where their chat templates come from, '' for nowhere [{DEFAULT_TEMPLATES_SOURCE}]",
+    help=f"Where their chat templates come from, '' for nowhere [the templates/ folder of "
+    f"{REPOSITORY_VARIABLES['templates']}'s repository, else {DEFAULT_TEMPLATES_SOURCE}]",
 )
 
 
 def _update(base: Path, source: str | None, templates_source: str | None) -> list[Path]:
     """`kronk catalog update`: the catalogs and their templates fetched; the paths written."""
-    templates = DEFAULT_TEMPLATES_SOURCE if templates_source is None else templates_source
+    templates = default_source("templates") if templates_source is None else templates_source
     written: list[Path] = []
 
     async def run() -> None:
-        written.extend(await update_catalogs(source or DEFAULT_SOURCE, base, templates))
+        written.extend(await update_catalogs(source or default_source("catalogs"), base, templates))
 
     _run(run())
     return written
@@ -160,15 +165,6 @@ def _export_token(ctx: click.Context, param: click.Parameter, value: str | None)
     catalog section's setting, and pulls of model references, which read the variable)."""
     if value is not None:
         os.environ["KRONK_CATALOG_HF_TOKEN"] = value
-
-
-def github_folder(url: str, folder: str) -> str:
-    """The manual's repository URL (`https://github.com/ORG/REPO`) → that repository's
-    `folder` as the GitHub contents-API listing a catalog source is; another URL as given."""
-    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", url)
-    if match is None:
-        return url
-    return f"https://api.github.com/repos/{match[1]}/{match[2]}/contents/{folder}"
 
 
 def _export_source(variable: str, folder: str) -> Callable[..., None]:
@@ -300,6 +296,26 @@ def add_commands(group: click.Group) -> None:
             found = _refreshed(base, model_id, catalog_source, catalog_templates_source)
         files = catalog_files(found, model_id, base, endpoint)
         _pull(model_id, files, "catalog", endpoint, hub_token(hf_token))
+
+    @catalog.command("pull-templates")
+    @_base_path
+    @_templates_source
+    @_local
+    @_cli_errors
+    def catalog_pull_templates(
+        base_path: Path | None, catalog_templates_source: str | None
+    ) -> None:
+        """Fetch the chat templates alone (into <base>/templates), as `catalog update` does
+        with the catalogs: what a catalog model's `template` names."""
+        source = catalog_templates_source or default_source("templates")
+        written: list[Path] = []
+
+        async def run() -> None:
+            written.extend(await update_templates(source, _base(base_path)))
+
+        _run(run())
+        for path in written:
+            click.echo(f"updated {path}")
 
     @catalog.command("update")
     @_base_path

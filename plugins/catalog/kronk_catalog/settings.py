@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import huggingface_hub
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,15 +20,41 @@ DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 HF_TOKEN_VARIABLE = "KRONK_HF_TOKEN"
 
 
+# The manual's variables naming a GitHub repository (`https://github.com/ORG/REPO`) whose
+# catalogs/ and templates/ folders are the sources, where the sources are not set.
+REPOSITORY_VARIABLES = {
+    "catalogs": "KRONK_CATALOG_GITHUB_REPO",
+    "templates": "KRONK_TEMPLATES_GITHUB_REPO",
+}
+
+
+def github_folder(url: str, folder: str) -> str:
+    """The manual's repository URL (`https://github.com/ORG/REPO`) → that repository's
+    `folder` as the GitHub contents-API listing a catalog source is; another URL as given."""
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", url)
+    if match is None:
+        return url
+    return f"https://api.github.com/repos/{match[1]}/{match[2]}/contents/{folder}"
+
+
+def default_source(folder: str) -> str:
+    """Where `folder` (catalogs, templates) comes from unless its source is set: the folder
+    of the manual's repository variable, else Kronk's own repository's."""
+    repository = os.environ.get(REPOSITORY_VARIABLES[folder])
+    if repository:
+        return github_folder(repository, folder)
+    return DEFAULT_SOURCE if folder == "catalogs" else DEFAULT_TEMPLATES_SOURCE
+
+
 class CatalogSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(
-        default=DEFAULT_SOURCE,
+        default_factory=lambda: default_source("catalogs"),
         description="Where `catalog update` fetches catalogs: a GitHub folder listing or one YAML",
     )
     templates_source: str = Field(
-        default=DEFAULT_TEMPLATES_SOURCE,
+        default_factory=lambda: default_source("templates"),
         description="Where `catalog update` fetches the chat templates catalogs name (empty: none)",
     )
     hf_endpoint: str | None = Field(

@@ -79,11 +79,23 @@ def _write(folder: Path, files: list[tuple[str, str]]) -> list[Path]:
     return written
 
 
+def _client() -> httpx.AsyncClient:
+    headers = {"User-Agent": f"kronk/{__version__}", "Accept": "application/vnd.github+json"}
+    return httpx.AsyncClient(follow_redirects=True, timeout=30.0, headers=headers)
+
+
+async def update_templates(templates_source: str, base_path: Path) -> list[Path]:
+    """Fetch every chat template of `templates_source` into <base>/templates (the manual's
+    `kronk catalog pull-templates`); the paths written."""
+    async with _client() as client:
+        templates = await _fetch(client, templates_source, TEMPLATE_SUFFIXES)
+    return _write(templates_dir(base_path), templates)
+
+
 async def update_catalogs(source: str, base_path: Path, templates_source: str = "") -> list[Path]:
     """Fetch and check every catalog of `source` (and every template of `templates_source`,
     if set), then write them; the paths written."""
-    headers = {"User-Agent": f"kronk/{__version__}", "Accept": "application/vnd.github+json"}
-    async with httpx.AsyncClient(follow_redirects=True, timeout=30.0, headers=headers) as client:
+    async with _client() as client:
         catalogs = await _fetch(client, source, CATALOG_SUFFIXES)
         templates = []
         if templates_source:

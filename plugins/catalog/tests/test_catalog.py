@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_catalog.catalog import Catalog
+from kronk_catalog.settings import CatalogSettings
 from kronk_core import Kronk, KronkConfig
 from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import parse_model_config
@@ -290,6 +291,41 @@ def test_catalog_update_fetches_the_source_s_catalogs_and_templates(tmp_path: Pa
         )
         assert code == 0, output
         assert output.splitlines() == [f"updated {tmp_path / 'catalogs' / 'tests.yaml'}"]
+
+
+def test_the_manual_s_repository_variables_and_pull_templates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KRONK_CATALOG_GITHUB_REPO and KRONK_TEMPLATES_GITHUB_REPO name where the catalogs
+    and templates come from (a GitHub repository's folders); `kronk catalog pull-templates
+    --local` fetches the templates alone."""
+    monkeypatch.setenv("KRONK_CATALOG_GITHUB_REPO", "https://github.com/acme/catalogs.git")
+    monkeypatch.setenv("KRONK_TEMPLATES_GITHUB_REPO", "https://github.com/acme/templates")
+    settings = CatalogSettings()
+    assert settings.source == "https://api.github.com/repos/acme/catalogs/contents/catalogs"
+    assert settings.templates_source == (
+        "https://api.github.com/repos/acme/templates/contents/templates"
+    )
+    with FileServer() as source:
+        source.routes["/catalogs"] = Served(data=listing(source, ["tests.yaml"]))
+        source.routes["/templates"] = Served(data=listing(source, ["chat.jinja"]))
+        source.routes["/raw/tests.yaml"] = Served(
+            data=TINY_CATALOG.format(size=1, sha="a" * 64).encode()
+        )
+        source.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+        # Another host than GitHub's is a source as given.
+        monkeypatch.setenv("KRONK_TEMPLATES_GITHUB_REPO", f"{source.url}/templates")
+        code, output = cli(tmp_path, "catalog", "pull-templates", "--local")
+        assert code == 0, output
+        assert output.splitlines() == [f"updated {tmp_path / 'templates' / 'chat.jinja'}"]
+        assert not (tmp_path / "catalogs").exists()
+        monkeypatch.setenv("KRONK_CATALOG_GITHUB_REPO", f"{source.url}/catalogs")
+        code, output = cli(tmp_path, "catalog", "update")
+        assert code == 0, output
+        assert (tmp_path / "catalogs" / "tests.yaml").is_file()
+        # The rule's flag beats the manual's variable.
+        code, output = cli(tmp_path, "catalog", "update", "--catalog-source", f"{source.url}/gone")
+        assert code == 1 and "404 Not Found" in output
 
 
 # A catalog as Kronk writes it: keys this format does not read (architecture, gguf_arch,
