@@ -30,7 +30,8 @@ MODEL_KEYS: Mapping[str, str] = {
 # The manual's model keys that mean nothing here: dropped with a warning that says why.
 IGNORED_MODEL_KEYS: Mapping[str, str] = {
     "insecure-logging": "insecure logging is a server setting (insecure_logging)",
-    "ignore-integrity-check": "pulled files are checked once, when they are downloaded",
+    "ignore-integrity-check": "pulled files are checked when downloaded, and at the server's "
+    "start with its --ignore-integrity-check=false",
     "auto-fit-vram": "a model that does not fit is refused before loading (see kronk model show)",
     "cache-slot-timeout": "requests wait in the model's queue (queue_depth) for a free slot",
 }

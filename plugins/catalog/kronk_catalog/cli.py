@@ -178,7 +178,33 @@ def _export_source(variable: str, folder: str) -> Callable[..., None]:
     return callback
 
 
+# The variable of `catalog.check_integrity` by the rule.
+INTEGRITY_VARIABLE = "KRONK_CATALOG_CHECK_INTEGRITY"
+
+
+def _export_integrity(ctx: click.Context, param: click.Parameter, value: bool | None) -> None:
+    """The manual's `--ignore-integrity-check=false` (`KRONK_CACHE_IGNORE_INTEGRITY_CHECK`):
+    `catalog.check_integrity` on, unless its own flag or variable says otherwise."""
+    if value is not None:
+        os.environ.setdefault(INTEGRITY_VARIABLE, "false" if value else "true")
+
+
 def add_commands(group: click.Group) -> None:
+    add_server_start_option(
+        group,
+        click.Option(
+            ["--ignore-integrity-check"],
+            type=click.BOOL,
+            is_flag=False,
+            flag_value=True,
+            envvar="KRONK_CACHE_IGNORE_INTEGRITY_CHECK",
+            expose_value=False,
+            callback=_export_integrity,
+            metavar="BOOL",
+            help="The manual's switch: =false checks every pulled catalog model's files "
+            f"against their sha256 at the start ({INTEGRITY_VARIABLE} beats it)",
+        ),
+    )
     add_server_start_option(
         group,
         click.Option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +13,7 @@ from litestar.config.app import AppConfig
 
 from kronk_catalog.catalog import Catalog, templates_dir
 from kronk_catalog.cli import add_commands
+from kronk_catalog.integrity import check_pulled_models
 from kronk_catalog.plans import models_dir
 from kronk_catalog.pulls import Pulls
 from kronk_catalog.resolve import resolve_model
@@ -67,9 +69,21 @@ async def cancel_pulls(app: Litestar) -> AsyncIterator[None]:
             pulls.cancel()
 
 
+@asynccontextmanager
+async def check_integrity(app: Litestar) -> AsyncIterator[None]:
+    """With `catalog.check_integrity`, the pulled models' files are checked before the
+    server serves any of them."""
+    settings = SETTINGS.of(app.state.settings)
+    if settings.check_integrity:
+        base = app.state.kronk.config.base_path
+        await asyncio.to_thread(check_pulled_models, base, settings.endpoint())
+    yield
+
+
 @hookimpl
 def kronk_app(app_config: AppConfig) -> None:
     app_config.route_handlers.append(router())
+    app_config.lifespan.append(check_integrity)
     app_config.lifespan.append(cancel_pulls)
 
 

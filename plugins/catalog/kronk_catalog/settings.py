@@ -57,6 +57,12 @@ class CatalogSettings(BaseModel):
         default_factory=lambda: default_source("templates"),
         description="Where `catalog update` fetches the chat templates catalogs name (empty: none)",
     )
+    check_integrity: bool = Field(
+        default=False,
+        description="Read every pulled catalog model's files at the server's start and "
+        "compare them with their catalog's sha256; one that differs stops the start (the "
+        "manual's --ignore-integrity-check=false)",
+    )
     hf_endpoint: str | None = Field(
         default=None,
         description="The Hugging Face Hub that model references name (and the token belongs to);"
