@@ -273,7 +273,8 @@ def check_chat(request: ChatRequest) -> None:
 
 def check_completion(request: CompletionRequest) -> None:
     """What a raw completion must satisfy whatever the model."""
-    if not request.prompt:
+    # An empty prefix is a cursor at the file's start: fill in the middle needs none.
+    if not request.prompt and request.infill is None:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     if "" in request.stop:
         raise InvalidRequestError("stop: a stop sequence must not be empty", param="stop")

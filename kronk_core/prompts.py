@@ -9,6 +9,7 @@ from kronk_core.contract.cache import PromptScope
 from kronk_core.contract.templates import OutputParser, PlainText, RenderOptions
 from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.generation import GenerationRequest
+from kronk_core.infill import infill_tokens
 from kronk_core.inputs import forces_call
 from kronk_core.media import Media, MediaPrompt
 from kronk_core.runtime.loading import LoadedModel
@@ -102,7 +103,15 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
 def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> PreparedChat:
     """A raw prompt's tokens (text gets the model's BOS, special-token text is parsed; ids
     are taken as they are), its limits and sampling; its output is plain text."""
-    if isinstance(request.prompt, str):
+    if request.infill is not None:
+        if not isinstance(request.prompt, str):
+            raise InvalidRequestError("a fill-in-the-middle prompt is text", param="prompt")
+        # The answer's room first (a quarter of the window unless asked), the code the rest.
+        answer = request.max_tokens or loaded.info.n_ctx_per_seq // 4
+        room = max(0, loaded.info.n_ctx_per_seq - answer)
+        fim = loaded.info.fim
+        prompt = infill_tokens(loaded.model, fim, request.prompt, request.infill, room)
+    elif isinstance(request.prompt, str):
         prompt = loaded.model.tokenize(request.prompt, add_special=True, parse_special=True)
     else:
         prompt = list(request.prompt)
@@ -118,7 +127,11 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
     )
-    text = request.prompt if isinstance(request.prompt, str) else ""
+    if request.infill is not None:  # what the model read, its FIM tokens spelled out
+        spelled = b"".join(loaded.model.token_bytes(token, special=True) for token in prompt)
+        text = spelled.decode("utf-8", errors="replace")
+    else:
+        text = request.prompt if isinstance(request.prompt, str) else ""
     more = tuple(PlainText() for _ in range(request.n - 1))
     return PreparedChat(generation, PlainText(), 0, text, more)
 

@@ -252,11 +252,33 @@ class ChatRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class InfillFile:
+    """Another file of the project, shown to the model before the one being edited
+    (llama-server's `input_extra`)."""
+
+    filename: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Infill:
+    """Fill in the middle: the completion's prompt is the code before the cursor, `suffix`
+    the code after it; `typed` is what was just typed after the prefix (llama-server's
+    `prompt`), `files` other files of the project (kronk_core.infill lays them out)."""
+
+    suffix: str
+    typed: str = ""
+    files: tuple[InfillFile, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class CompletionRequest:
     """A raw-text completion: the prompt as it stands, no chat template.
 
     `prompt` is text (the model's BOS is added, special-token text is parsed) or
-    token ids (used as they are). `sampling` holds only what the caller set.
+    token ids (used as they are). `sampling` holds only what the caller set. With
+    `infill`, the text prompt is the code before the cursor and the model writes what
+    goes between it and the suffix, in its fill-in-the-middle tokens.
     """
 
     prompt: str | tuple[int, ...]
@@ -268,6 +290,7 @@ class CompletionRequest:
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     n: int = 1
+    infill: Infill | None = None
 
 
 # Moved to kronk_core.generation (what the engine runs and reports), which may import the

@@ -260,6 +260,15 @@ def tiny_llama_path() -> Path:
     return path if path.is_file() else make_tiny_llama(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_fim_path() -> Path:
+    """The tiny chat model with fill-in-the-middle tokens in its metadata (a code model's)."""
+    from kronk_testing.models.tiny import TINY_FIM, make_tiny_fim
+
+    path = generated_models_dir() / TINY_FIM
+    return path if path.is_file() else make_tiny_fim(path)
+
+
 @dataclass(frozen=True)
 class MultimodalPaths:
     model: Path

@@ -6,8 +6,10 @@ registered in-process (`Kronk(plugins={"scripted": kronk_testing.scripted})`), a
 it claims the models whose entry says `backend: scripted`. Their `model_path` is a
 script file (JSON, `write_script`).
 
-- Vocabulary: four special tokens (`<s>`, `</s>`, `<|im_start|>`, `<|im_end|>`) and
-  the 256 bytes; text tokenizes byte by byte, so any prompt does. The chat template
+- Vocabulary: four special tokens (`<s>`, `</s>`, `<|im_start|>`, `<|im_end|>`), the
+  256 bytes, then five fill-in-the-middle tokens (`<|fim_prefix|>`, `<|fim_suffix|>`,
+  `<|fim_middle|>`, `<|repo_name|>`, `<|file_sep|>`); text tokenizes byte by byte, so
+  any prompt does. The chat template
   is ChatML; `<|im_end|>` and `</s>` end generation.
 - Answers: greedy on the script, whatever the sampler stages say (grammars are
   refused). The answer to a prompt is the reply of the script's trigger that occurs
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import Backend, Batch, ModelInfo
+from kronk_core.contract.backend import Backend, Batch, FimTokens, ModelInfo
 from kronk_core.errors import BackendLostError, InvalidRequestError, KronkError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, SamplerStage
 from kronk_core.settings.config import ModelConfig
@@ -48,8 +50,19 @@ ARCHITECTURE = "scripted"
 
 SPECIALS = ("<s>", "</s>", "<|im_start|>", "<|im_end|>")
 BOS, EOS, IM_START, IM_END = range(len(SPECIALS))
-N_VOCAB = len(SPECIALS) + 256
-_SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(text) for text in SPECIALS) + ")")
+# Fill-in-the-middle tokens as Qwen2.5-Coder spells them, after the bytes.
+FIM_SPECIALS = (
+    "<|fim_prefix|>",
+    "<|fim_suffix|>",
+    "<|fim_middle|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+FIM = FimTokens(*range(len(SPECIALS) + 256, len(SPECIALS) + 256 + len(FIM_SPECIALS)))
+N_VOCAB = len(SPECIALS) + 256 + len(FIM_SPECIALS)
+_SPECIAL_SPLIT = re.compile(
+    "(" + "|".join(re.escape(text) for text in (*SPECIALS, *FIM_SPECIALS)) + ")"
+)
 
 CHATML = (
     "{% for message in messages %}"
@@ -72,6 +85,8 @@ class Script:
     # Seconds each decode takes: a model slow enough that a process under test can be
     # interrupted mid-answer (a terminal's Ctrl-C).
     decode_seconds: float = 0.0
+    # Whether the model says it has its fill-in-the-middle tokens (ModelInfo.fim).
+    fim: bool = True
 
     def reply(self, seen: str) -> str:
         """The reply for a sequence holding `seen`: the trigger found last wins."""
@@ -86,6 +101,7 @@ class Script:
                 "default": self.default,
                 "context_length": self.context_length,
                 "decode_seconds": self.decode_seconds,
+                "fim": self.fim,
             }
         )
 
@@ -98,6 +114,7 @@ class Script:
                 default=str(data.get("default", cls.default)),
                 context_length=int(data.get("context_length", cls.context_length)),
                 decode_seconds=float(data.get("decode_seconds", cls.decode_seconds)),
+                fim=bool(data.get("fim", cls.fim)),
             )
         except (OSError, ValueError, TypeError) as exc:
             raise ModelLoadError(f"{path} is not a model script: {exc}") from None
@@ -117,6 +134,8 @@ def tokenize(text: str, *, add_special: bool = False, parse_special: bool = True
     for piece in pieces:
         if parse_special and piece in SPECIALS:
             tokens.append(SPECIALS.index(piece))
+        elif parse_special and piece in FIM_SPECIALS:
+            tokens.append(FIM.prefix + FIM_SPECIALS.index(piece))
         else:
             tokens.extend(len(SPECIALS) + byte for byte in piece.encode("utf-8"))
     return tokens
@@ -125,6 +144,8 @@ def tokenize(text: str, *, add_special: bool = False, parse_special: bool = True
 def token_bytes(token: int, *, special: bool = False) -> bytes:
     if token < len(SPECIALS):
         return SPECIALS[token].encode() if special else b""
+    if token >= FIM.prefix:
+        return FIM_SPECIALS[token - FIM.prefix].encode() if special else b""
     return bytes([token - len(SPECIALS)])
 
 
@@ -195,6 +216,7 @@ class ScriptedModel:
             bos_token=SPECIALS[BOS],
             eos_token=SPECIALS[IM_END],
             chat_template=CHATML,
+            fim=FIM if self.script.fim else None,
         )
         self._kv: dict[int, list[int]] = {seq: [] for seq in range(self.config.n_seq_max)}
         self._rows: list[int] = []  # seq_id of each row of the last decode, -1: no logits

@@ -407,8 +407,8 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "logprobs": st.integers(0, 5),
             "echo": st.booleans(),
             "seed": st.integers(),
-            # Valid values: `replace` tries the wrong ones (a suffix is a 400 until
-            # fill-in-the-middle is served), and mostly valid bodies must reach the handler.
+            # Valid values: `replace` tries the wrong ones (a suffix is a 400 on a model
+            # without fill-in-the-middle tokens), and mostly valid bodies must reach the handler.
             "suffix": st.just(""),
             "n": st.sampled_from([1, 2]),
             "best_of": st.sampled_from([1, 2]),

@@ -36,6 +36,20 @@ class Pooling(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class FimTokens:
+    """A code model's fill-in-the-middle tokens: the prompt is the prefix after `prefix`,
+    the suffix after `suffix`, then `middle`, where the model writes what goes between.
+    `repo` and `separator` (Qwen2.5-Coder's `<|repo_name|>`, `<|file_sep|>`) put other
+    files of the project before it, where the model has them."""
+
+    prefix: int
+    suffix: int
+    middle: int
+    repo: int | None = None
+    separator: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     """Facts about a loaded model that templates, caches and dialects need."""
 
@@ -75,6 +89,8 @@ class ModelInfo:
     # What the model's projector reads (a MediaModel), and the projector file.
     media: frozenset[MediaKind] = frozenset()
     projector: str | None = None
+    # Fill-in-the-middle (/infill, a completion's `suffix`): None where the model has none.
+    fim: FimTokens | None = None
 
 
 @dataclass(frozen=True, slots=True)

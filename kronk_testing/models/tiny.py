@@ -19,6 +19,10 @@ import numpy as np
 from kronk_testing.models.output import gguf_writer
 
 TINY_LLAMA = "tiny-llama.gguf"
+TINY_FIM = "tiny-fim.gguf"
+# The tiny FIM model's fill-in-the-middle tokens: Gemma 3's control tokens <unused0> to
+# <unused4> (prefix, suffix, middle, repository, file separator), named in its metadata.
+FIM_TOKEN_IDS = (6, 7, 8, 9, 10)
 
 # Small enough that the 262,144-token embedding (f16) stays around 32 MB.
 N_EMBD = 64
@@ -84,6 +88,19 @@ def make_tiny_llama(
     name = f"Kronk tiny llama (random weights, tokenizer of {source.name})"
     with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
         _fill(writer, context_length, source)
+    return Path(path)
+
+
+def make_tiny_fim(path: Path) -> Path:
+    """The tiny LLaMA with fill-in-the-middle tokens in its metadata (FIM_TOKEN_IDS), as
+    code models have: llama.cpp reads them from `tokenizer.ggml.fim_*_token_id`."""
+    name = "Kronk tiny llama with FIM tokens (random weights, Gemma 3 tokenizer)"
+    keys = gguf.Keys.Tokenizer
+    named = (keys.FIM_PRE_ID, keys.FIM_SUF_ID, keys.FIM_MID_ID, keys.FIM_REP_ID, keys.FIM_SEP_ID)
+    with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
+        _fill(writer, 1024, gemma_gguf_path())
+        for key, token in zip(named, FIM_TOKEN_IDS, strict=True):
+            writer.add_uint32(key, token)
     return Path(path)
 
 

@@ -476,7 +476,7 @@ ANY_TOKEN_ROUTES = [
 ]
 GRANTED_ROUTES = {
     "chat-completions": [("POST", "/v1/chat/completions")],
-    "completions": [("POST", "/v1/completions")],
+    "completions": [("POST", "/v1/completions"), ("POST", "/infill")],
     "responses": [
         ("POST", "/v1/responses"),
         ("GET", "/v1/responses/{response_id}"),

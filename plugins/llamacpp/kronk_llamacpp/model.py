@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import llama_cpp
 import numpy as np
 
-from kronk_core.contract.backend import Batch, ModelInfo
+from kronk_core.contract.backend import Batch, FimTokens, ModelInfo
 from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.settings.config import ModelConfig
@@ -45,6 +45,23 @@ def decode_error(status: int) -> KronkError:
             "retry later"
         )
     return KronkError(f"llama_decode failed with status {status}")
+
+
+def fim_tokens(vocab: llama_cpp.llama_vocab_p) -> FimTokens | None:
+    """The vocabulary's fill-in-the-middle tokens (llama.cpp finds them by metadata or by
+    their text, `<|fim_prefix|>` and its kin); None without prefix, suffix and middle."""
+
+    def found(token: int) -> int | None:
+        return None if token < 0 else token
+
+    prefix = found(llama_cpp.llama_vocab_fim_pre(vocab))
+    suffix = found(llama_cpp.llama_vocab_fim_suf(vocab))
+    middle = found(llama_cpp.llama_vocab_fim_mid(vocab))
+    if prefix is None or suffix is None or middle is None:
+        return None
+    repo = found(llama_cpp.llama_vocab_fim_rep(vocab))
+    separator = found(llama_cpp.llama_vocab_fim_sep(vocab))
+    return FimTokens(prefix, suffix, middle, repo, separator)
 
 
 class LlamaTextModel:
@@ -157,6 +174,7 @@ class LlamaTextModel:
                 llama_cpp.llama_model_size(model) + kv_bytes * llama_cpp.llama_n_ctx(self._ctx)
             ),
             overlap_decode=llama.overlap_decode,
+            fim=fim_tokens(self._vocab),
         )
 
     # ---- tokens ------------------------------------------------------------

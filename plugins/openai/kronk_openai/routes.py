@@ -1,5 +1,6 @@
 """OpenAI routes: chat completions, models, tokenize and detokenize (Kronk's and llama-server's
-shapes), and the Responses API's and the legacy completions', mounted here."""
+shapes), and the Responses API's, the legacy completions' and llama-server's infill, mounted
+here."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kronk_core.types import ChatDelta, ChatResult, Usage
 from kronk_openai.choices import merged, total_usage
 from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
+from kronk_openai.infill import infill
 from kronk_openai.objects import (
     FINISH_REASONS,
     delta_dicts,
@@ -278,6 +280,7 @@ def router() -> Router:
             tokenize,
             tokenize_llama_server,
             detokenize,
+            infill,
             *RESPONSES_ROUTES,
         ],
         # Router-level, so guards' errors on these routes come out in this shape too.

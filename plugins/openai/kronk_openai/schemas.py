@@ -15,6 +15,8 @@ from kronk_core.types import (
     ChatMessage,
     ChatRequest,
     CompletionRequest,
+    Infill,
+    InfillFile,
     ToolCall,
     ToolChoice,
     ToolSpec,
@@ -392,8 +394,8 @@ class TextCompletionRequest(_Generation):
 
     @model_validator(mode="after")
     def _check(self) -> TextCompletionRequest:
-        if self.suffix:
-            raise ValueError("suffix: inserting text (fill in the middle) is not supported")
+        if self.suffix and not isinstance(self.prompt, str):
+            raise ValueError("suffix: fill in the middle needs the prompt as one text")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of: must be at least n ({self.n}), got {self.best_of}")
         if self.stream and self.candidates > self.n:
@@ -438,6 +440,48 @@ class TextCompletionRequest(_Generation):
             top_logprobs=self.logprobs or 0,
             logit_bias=self.biases(),
             n=self.candidates,
+            # OpenAI's fill in the middle: the prompt before the insertion, the suffix after.
+            infill=Infill(suffix=self.suffix) if self.suffix else None,
+        )
+
+
+class InfillFileBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    filename: str = "tmp"  # llama-server's default
+    text: str = ""
+
+
+class InfillRequest(SamplingConfig):
+    """POST /infill, llama-server's: the code before the cursor (`input_prefix`), after it
+    (`input_suffix`), what was just typed (`prompt`), other files (`input_extra`). Fields
+    of llama-server's own tuning that editors send (`n_indent`, `t_max_prompt_ms`,
+    `t_max_predict_ms`, `samplers`, `cache_prompt`, `id_slot`, `response_fields`) are
+    ignored: docs/api.md says why."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+
+    model: str | None = None
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillFileBody] = Field(default_factory=list)
+    prompt: str = ""
+    # llama-server's -1 (the default): until the model stops or the window is full.
+    n_predict: Annotated[int, Field(ge=-1)] = -1
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+
+    def to_core(self) -> CompletionRequest:
+        files = tuple(InfillFile(file.filename, file.text) for file in self.input_extra)
+        wanted = self.max_tokens or (self.n_predict if self.n_predict > 0 else None)
+        return CompletionRequest(
+            prompt=self.input_prefix,
+            model=self.model,
+            sampling=sampling_of(self),
+            max_tokens=wanted,
+            stop=tuple(self.stop or ()),
+            infill=Infill(suffix=self.input_suffix, typed=self.prompt, files=files),
         )
 
 
