@@ -37,6 +37,8 @@ import pytest
 from kronk_testing.models import TINY_LFM2, TINY_LFM2_SWA, TINY_MAMBA2
 
 if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
     from kronk_api import ServerSettings
     from kronk_core import Kronk
     from kronk_testing.redis_server import RedisServer
@@ -258,6 +260,30 @@ def tiny_llama_path() -> Path:
 
     path = generated_models_dir() / TINY_LLAMA
     return path if path.is_file() else make_tiny_llama(path)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium (a missing one fails the test: CI installs it)."""
+    from kronk_testing.browser import chromium_path
+
+    return chromium_path()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Browser]:
+    """Chromium driven by Playwright, for a module's page tests (kronk_testing.browser)."""
+    from kronk_testing.browser import launched_browser
+
+    yield from launched_browser(chromium)
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page; a script error on it fails the test (kronk_testing.browser)."""
+    from kronk_testing.browser import checked_page
+
+    yield from checked_page(browser)
 
 
 @pytest.fixture(scope="session")

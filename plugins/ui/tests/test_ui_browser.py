@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Dialog, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Dialog, Locator, Page, expect
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig
@@ -32,17 +32,6 @@ from kronk_testing.scripted import CHATML, Script
 from kronk_testing.templates import THINKING_GEMMA
 from kronk_ui.plugin import CONTENT_SECURITY_POLICY, VENDOR
 
-# Chromium as the tests run it: no sandbox (root in a container), no network of its own.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SMALL = {"context_window": 512, "n_seq_max": 1, "cache": "none"}
 # The default model under a template that opens a <think> block it never closes: all it
 # writes is reasoning.
@@ -70,17 +59,6 @@ HOSTILE_ANSWER = "\n\n".join(
 )
 
 
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    found = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(found).is_file():
-        pytest.fail(
-            "Debian's chromium is not installed; `nox -s full` installs it "
-            "(apt-get install -y chromium) before the tests run"
-        )
-    return found
-
-
 SOURCE_TREE = Path(__file__).resolve().parents[3]
 
 
@@ -91,37 +69,6 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert not folder.is_relative_to(SOURCE_TREE), f"screenshots would land in {folder}"
     print(f"UI screenshots: {folder}")
     return folder
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[Browser]:
-    """Debian's chromium, never a browser of Playwright's own; Playwright gives each launch
-    a fresh profile (--user-data-dir). Module-scoped: while Playwright's synchronous API is
-    open its event loop counts as running, and the async tests after these need it closed."""
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 820})
-    opened = context.new_page()
-    problems: list[str] = []
-    opened.on("pageerror", lambda error: problems.append(str(error)))
-    opened.on(
-        "console",
-        lambda message: (
-            problems.append(message.text)
-            if message.type == "error" and "Failed to load resource" not in message.text
-            else None
-        ),
-    )
-    yield opened
-    context.close()
-    # A script blocked by the Content-Security-Policy, or any script error, fails the test.
-    assert problems == []
 
 
 def shoot(page: Page, folder: Path, name: str) -> None:
