@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import resource
 import statistics
 import sys
 import threading
@@ -14,6 +16,7 @@ import traceback
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from kronk_core.errors import KronkError
@@ -172,3 +175,34 @@ class LagMonitor:
             began = time.perf_counter()
             await asyncio.sleep(self.INTERVAL)
             self._record(max(0.0, time.perf_counter() - began - self.INTERVAL))
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFigures:
+    """What the debug page charts, every couple of seconds."""
+
+    wall_seconds: float
+    cpu_seconds: float  # user and system, all threads
+    rss_bytes: int  # resident memory now (its peak where there is no /proc)
+    threads: int
+    loop_lag_max_seconds: float
+
+
+def resident_bytes() -> int:
+    statm = Path("/proc/self/statm")
+    if statm.is_file():
+        return int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
+
+
+def process_figures(loop: asyncio.AbstractEventLoop) -> ProcessFigures:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    lag = probe_loop_lag(loop, 0.1, 0.02)
+    return ProcessFigures(
+        wall_seconds=time.monotonic(),
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
+        rss_bytes=resident_bytes(),
+        threads=threading.active_count(),
+        loop_lag_max_seconds=lag.max_seconds,
+    )

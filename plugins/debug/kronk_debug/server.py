@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
+from importlib.resources import files
 from typing import Annotated, Any
 
 import uvicorn
@@ -21,7 +22,7 @@ from litestar.params import Parameter
 from litestar.types import Guard
 
 from kronk_api.app import SERVER_DIALECT
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.endpoints import ADMIN, ENDPOINT_OPT, PUBLIC
 from kronk_api.listen import ListenError, listen
 from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
@@ -29,6 +30,7 @@ from kronk_debug.profiling import (
     allocation_top,
     cpu_profile,
     probe_loop_lag,
+    process_figures,
     thread_stacks,
 )
 
@@ -38,12 +40,15 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _OPT = {ENDPOINT_OPT: ADMIN}
 _CPU = Exclusive("CPU")
 _MEMORY = Exclusive("memory")
+PAGE = files("kronk_debug").joinpath("page.html")
 INDEX = """Kronk debug server
 /metrics                                 Prometheus metrics
 /debug/threads                           every thread's stack
 /debug/profile?seconds=30&interval_ms=10 sampled CPU profile, folded stacks (flame graphs)
 /debug/memory?seconds=10&limit=25        allocation sites of the next N seconds (tracemalloc)
 /debug/loop-lag?seconds=1                how late the API event loop runs callbacks
+/debug/process                           memory, CPU time, threads and loop lag now (JSON)
+/debug/view                              a page of all these: live charts, profiles, stacks
 """
 
 
@@ -93,6 +98,16 @@ def debug_app(
         work = lambda: allocation_top(seconds, limit)  # noqa: E731
         return _text(await asyncio.to_thread(_MEMORY.run, work))
 
+    @get("/debug/process", opt=_OPT)
+    async def process() -> dict[str, Any]:
+        return asdict(await asyncio.to_thread(process_figures, api_loop))
+
+    @get("/debug/view", opt={ENDPOINT_OPT: PUBLIC})
+    async def view() -> Response[bytes]:
+        """The page: no data of its own, every figure it shows it fetches with the token
+        the user gives it, as the routes above want."""
+        return Response(PAGE.read_bytes(), media_type="text/html; charset=utf-8")
+
     @get("/debug/loop-lag", opt=_OPT)
     async def loop_lag(
         seconds: Annotated[float, Parameter(gt=0, le=60)] = 1.0,
@@ -102,7 +117,7 @@ def debug_app(
         return asdict(lag)
 
     return Litestar(
-        route_handlers=[scrape, index, threads, profile, memory, loop_lag],
+        route_handlers=[scrape, index, threads, profile, memory, process, view, loop_lag],
         guards=list(guards),
         exception_handlers=SERVER_DIALECT.exception_handlers(),
         state=state,
