@@ -6,6 +6,7 @@ file's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,19 +375,25 @@ CHATML = (
 )
 
 
-def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
-    tmp_path: Path, tiny_llama_path: Path
-) -> None:
+@contextlib.contextmanager
+def kronk_catalog_source(model: Path) -> Iterator[FileServer]:
+    """Kronk's catalog repository (KRONK_CATALOG and its template) and the Hub its model
+    is pulled from, on one file server: `/catalogs` and `/templates` are the sources."""
     with FileServer() as hub:
-        hub.routes["/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf"] = Served(
-            path=tiny_llama_path
-        )
+        hub.routes["/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf"] = Served(path=model)
         hub.routes["/catalogs"] = Served(data=listing(hub, ["text_generation.yaml"]))
         hub.routes["/templates"] = Served(data=listing(hub, ["chat.jinja"]))
         hub.routes["/raw/text_generation.yaml"] = Served(
             data=KRONK_CATALOG.format(hub=hub.url).encode()
         )
         hub.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+        yield hub
+
+
+def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    with kronk_catalog_source(tiny_llama_path) as hub:
         code, output = cli(tmp_path, "catalog", "show", "Tiny-Chat-Q8_0")
         assert code == 1 and "model 'Tiny-Chat-Q8_0' is not in the catalog" in output
         code, output = cli(
@@ -436,16 +443,7 @@ def test_a_pull_of_a_model_the_local_catalogs_lack_updates_them_first(
 ) -> None:
     """The manual's quick start on a fresh install: `kronk catalog pull ID` finds the model
     in the catalog source, with its template, without a `kronk catalog update` first."""
-    with FileServer() as hub:
-        hub.routes["/kronk/Tiny-Chat-GGUF/resolve/main/tiny-llama.gguf"] = Served(
-            path=tiny_llama_path
-        )
-        hub.routes["/catalogs"] = Served(data=listing(hub, ["text_generation.yaml"]))
-        hub.routes["/templates"] = Served(data=listing(hub, ["chat.jinja"]))
-        hub.routes["/raw/text_generation.yaml"] = Served(
-            data=KRONK_CATALOG.format(hub=hub.url).encode()
-        )
-        hub.routes["/raw/chat.jinja"] = Served(data=CHATML.encode())
+    with kronk_catalog_source(tiny_llama_path) as hub:
         sources = [
             "--catalog-source",
             f"{hub.url}/catalogs",

@@ -45,6 +45,21 @@ def layout(prefix: str, suffix: str, typed: str = "", files: str = "") -> str:
     return f"<s>{context}<|fim_prefix|>{prefix}{typed}<|fim_suffix|>{suffix}<|fim_middle|>"
 
 
+def editor_request(n_predict: int) -> dict[str, object]:
+    """llama.vscode's /infill body for model `coder`: the code around the cursor, one other
+    file, what was typed, llama-server's tuning fields."""
+    return {
+        "model": "coder",
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "input_extra": [OTHER_FILE],
+        "prompt": TYPED,
+        "n_predict": n_predict,
+        "stream": False,
+        **EDITOR_FIELDS,
+    }
+
+
 def answered(text: str, prompt: str) -> None:
     """The answer is the scripted middle, computed on exactly `prompt`'s tokens."""
     tokens = tokenize(prompt)
@@ -65,17 +80,7 @@ def base_url(scripted_kronk: ScriptedKronk, serve: Serve, tmp_path: Path) -> Ite
 
 
 def test_llama_vscode_s_request_is_answered_on_llama_server_s_layout(base_url: str) -> None:
-    body = {
-        "model": "coder",
-        "input_prefix": PREFIX,
-        "input_suffix": SUFFIX,
-        "input_extra": [OTHER_FILE],
-        "prompt": TYPED,
-        "n_predict": 64,
-        "stream": False,
-        **EDITOR_FIELDS,
-    }
-    response = httpx.post(f"{base_url}/infill", json=body)
+    response = httpx.post(f"{base_url}/infill", json=editor_request(64))
     assert response.status_code == 200, response.text
     answer = response.json()
     files = "<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n"
@@ -168,15 +173,7 @@ def test_a_gguf_s_fim_tokens_are_read_and_its_infill_runs_on_llama_cpp(
     loaded = kronk.get_loaded("coder")
     assert loaded is not None
     assert loaded.info.fim == FimTokens(*FIM_TOKEN_IDS)
-    body = {
-        "model": "coder",
-        "input_prefix": PREFIX,
-        "input_suffix": SUFFIX,
-        "input_extra": [OTHER_FILE],
-        "prompt": TYPED,
-        "n_predict": 4,
-        **EDITOR_FIELDS,
-    }
+    body = editor_request(4)
 
     def count(text: str) -> int:
         return len(loaded.model.tokenize(text, add_special=False, parse_special=False))
