@@ -70,9 +70,13 @@ def test_catalog_list_and_show_on_the_command_line(tmp_path: Path, tiny_llama_pa
     assert f"model path:   {tmp_path / 'models/kronk/tiny-GGUF/tiny-llama.gguf'}" in output
     assert f"sha256 {sha256(tiny_llama_path)}" in output
     assert "context-window: 128" in output
-    for command in ("show", "pull"):
-        code, output = cli(tmp_path, "catalog", command, "nope")
-        assert code == 1 and "model 'nope' is not in the catalog" in output
+    code, output = cli(tmp_path, "catalog", "show", "nope")
+    assert code == 1 and "model 'nope' is not in the catalog" in output
+    # A pull looks in the catalog source first: a source that cannot be reached is said.
+    gone = ["--catalog-source", "http://127.0.0.1:9/catalogs"]
+    code, output = cli(tmp_path, "catalog", "pull", "nope", *gone)
+    assert code == 1 and "model 'nope' is not in the local catalogs, and updating" in output
+    assert "run `kronk catalog update` once the source can be reached" in output
     assert not (tmp_path / "models").exists()
 
 

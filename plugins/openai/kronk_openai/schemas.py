@@ -462,8 +462,9 @@ class InfillRequest(SamplingConfig):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     model: str | None = None
-    input_prefix: str = ""
-    input_suffix: str = ""
+    # Required, as llama-server requires them (an empty string is a file's edge).
+    input_prefix: str
+    input_suffix: str
     input_extra: list[InfillFileBody] = Field(default_factory=list)
     prompt: str = ""
     # llama-server's -1 (the default): until the model stops or the window is full.

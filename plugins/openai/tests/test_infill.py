@@ -144,8 +144,12 @@ def test_a_long_file_keeps_the_code_nearest_the_cursor(base_url: str) -> None:
 
 def test_an_empty_file_is_filled_too(base_url: str) -> None:
     """The cursor at the start of an empty file: nothing before or after it."""
-    answer = httpx.post(f"{base_url}/infill", json={"model": "coder"}).json()
+    empty = {"model": "coder", "input_prefix": "", "input_suffix": ""}
+    answer = httpx.post(f"{base_url}/infill", json=empty).json()
     answered(answer["content"], layout("", ""))
+    # Both are required, as llama-server requires them.
+    missing = httpx.post(f"{base_url}/infill", json={"model": "coder", "input_prefix": ""})
+    assert missing.status_code == 400 and "input_suffix" in missing.text
 
 
 def test_fill_in_the_middle_is_refused_where_it_cannot_be_done(base_url: str) -> None:
@@ -160,7 +164,10 @@ def test_fill_in_the_middle_is_refused_where_it_cannot_be_done(base_url: str) ->
     )
     assert ids.status_code == 400
     assert "suffix: fill in the middle needs the prompt as one text" in ids.text
-    wrong = httpx.post(f"{base_url}/infill", json={"model": "coder", "input_extra": [{"txt": 1}]})
+    wrong = httpx.post(
+        f"{base_url}/infill",
+        json={"model": "coder", "input_prefix": "", "input_suffix": "", "input_extra": [{"x": 1}]},
+    )
     assert wrong.status_code == 400
 
 
