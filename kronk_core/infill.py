@@ -28,7 +28,7 @@ def infill_tokens(
     """The prompt's tokens; `room` is how many the prompt may take."""
     if fim is None:
         raise InvalidRequestError(
-            "this model has no fill-in-the-middle tokens; use a code model that has "
+            "suffix: this model has no fill-in-the-middle tokens; use a code model that has "
             "(Qwen2.5-Coder, CodeGemma, StarCoder2, Codestral...)",
             param="suffix",
         )

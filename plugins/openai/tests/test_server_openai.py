@@ -462,7 +462,7 @@ def test_completion_logprobs_echo_and_token_ids(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("params", "error"),
     [
-        ({"suffix": "tail"}, "suffix"),
+        ({"suffix": "tail"}, "suffix: this model has no fill-in-the-middle tokens"),
         ({"best_of": 2, "n": 3}, "best_of: must be at least n"),
         ({"best_of": 2, "stream": True}, "best_of: the best of several candidates cannot be"),
         ({"prompt": ["one", "two"]}, "one prompt per request"),
