@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kronk_testing.server import RunningServer, Serve
 
 MODEL = GEMMA_MODEL_ID
+FIM_MODEL = "tiny-fim"
 CHAT = "/v1/chat/completions"
 SECRET = "SECRET-PROMPT-7f3a"
 
@@ -415,6 +416,18 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         },
         fixed={"max_tokens": FEW_TOKENS},
     ),
+    "/infill": near_valid(
+        {"model": st.just(FIM_MODEL), "input_prefix": TEXT, "input_suffix": TEXT},
+        {
+            "prompt": TEXT,
+            "input_extra": st.lists(
+                st.fixed_dictionaries({"filename": WORDS, "text": TEXT}), max_size=2
+            ),
+            "stream": st.booleans(),
+            "stop": st.lists(st.text(min_size=1, max_size=5), max_size=2),
+        },
+        fixed={"n_predict": FEW_TOKENS},
+    ),
     "/v1/tokenize": near_valid(
         {"model": st.just(MODEL), "input": TEXT},
         {
@@ -558,6 +571,12 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     ),
     "/api/embeddings": near_valid({"model": st.just("minilm"), "prompt": WORDS}),
     "/api/show": near_valid({"model": st.sampled_from([MODEL, "minilm:latest", "no-such"])}),
+    # Names only, never a reference: a Hugging Face one would be fetched (a 502 without a
+    # network is the pull's honest answer, not the fuzz's business).
+    "/api/pull": near_valid(
+        {"model": st.sampled_from([MODEL, "no-such"])},
+        {"stream": st.booleans(), "insecure": st.booleans()},
+    ),
 }
 # The fuzz server's catalog source and Hub: a local file server, never the internet.
 FUZZ_HUB_FILE = "/hub/repo/resolve/main/fuzz.gguf"
@@ -708,15 +727,18 @@ def fuzz_server(
     gemma_path: str,
     minilm_path: Path,
     reranker_path: Path,
+    tiny_fim_path: Path,
 ) -> Iterator[FuzzServer]:
-    """Auth on; a small default model, an embedding model and a reranker."""
+    """Auth on; a small default model, an embedding model, a reranker and a model with
+    fill-in-the-middle tokens."""
     base = tmp_path_factory.mktemp("fuzz-home")
     models = {
         MODEL: ModelConfig(model_path=gemma_path, template="gemma", context_window=512),
         "minilm": ModelConfig(model_path=minilm_path, matryoshka=True),
         "tiny-reranker": ModelConfig(model_path=reranker_path),
+        FIM_MODEL: ModelConfig(model_path=tiny_fim_path, context_window=512, n_seq_max=1),
     }
-    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=3))
+    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=4))
     hub = FileServer()
     hub.routes[FUZZ_HUB_FILE] = Served(path=reranker_path)
     hub.routes["/catalogs/fuzz.yaml"] = Served(data=FUZZ_CATALOG.encode())
