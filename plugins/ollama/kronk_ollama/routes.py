@@ -176,11 +176,8 @@ async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def _pull(kronk: Kronk, name: str) -> str:
     """The id of the model `name` names, pulled first where it is not on disk (by the
     plugin that knows such references: the catalog, for Hugging Face's)."""
-    known = kronk.canonical(model_id_of(name))
-    if known in kronk.model_ids():
-        return known
-    found = await asyncio.to_thread(kronk.resolve_reference, name, pull=True)
-    if found is None:
+    found = await asyncio.to_thread(kronk.resolve, model_id_of(name), pull=True)
+    if found not in kronk.model_ids():
         raise kronk.unknown_model(name)
     return found
 
