@@ -6,6 +6,7 @@ from kronk_core.contract.plugins import hookimpl
 from kronk_core.media import Media, MediaConfig
 from kronk_core.sdk import ChatStream, Kronk, LoadedModel
 from kronk_core.settings.config import KronkConfig, ModelConfig, SamplingConfig
+from kronk_core.transcription import Transcript, Transcription
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, FinishReason, Usage
 
 __version__ = "0.1.0"
@@ -24,6 +25,8 @@ __all__ = [
     "MediaConfig",
     "ModelConfig",
     "SamplingConfig",
+    "Transcript",
+    "Transcription",
     "Usage",
     "grammars",
     "hookimpl",

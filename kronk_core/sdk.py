@@ -28,7 +28,7 @@ from kronk_core.contract.templates import RenderOptions
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
 from kronk_core.generation import GenerationRequest
-from kronk_core.media import MediaKind, check_media
+from kronk_core.media import Media, MediaKind, check_media
 from kronk_core.prompts import (
     PreparedChat,
     check_vocabulary,
@@ -63,6 +63,14 @@ from kronk_core.settings.model_files import (
     provided_models,
     resolve_reference,
     unknown_model,
+)
+from kronk_core.transcription import (
+    Task,
+    Transcript,
+    Transcription,
+    check_reads_sound,
+    transcript_of,
+    transcription_request,
 )
 from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
@@ -562,6 +570,49 @@ class Kronk:
             if held is not None:
                 running.add_done_callback(lambda _: held.release())
             raise
+
+    # ---- speech to text -----------------------------------------------------
+
+    async def start_transcription(
+        self,
+        transcription: Transcription,
+        *,
+        model: str | None = None,
+        subject: str | None = None,
+        **params: Any,
+    ) -> ChatStream:
+        """Queue the transcript of a sound (kronk_core.transcription) on a model whose
+        projector reads sound; the stream's deltas are its text. `params`: temperature,
+        max_tokens, logprobs."""
+        model_id = self.canonical(model or self.default_model)
+        if model_id not in self.model_ids():
+            raise self.unknown_model(model_id)
+        check_reads_sound(model_id, self.model_media(model_id))
+        request = transcription_request(transcription, model=model_id, **params)
+        return await self.start_chat(request, subject=subject)
+
+    async def transcribe(
+        self,
+        audio: Media | bytes | str | Path,
+        *,
+        model: str | None = None,
+        task: Task = "transcribe",
+        language: str | None = None,
+        prompt: str | None = None,
+        **params: Any,
+    ) -> Transcript:
+        """What is said in a sound (its bytes, a file, or `Media`), or with
+        task="translate" its English translation; `params` as `start_transcription`."""
+        if isinstance(audio, Media):
+            media = audio
+        elif isinstance(audio, bytes):
+            media = Media.from_bytes(audio, where="file")
+        else:
+            media = Media.from_path(audio)
+        transcription = Transcription(media, task=task, language=language, prompt=prompt)
+        stream = await self.start_transcription(transcription, model=model, **params)
+        result = await collect(stream)
+        return transcript_of(transcription, result, temperature=params.get("temperature", 0.0))
 
     # ---- embeddings and reranking -------------------------------------------
 

@@ -24,6 +24,8 @@ from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_testing.file_server import FileServer, Served
 from kronk_testing.fuzzing import fuzz_settings
+from kronk_testing.media_samples import wav
+from kronk_testing.plugin import MultimodalPaths
 
 if TYPE_CHECKING:
     from kronk_testing.server import RunningServer, Serve
@@ -196,6 +198,31 @@ JSON = st.recursive(
     ),
     max_leaves=20,
 )
+
+
+BOUNDARY = "kronk-fuzz-boundary"
+FORM_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+@dataclass(frozen=True)
+class FormBody:
+    fields: dict[str, Any]
+    file: bytes | None
+
+    def encoded(self) -> bytes:
+        parts = []
+        for name, value in self.fields.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            head = f'Content-Disposition: form-data; name="{name}"'
+            parts.append(f"--{BOUNDARY}\r\n{head}\r\n\r\n".encode() + _utf8(text) + b"\r\n")
+        if self.file is not None:
+            head = 'Content-Disposition: form-data; name="file"; filename="speech.wav"'
+            parts.append(f"--{BOUNDARY}\r\n{head}\r\n\r\n".encode() + self.file + b"\r\n")
+        return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 @st.composite
@@ -578,6 +605,37 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {"stream": st.booleans(), "insecure": st.booleans()},
     ),
 }
+# Multipart routes: the form's fields (a value that is not text is sent as its JSON) and its
+# file, a sound mostly.
+AUDIO_MODEL = "audio"
+FILES = st.sampled_from([wav(440, seconds=0.3), wav(440, seconds=0.3)]) | st.binary(max_size=64)
+SPEECH_FIELDS = {
+    "prompt": TEXT,
+    "response_format": st.sampled_from(["json", "text", "srt", "verbose_json", "vtt"]),
+    "temperature": st.floats(0, 1),
+}
+
+
+@st.composite
+def forms(draw: st.DrawFn, fields: st.SearchStrategy[dict[str, Any]]) -> FormBody:
+    return FormBody(draw(fields), draw(FILES | st.none()))
+
+
+KNOWN_FORMS: dict[str, st.SearchStrategy[FormBody]] = {
+    "/v1/audio/transcriptions": forms(
+        near_valid(
+            {"model": st.just(AUDIO_MODEL)},
+            {
+                **SPEECH_FIELDS,
+                "language": st.sampled_from(["en", "de"]),
+                "stream": st.sampled_from(["true", "false"]),
+                "include[]": st.just("logprobs"),
+                "timestamp_granularities[]": st.sampled_from(["segment", "word"]),
+            },
+        )
+    ),
+    "/v1/audio/translations": forms(near_valid({"model": st.just(AUDIO_MODEL)}, SPEECH_FIELDS)),
+}
 # The fuzz server's catalog source and Hub: a local file server, never the internet.
 FUZZ_HUB_FILE = "/hub/repo/resolve/main/fuzz.gguf"
 FUZZ_CATALOG = """\
@@ -601,6 +659,9 @@ FIND_ONE = settings(database=None, derandomize=True, max_examples=60, phases=[Ph
 
 def bodies(path: str) -> st.SearchStrategy[bytes]:
     """Near-valid bodies mostly, sometimes any JSON or raw bytes."""
+    if path in KNOWN_FORMS:
+        near = KNOWN_FORMS[path].map(FormBody.encoded)
+        return st.one_of(near, near, near, st.binary(max_size=100))
     near = KNOWN_BODIES[path].map(lambda body: json.dumps(body).encode())
     return st.one_of(
         near,
@@ -731,17 +792,27 @@ def fuzz_server(
     minilm_path: Path,
     reranker_path: Path,
     tiny_fim_path: Path,
+    multimodal_paths: MultimodalPaths,
 ) -> Iterator[FuzzServer]:
-    """Auth on; a small default model, an embedding model, a reranker and a model with
-    fill-in-the-middle tokens."""
+    """Auth on; a small default model, an embedding model, a reranker, a model with
+    fill-in-the-middle tokens and one that reads sound."""
     base = tmp_path_factory.mktemp("fuzz-home")
     models = {
         MODEL: ModelConfig(model_path=gemma_path, template="gemma", context_window=512),
         "minilm": ModelConfig(model_path=minilm_path, matryoshka=True),
         "tiny-reranker": ModelConfig(model_path=reranker_path),
         FIM_MODEL: ModelConfig(model_path=tiny_fim_path, context_window=512, n_seq_max=1),
+        AUDIO_MODEL: ModelConfig.model_validate(
+            {
+                "model_path": multimodal_paths.model,
+                "projector_path": multimodal_paths.audio,
+                "templates": {"template": "gemma"},
+                "context_window": 1024,
+                "n_seq_max": 1,
+            }
+        ),
     }
-    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=4))
+    kronk = Kronk(KronkConfig(base_path=base, models=models, models_in_cache=5))
     hub = FileServer()
     hub.routes[FUZZ_HUB_FILE] = Served(path=reranker_path)
     hub.routes["/catalogs/fuzz.yaml"] = Served(data=FUZZ_CATALOG.encode())
@@ -757,7 +828,7 @@ def fuzz_server(
         admin = (keys / "master.jwt").read_text()
         grants = (
             "chat-completions,completions,responses,messages,embeddings,rerank,tokenize,"
-            "ollama-chat,ollama-generate,ollama-embed"
+            "ollama-chat,ollama-generate,ollama-embed,transcriptions"
         )
         minted = httpx.post(
             f"{base_url}/v1/kronk/security/tokens",
@@ -778,13 +849,17 @@ def fuzz_server(
         yield FuzzServer(base_url, app, user, admin, forged_admin)
 
 
+def content_type(route: str) -> str:
+    return FORM_TYPE if route in KNOWN_FORMS else "application/json"
+
+
 def test_the_fuzz_knows_every_post_route(fuzz_server: FuzzServer) -> None:
     """Routes come from the app, so a POST route that a plugin adds must be given bodies here."""
-    assert set(post_paths(fuzz_server.app)) == set(KNOWN_BODIES)
+    assert set(post_paths(fuzz_server.app)) == set(KNOWN_BODIES) | set(KNOWN_FORMS)
 
 
 @pytest.mark.fuzz
-@pytest.mark.parametrize("route", sorted(KNOWN_BODIES))
+@pytest.mark.parametrize("route", sorted([*KNOWN_BODIES, *KNOWN_FORMS]))
 def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
     fuzz_server: FuzzServer, route: str, explore: Callable[[Callable[[], None]], None]
 ) -> None:
@@ -802,7 +877,7 @@ def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
         @given(model_id=PATH_VALUES, body=bodies(route), sent=SENDERS)
         def post(model_id: str, body: bytes, sent: Sender) -> None:
             path = route.replace("{model_id}", model_id)
-            headers = {"content-type": "application/json", **sent.headers(fuzz_server)}
+            headers = {"content-type": content_type(route), **sent.headers(fuzz_server)}
             response = client.post(path, content=body, headers=headers)
             where = (path, sent, body, response.text)
             assert response.status_code < 500, where
@@ -821,13 +896,14 @@ def test_fuzzed_requests_never_get_a_5xx_and_auth_always_holds(
             # The near-valid bodies reach the handler: one of them, from the admin, is served.
             # (Found apart from the run above: which examples Hypothesis derives there depends
             # on what the process has imported, so the admin may never send a valid body.)
-            def served(body: dict[str, Any]) -> bool:
-                headers = {"content-type": "application/json", **ADMIN.headers(fuzz_server)}
-                response = client.post(route, content=json.dumps(body).encode(), headers=headers)
+            def served(body: dict[str, Any] | FormBody) -> bool:
+                headers = {"content-type": content_type(route), **ADMIN.headers(fuzz_server)}
+                sent = body.encoded() if isinstance(body, FormBody) else json.dumps(body).encode()
+                response = client.post(route, content=sent, headers=headers)
                 assert response.status_code < 500, (body, response.text)
                 return 200 <= response.status_code < 300
 
-            find(KNOWN_BODIES[route], served, settings=FIND_ONE)
+            find(KNOWN_FORMS.get(route) or KNOWN_BODIES[route], served, settings=FIND_ONE)
         assert client.get("/v1/liveness").status_code == 200
         after = client.post(
             CHAT,

@@ -85,6 +85,20 @@ class ImageBlock(_Block):
         return sources.base64(source.data, source.media_type, where=f"{where}.source.data")
 
 
+class AudioBlock(_Block):
+    """Anthropic's API has no sound blocks: one a client sends anyway is refused with where
+    Kronk reads sound."""
+
+    type: Literal["audio", "input_audio"]
+
+    @model_validator(mode="after")
+    def _refused(self) -> AudioBlock:
+        raise ValueError(
+            "Anthropic Messages takes no sound: send it to /v1/audio/transcriptions, or as "
+            "an input_audio part to /v1/chat/completions (docs/vision.md)"
+        )
+
+
 class ThinkingBlock(_Block):
     type: Literal["thinking"]
     thinking: str
@@ -178,6 +192,7 @@ class ToolResultBlock(_Block):
 ContentBlock = Annotated[
     TextBlock
     | ImageBlock
+    | AudioBlock
     | ThinkingBlock
     | RedactedThinkingBlock
     | ToolUseBlock

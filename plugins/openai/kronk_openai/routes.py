@@ -22,6 +22,7 @@ from kronk_core.errors import KronkError
 from kronk_core.media import MediaKind
 from kronk_core.sdk import ChatStream, Kronk, collect_choices
 from kronk_core.types import ChatDelta, ChatResult, Usage
+from kronk_openai.audio import AUDIO_ROUTES
 from kronk_openai.choices import merged, total_usage
 from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
@@ -281,6 +282,7 @@ def router() -> Router:
             tokenize_llama_server,
             detokenize,
             infill,
+            *AUDIO_ROUTES,
             *RESPONSES_ROUTES,
         ],
         # Router-level, so guards' errors on these routes come out in this shape too.
