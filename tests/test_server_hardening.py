@@ -568,6 +568,7 @@ KNOWN_BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         ),
     ),
     "/v1/kronk/catalog/update": NO_BODY,
+    "/v1/kronk/catalog/templates/update": NO_BODY,
     "/api/chat": near_valid(
         {"model": st.sampled_from([MODEL, MODEL + ":latest"]), "messages": MESSAGES},
         {

@@ -1,7 +1,8 @@
-"""`kronk catalog list|show|pull|update` and `kronk model pull`, on this machine's files.
+"""`kronk catalog list|show|pull|update|pull-templates` and `kronk model pull`: on a
+running server (the manual's web mode, kronk_catalog.remote) or on this machine's files.
 
-A running server sees what these commands pull at once: the catalog plugin
-answers `kronk_models` from the files on disk.
+A running server sees what these commands pull on its machine at once: the catalog
+plugin answers `kronk_models` from the files on disk.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import functools
 import json
 import os
+import urllib.parse
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from kronk_catalog.download import Downloader, FileSpec
 from kronk_catalog.plans import catalog_files, reference_files
 from kronk_catalog.progress import pull_with_progress
 from kronk_catalog.pulls import Pull
+from kronk_catalog.remote import DEFAULT_API_HOST, Server, pull_on, server_for
 from kronk_catalog.routes import describe, installed_packages
 from kronk_catalog.settings import (
     DEFAULT_HF_ENDPOINT,
@@ -55,14 +58,44 @@ _hf_token = click.option(
     "token `hf auth login` saved)",
 )
 
-# The manual runs these commands against a server unless --local; here they always work on
-# this machine's files, so the flag is accepted and changes nothing.
 _local = click.option(
-    "--local",
-    is_flag=True,
-    expose_value=False,
-    help="Work on this machine's files (the Kronk manual's flag; these commands always do)",
+    "--local", is_flag=True, help="Work on this machine's files, not on a running server"
 )
+_api_host = setting_option(
+    "api_host",
+    help=f"HOST:PORT of the server to work on [{DEFAULT_API_HOST}, where one answers]",
+)
+_token = click.option(
+    "--token", envvar="KRONK_TOKEN", help="Admin token, for a server with authentication on"
+)
+# What only this machine's files use: given on the command line to a server, a usage error.
+_LOCAL_ONLY = ("catalog_hf_endpoint", "hf_token", "catalog_source", "catalog_templates_source")
+
+
+def _server_or_local(command: Callable[..., None]) -> Callable[..., None]:
+    """The command's `server`: the running server it works on, or None for this machine's
+    files (kronk_catalog.remote.server_for)."""
+
+    @functools.wraps(command)
+    def run(local: bool, api_host: str | None, token: str | None, **options: Any) -> None:
+        server = server_for(
+            local=local,
+            base_path_given=options.get("base_path") is not None,
+            api_host=api_host,
+            token=token,
+        )
+        if server is not None:
+            context = click.get_current_context()
+            for name in _LOCAL_ONLY:
+                if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+                    flag = "--" + name.replace("_", "-")
+                    raise click.UsageError(
+                        f"{flag} is for this machine's files: add --local (the server at "
+                        f"{server.api_host} uses its own settings)"
+                    )
+        command(server=server, **options)
+
+    return _local(_api_host(_token(run)))
 
 
 _catalog_source = setting_option(
@@ -239,19 +272,28 @@ def add_commands(group: click.Group) -> None:
     @click.option("--filter-category", help="Only categories starting with this (any case)")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
     @_base_path
-    @_local
+    @_server_or_local
     @_cli_errors
-    def catalog_list(filter_category: str | None, as_json: bool, base_path: Path | None) -> None:
+    def catalog_list(
+        filter_category: str | None, as_json: bool, base_path: Path | None, server: Server | None
+    ) -> None:
         """List the catalog's models and whether each is pulled."""
-        base = _base(base_path)
-        found = Catalog(base)
-        for where, why in found.problems:
+        if server is not None:
+            query = f"?{urllib.parse.urlencode({'category': filter_category})}"
+            listed = server.call("GET", "/v1/kronk/catalog" + (query if filter_category else ""))
+            problems = [(problem["file"], problem["message"]) for problem in listed["problems"]]
+            entries = listed["data"]
+        else:
+            base = _base(base_path)
+            found = Catalog(base)
+            problems = found.problems
+            packaged = _packaged()
+            entries = [
+                describe(entry, base, DEFAULT_HF_ENDPOINT, packaged)
+                for entry in found.list(filter_category)
+            ]
+        for where, why in problems:
             click.echo(f"warning: {where} skipped: {why}", err=True)
-        packaged = _packaged()
-        entries = [
-            describe(entry, base, DEFAULT_HF_ENDPOINT, packaged)
-            for entry in found.list(filter_category)
-        ]
         if as_json:
             click.echo(json.dumps(entries, indent=2))
             return
@@ -264,12 +306,15 @@ def add_commands(group: click.Group) -> None:
     @catalog.command("show")
     @click.argument("model_id")
     @_base_path
-    @_local
+    @_server_or_local
     @_cli_errors
-    def catalog_show(model_id: str, base_path: Path | None) -> None:
+    def catalog_show(model_id: str, base_path: Path | None, server: Server | None) -> None:
         """Show a catalog model: files, checksums, settings, where it is stored."""
-        base = _base(base_path)
-        entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT, _packaged())
+        if server is not None:
+            entry = server.call("GET", f"/v1/kronk/catalog/{urllib.parse.quote(model_id)}")
+        else:
+            base = _base(base_path)
+            entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT, _packaged())
         for key in ("id", "category", "endpoint", "owned_by", "web_page", "description"):
             if entry[key]:
                 click.echo(f"{key + ':':<14}{entry[key]}")
@@ -302,7 +347,7 @@ def add_commands(group: click.Group) -> None:
     @_hf_token
     @_catalog_source
     @_templates_source
-    @_local
+    @_server_or_local
     @_cli_errors
     def catalog_pull(
         model_id: str,
@@ -311,10 +356,20 @@ def add_commands(group: click.Group) -> None:
         hf_token: str | None,
         catalog_source: str | None,
         catalog_templates_source: str | None,
+        server: Server | None,
     ) -> None:
         """Download a catalog model (resumes an interrupted pull; checks every sha256). A
-        model the local catalogs lack is looked for in the catalog source first, as
+        model the catalogs lack is looked for in the catalog source first, as
         `kronk catalog update` fetches it."""
+        if server is not None:
+            listed = server.call("GET", "/v1/kronk/catalog")["data"]
+            if model_id not in {entry["id"] for entry in listed}:
+                click.echo(f"{model_id} is not in the server's catalogs: updating them", err=True)
+                for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
+                    click.echo(f"updated {name}", err=True)
+            pulled = pull_on(server, {"model": model_id})
+            click.echo(f"pulled {model_id}: {pulled['files'][0]['path']}")
+            return
         base = _base(base_path)
         endpoint = hub_endpoint(catalog_hf_endpoint)
         found = Catalog(base)
@@ -326,13 +381,17 @@ def add_commands(group: click.Group) -> None:
     @catalog.command("pull-templates")
     @_base_path
     @_templates_source
-    @_local
+    @_server_or_local
     @_cli_errors
     def catalog_pull_templates(
-        base_path: Path | None, catalog_templates_source: str | None
+        base_path: Path | None, catalog_templates_source: str | None, server: Server | None
     ) -> None:
         """Fetch the chat templates alone (into <base>/templates), as `catalog update` does
         with the catalogs: what a catalog model's `template` names."""
+        if server is not None:
+            for name in server.call("POST", "/v1/kronk/catalog/templates/update")["updated"]:
+                click.echo(f"updated {name}")
+            return
         source = catalog_templates_source or default_source("templates")
         written: list[Path] = []
 
@@ -347,13 +406,20 @@ def add_commands(group: click.Group) -> None:
     @_base_path
     @_catalog_source
     @_templates_source
-    @_local
+    @_server_or_local
     @_cli_errors
     def catalog_update(
-        base_path: Path | None, catalog_source: str | None, catalog_templates_source: str | None
+        base_path: Path | None,
+        catalog_source: str | None,
+        catalog_templates_source: str | None,
+        server: Server | None,
     ) -> None:
         """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
         <base>/templates) from the catalog source."""
+        if server is not None:
+            for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
+                click.echo(f"updated {name}")
+            return
         for path in _update(_base(base_path), catalog_source, catalog_templates_source):
             click.echo(f"updated {path}")
 
@@ -367,7 +433,7 @@ def add_commands(group: click.Group) -> None:
     @_base_path
     @_hf_endpoint
     @_hf_token
-    @_local
+    @_server_or_local
     @_cli_errors
     def model_pull(
         reference: str,
@@ -375,6 +441,7 @@ def add_commands(group: click.Group) -> None:
         base_path: Path | None,
         catalog_hf_endpoint: str | None,
         hf_token: str | None,
+        server: Server | None,
     ) -> None:
         """Download a GGUF model by its Hugging Face name or its URL.
 
@@ -382,6 +449,10 @@ def add_commands(group: click.Group) -> None:
         or its page URL): the quantization's file (Q4_K_M when none is named), all its parts,
         and a projector beside it. Or one file: `org/repo/file.gguf`, or any http(s) URL.
         """
+        if server is not None:
+            pulled = pull_on(server, {"url": reference, "proj": proj})
+            click.echo(f"pulled {pulled['model']}: {pulled['files'][0]['path']}")
+            return
         base = _base(base_path)
         endpoint, token = hub_endpoint(catalog_hf_endpoint), hub_token(hf_token)
         model_id, files = reference_files(reference, proj, base, endpoint, token)

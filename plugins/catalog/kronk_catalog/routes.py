@@ -20,7 +20,8 @@ from kronk_catalog.download import Downloader
 from kronk_catalog.plans import catalog_files, models_dir, reference_files
 from kronk_catalog.pulls import Pull, Pulls
 from kronk_catalog.settings import SETTINGS, CatalogSettings
-from kronk_catalog.update import update_catalogs
+from kronk_catalog.update import update_catalogs, update_templates
+from kronk_core.errors import InvalidRequestError
 from kronk_core.settings.model_files import PackagedModel
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
@@ -146,6 +147,16 @@ async def update_catalog(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"updated": [path.name for path in written]}
 
 
+@post("/v1/kronk/catalog/templates/update", opt=_ADMIN, status_code=200)
+async def update_catalog_templates(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Fetch the chat templates alone (`catalog.templates_source`) into <base>/templates."""
+    source = _settings(request).templates_source
+    if not source:
+        raise InvalidRequestError("this server's catalog.templates_source is empty: no templates")
+    written = await update_templates(source, _base(request))
+    return {"updated": [path.name for path in written]}
+
+
 @post("/v1/kronk/pulls", opt=_ADMIN, status_code=202)
 async def start_pull(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Start pulling a catalog model or a reference; follow it at /v1/kronk/pulls/{id}/events."""
@@ -197,6 +208,7 @@ def router() -> Router:
             list_catalog,
             show_catalog_model,
             update_catalog,
+            update_catalog_templates,
             start_pull,
             list_pulls,
             show_pull,
