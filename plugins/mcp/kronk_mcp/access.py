@@ -21,8 +21,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kronk_core.errors import KronkError, RequestTooLargeError
+from kronk_mcp.settings import LOOPBACK
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("", "0.0.0.0", "::")
 # JSON-RPC's "invalid request", with no request id: what the MCP SDK answers HTTP errors with.
 INVALID_REQUEST = -32600

@@ -23,9 +23,7 @@ from kronk_api.settings import (
     server_sections,
 )
 from kronk_core.errors import KronkError
-from kronk_mcp.access import LOOPBACK
-from kronk_mcp.service import mcp_app, serve_foreground
-from kronk_mcp.settings import SETTINGS, STANDALONE_ENVIRONMENT, split_host_port
+from kronk_mcp.settings import LOOPBACK, SETTINGS, STANDALONE_ENVIRONMENT, split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +80,10 @@ def add_commands(group: click.Group) -> None:
         host = split_host_port(mcp_settings.listen)[0]
         if host not in LOOPBACK:
             log.warning("mcp: listening on %s without authentication", mcp_settings.listen)
+        # Here, not at the top: the MCP SDK takes most of a second to import, and every
+        # `kronk` command loads this module.
+        from kronk_mcp.service import mcp_app, serve_foreground
+
         app = mcp_app(mcp_settings, gate=None)
         try:
             serve_foreground(app, mcp_settings.listen, settings.log_level)

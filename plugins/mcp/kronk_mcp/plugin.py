@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from litestar import Litestar
@@ -19,9 +19,10 @@ from kronk_core.errors import ConfigError
 from kronk_core.settings.sections import Section, Sectioned
 from kronk_mcp.auth import server_gate
 from kronk_mcp.cli import add_commands
-from kronk_mcp.server_tool import WebSearchTool
-from kronk_mcp.service import BackgroundService, mcp_app
 from kronk_mcp.settings import SETTINGS
+
+if TYPE_CHECKING:
+    from kronk_mcp.service import BackgroundService
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ async def mcp_service(app: Litestar) -> AsyncIterator[None]:
 
 def _start(app: Litestar) -> BackgroundService | None:
     """The MCP service, unless another one serves (mcp.host) or its address is taken."""
+    # The MCP SDK is imported when a service starts, not with the plugin: every `kronk`
+    # command loads the plugin, and the SDK takes most of a second to import.
+    from kronk_mcp.service import BackgroundService, mcp_app
+
     settings = SETTINGS.of(app.state.settings)
     if settings.host:
         announce(app, "MCP (mcp.host)", settings.external_url)
@@ -77,7 +82,11 @@ def kronk_server_tools(settings: Sectioned) -> Sequence[ServerTool]:
     """web_search for agents' built-in web search, once there is a key to search with."""
     mcp = SETTINGS.of(settings)
     key = mcp.api_key
-    return [] if key is None else [WebSearchTool(mcp, key)]
+    if key is None:
+        return []
+    from kronk_mcp.server_tool import WebSearchTool  # the SDK's types: as in _start
+
+    return [WebSearchTool(mcp, key)]
 
 
 @hookimpl

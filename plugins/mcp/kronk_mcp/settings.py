@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, 
 from kronk_core.settings.config import Duration
 from kronk_core.settings.sections import ServerSection
 
+# The hosts that only this machine reaches.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 DEFAULT_LISTEN = "127.0.0.1:9000"
 BRAVE_URL = "https://api.search.brave.com/res/v1"
 
