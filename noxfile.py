@@ -175,10 +175,12 @@ def quick(session: nox.Session) -> None:
 @nox.session
 def full(session: nox.Session) -> None:
     """The full tier: the tests marked `model` or `process` (real models, server processes,
-    CLI commands, the agents' clients, a browser, balancers). With `quick`, the whole suite."""
+    CLI commands, the agents' clients, a browser, balancers), but for those `core` runs
+    without any plugin (the compiler fallback's builds). With `quick` and `core`, the whole
+    suite; `tests` runs all of it in one go."""
     install_suite(session)
     install_platform_tools(session)
-    run_tier(session, "full", "-m", "model or process")
+    run_tier(session, "full", "-m", "(model or process) and not core")
 
 
 @nox.session

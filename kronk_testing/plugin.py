@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import signal
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -94,6 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{PROCESS}: starts a process of its own (the full tier)")
     if str(config.getoption("markexpr", "")) == QUICK_SELECTION:
         _guard_real_models()
+    # A suite started in the background by a script (`cmd &` in a shell without job control)
+    # inherits SIGINT ignored, and so would every process it starts: the tests of what
+    # Ctrl-C does would see nothing happen.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---- tiers ----------------------------------------------------------------------------

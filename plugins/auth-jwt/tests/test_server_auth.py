@@ -495,6 +495,7 @@ GRANTED_ROUTES = {
     "ollama-chat": [("POST", "/api/chat")],
     "ollama-generate": [("POST", "/api/generate")],
     "ollama-embed": [("POST", "/api/embed"), ("POST", "/api/embeddings")],
+    "transcriptions": [("POST", "/v1/audio/transcriptions"), ("POST", "/v1/audio/translations")],
 }
 ADMIN_ROUTES = [
     ("GET", "/metrics"),  # the debug plugin's, with debug.api_metrics on (404 here)
@@ -515,6 +516,7 @@ ADMIN_ROUTES = [
     ("GET", "/v1/kronk/catalog"),
     ("GET", "/v1/kronk/catalog/{model_id}"),
     ("POST", "/v1/kronk/catalog/update"),
+    ("POST", "/v1/kronk/catalog/templates/update"),
     ("GET", "/v1/kronk/pulls"),
     ("POST", "/v1/kronk/pulls"),
     ("GET", "/v1/kronk/pulls/{pull_id}"),
