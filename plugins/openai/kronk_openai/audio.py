@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kronk_api.dialect import sse_frame
 from kronk_api.endpoints import ENDPOINT_OPT, subject_of
 from kronk_api.http import invalid_body, kronk_of
-from kronk_core.errors import InvalidRequestError, KronkError, MediaLimitError
+from kronk_core.errors import InvalidRequestError, KronkError
 from kronk_core.media import Media
 from kronk_core.runtime.chat_stream import collect
 from kronk_core.transcription import Task, Transcript, Transcription, transcript_of
@@ -71,8 +71,7 @@ _LISTS = ("include", "timestamp_granularities")
 async def _read_form(
     request: Request[Any, Any, Any], form_type: type[TranslationForm]
 ) -> tuple[TranslationForm, Media]:
-    """The form's fields as `form_type` and its file as a sound, checked against the media
-    limits before anything else reads it."""
+    """The form's fields as `form_type` and its file as a sound."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InvalidRequestError(
             "the request must be multipart/form-data with the sound in its `file` field"
@@ -104,12 +103,7 @@ async def _read_form(
         raise invalid_body(exc) from None
     if upload is None:
         raise InvalidRequestError("missing required field: file", param="file")
-    limit = kronk_of(request).config.media.max_bytes
-    data = await upload.read(limit + 1)
-    if len(data) > limit:
-        raise MediaLimitError(
-            f"file: holds more than {limit} bytes; media max_bytes is {limit}", param="file"
-        )
+    data = await upload.read()  # its size is checked with every media item's (check_media)
     if not data:
         raise InvalidRequestError("file: is empty", param="file")
     return parsed, Media.from_bytes(data, upload.content_type or None, where="file")

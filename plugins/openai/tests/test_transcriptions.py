@@ -17,7 +17,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, Transcription
-from kronk_core.media import Media
+from kronk_core.media import Media, MediaConfig
 from kronk_core.transcription import transcription_request
 from kronk_testing.media_samples import image, raw_wav, wav
 from kronk_testing.plugin import MultimodalPaths
@@ -43,7 +43,8 @@ def kronk(multimodal_paths: MultimodalPaths, tmp_path_factory: pytest.TempPathFa
         "vision": ModelConfig.model_validate({**common, "projector_path": multimodal_paths.vision}),
     }
     base = tmp_path_factory.mktemp("kronk-transcriptions")
-    return Kronk(KronkConfig(base_path=base, models=models))
+    # A small media max_bytes: a file past it is refused as any media item is.
+    return Kronk(KronkConfig(base_path=base, models=models, media=MediaConfig(max_bytes=100_000)))
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +180,10 @@ def test_refusals_in_openais_shape(client: OpenAI) -> None:
         )
     with pytest.raises(BadRequestError, match="not an image or sound"):
         client.audio.transcriptions.create(model="audio", file=("a.txt", b"hello", "text/plain"))
+    with pytest.raises(BadRequestError, match="media max_bytes is 100000"):
+        client.audio.transcriptions.create(
+            model="audio", file=("long.wav", wav(440, seconds=4), "audio/wav")
+        )
     with pytest.raises(BadRequestError, match="1 Hz"):
         client.audio.transcriptions.create(
             model="audio", file=("a.wav", raw_wav(bytes(1000), rate=1), "audio/wav")
