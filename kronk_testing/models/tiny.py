@@ -9,7 +9,9 @@ Command line: python scripts/make_tiny_models.py [--out DIR]
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -45,32 +47,87 @@ def gemma_gguf_path() -> Path:
     return gemma_model_path()
 
 
-def _field_value(field: gguf.ReaderField) -> Any:
-    """A reader field's value in the form GGUFWriter.add_key_value expects.
+# GGUF's scalar value types as struct formats (GGUF is little-endian).
+_T = gguf.GGUFValueType
+_SCALARS = {
+    _T.UINT8: "B",
+    _T.INT8: "b",
+    _T.UINT16: "H",
+    _T.INT16: "h",
+    _T.UINT32: "I",
+    _T.INT32: "i",
+    _T.FLOAT32: "f",
+    _T.BOOL: "?",
+    _T.UINT64: "Q",
+    _T.INT64: "q",
+    _T.FLOAT64: "d",
+}
 
-    Strings are copied as raw bytes so tokens that are not valid UTF-8 survive unchanged.
-    """
-    kind = field.types[0]
-    if kind == gguf.GGUFValueType.ARRAY:
-        if field.types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]) for i in field.data]
-        return field.contents()
-    if kind == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]])
-    return field.contents()
+
+class _Cursor:
+    """Reads a GGUF file's header from the front: the gguf package's GGUFReader takes ~19 s
+    on Gemma's 262,144-entry vocabulary (a numpy view per string), this well under one."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def peek(self, fmt: str) -> Any:
+        return struct.unpack_from("<" + fmt, self.data, self.at)[0]
+
+    def string(self) -> bytes:
+        length = self.take("Q")
+        self.at += length
+        return self.data[self.at - length : self.at]
+
+    def kind(self) -> gguf.GGUFValueType:
+        return _T(self.take("I"))
+
+    def value(self, kind: gguf.GGUFValueType) -> Any:
+        if kind == _T.STRING:
+            return self.string()  # raw bytes: tokens that are not valid UTF-8 survive unchanged
+        if kind == _T.ARRAY:
+            sub_kind, count = self.kind(), self.take("Q")
+            if sub_kind in _SCALARS:
+                fmt = f"<{count}{_SCALARS[sub_kind]}"
+                values = list(struct.unpack_from(fmt, self.data, self.at))
+                self.at += struct.calcsize(fmt)
+                return values
+            return [self.value(sub_kind) for _ in range(count)]
+        return self.take(_SCALARS[kind])
+
+
+def tokenizer_fields(
+    source: Path,
+) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
+    """Every tokenizer.* key of the GGUF `source`: its name, value, type and element type."""
+    with source.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data)
+        if cursor.take("4s") != b"GGUF" or cursor.take("I") < 2:
+            raise ValueError(f"{source} is not a GGUF file of version 2 or later")
+        cursor.take("Q")  # tensors
+        fields = []
+        for _ in range(cursor.take("Q")):
+            key = cursor.string().decode()
+            kind = cursor.kind()
+            sub_kind = _T(cursor.peek("I")) if kind == _T.ARRAY else None
+            value = cursor.value(kind)
+            if key.startswith("tokenizer."):
+                fields.append((key, value, kind, sub_kind))
+        return fields
 
 
 def copy_tokenizer(source: Path, writer: gguf.GGUFWriter) -> int:
     """Copies every tokenizer.* key of `source` into `writer`; returns the vocabulary size."""
-    reader = gguf.GGUFReader(source)
     n_vocab = 0
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, _field_value(field), field.types[0], sub_type)
+    for key, value, kind, sub_type in tokenizer_fields(source):
+        writer.add_key_value(key, value, kind, sub_type)
         if key == "tokenizer.ggml.tokens":
-            n_vocab = len(field.data)
+            n_vocab = len(value)
     if not n_vocab:
         raise ValueError(f"{source} has no tokenizer.ggml.tokens")
     return n_vocab
