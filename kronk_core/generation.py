@@ -40,6 +40,9 @@ class GenerationRequest:
     stages: tuple[SamplerStage, ...] | None = None
     # Media chunks in the prompt, in order; their positions hold pseudo-tokens.
     media: tuple[MediaSpan, ...] = ()
+    # Context shift: when the window fills, keep this many leading tokens, drop half of the
+    # rest and go on. None: the generation ends there with `length`.
+    shift_keep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,13 +127,15 @@ def chat_request(
     continue_final_message: bool = False,
     logit_bias: Mapping[int, float] | None = None,
     n: int = 1,
+    n_keep: int = 0,
     **sampling: Any,
 ) -> ChatRequest:
     """A ChatRequest from keyword arguments; sampling keys as in the manual.
 
     `tool_choice` is "auto", "none", "required" or the name of one of `tools`;
     `continue_final_message` continues the last (assistant) message's text; `n` asks for
-    that many choices (`Kronk.start_choices`).
+    that many choices (`Kronk.start_choices`); `n_keep`: the prompt tokens a context shift
+    keeps (-1: all).
     """
     overrides = _sampling_overrides(sampling, max_tokens, top_logprobs)
     return ChatRequest(
@@ -155,6 +157,7 @@ def chat_request(
         continue_final_message=continue_final_message,
         logit_bias=_logit_bias(logit_bias),
         n=n,
+        n_keep=_n_keep(n_keep),
     )
 
 
@@ -168,6 +171,7 @@ def completion_request(
     top_logprobs: int = 0,
     logit_bias: Mapping[int, float] | None = None,
     n: int = 1,
+    n_keep: int = 0,
     **sampling: Any,
 ) -> CompletionRequest:
     """A CompletionRequest from keyword arguments: `prompt` is text or token ids."""
@@ -186,7 +190,14 @@ def completion_request(
         top_logprobs=top_logprobs,
         logit_bias=_logit_bias(logit_bias),
         n=n,
+        n_keep=_n_keep(n_keep),
     )
+
+
+def _n_keep(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise InvalidRequestError("n_keep must be -1 (the whole prompt) or more", param="n_keep")
+    return value
 
 
 def _logit_bias(value: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:

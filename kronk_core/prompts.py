@@ -11,7 +11,7 @@ from kronk_core.errors import ContextOverflowError, InvalidRequestError
 from kronk_core.generation import GenerationRequest
 from kronk_core.infill import infill_tokens
 from kronk_core.inputs import forces_call
-from kronk_core.media import Media, MediaPrompt
+from kronk_core.media import Media, MediaPrompt, MediaSpan
 from kronk_core.runtime.loading import LoadedModel
 from kronk_core.sampling import resolve_sampling
 from kronk_core.settings.config import ContextOverflow
@@ -83,10 +83,11 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
             sampling = replace(sampling, grammar=constraint)
         else:
             sampling = replace(sampling, structured=constraint)
+    keep = _shift_keep(loaded, request.n_keep, prompt, rendered.spans)
     generation = GenerationRequest(
         prompt_tokens=prompt,
         sampling=sampling,
-        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "messages"),
+        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "messages", keep),
         stop=request.stop,
         end_strings=tuple(loaded.config.stop),
         end_tokens=loaded.end_tokens,
@@ -95,6 +96,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         system_tokens=system_tokens,
         special_tokens_as_text=loaded.template.special_tokens_as_text,
         media=rendered.spans,
+        shift_keep=keep,
     )
     parser, *more = (loaded.template.parser(options, prompt_text) for _ in range(request.n))
     return PreparedChat(generation, parser, dropped, prompt_text, tuple(more))
@@ -116,16 +118,18 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
     else:
         prompt = list(request.prompt)
         check_vocabulary(loaded, prompt, "prompt")
+    keep = _shift_keep(loaded, request.n_keep, prompt, ())
     generation = GenerationRequest(
         prompt_tokens=tuple(prompt),
         sampling=_with_logit_bias(
             loaded, resolve_sampling(request.sampling, loaded.config.sampling), request.logit_bias
         ),
-        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "prompt"),
+        max_tokens=_max_tokens(loaded, request.max_tokens, len(prompt), "prompt", keep),
         stop=request.stop,
         end_strings=tuple(loaded.config.stop),
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
+        shift_keep=keep,
     )
     if request.infill is not None:  # what the model read, its FIM tokens spelled out
         spelled = b"".join(loaded.model.token_bytes(token, special=True) for token in prompt)
@@ -267,10 +271,26 @@ def check_vocabulary(loaded: LoadedModel, tokens: Sequence[int], param: str) -> 
         )
 
 
-def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str) -> int:
+def _shift_keep(
+    loaded: LoadedModel, n_keep: int, prompt: Sequence[int], media: Sequence[MediaSpan]
+) -> int | None:
+    """With the model's `context_shift`, the prompt tokens a shift keeps: the request's
+    `n_keep` after the model's BOS (-1: the whole prompt), as llama-server counts them.
+    None without it, and for a prompt with media, which a shift could cut through."""
+    if not loaded.config.context_shift or media:
+        return None
+    bos = loaded.model.tokenize("", add_special=True, parse_special=False)
+    lead = len(bos) if list(prompt[: len(bos)]) == bos else 0
+    return len(prompt) if n_keep < 0 else min(len(prompt), lead + n_keep)
+
+
+def _max_tokens(
+    loaded: LoadedModel, explicit: int | None, prompt_len: int, param: str, keep: int | None
+) -> int:
     """How many tokens may be generated: max_tokens (or the model's default), capped by what
     is left of the context window, so a generation that reaches the window's end finishes
-    with `length`. Only a prompt that leaves no room at all is refused."""
+    with `length`, unless the window shifts (`keep`). Only a prompt that leaves no room at
+    all is refused."""
     limit = loaded.model.info.n_ctx_per_seq
     room = limit - prompt_len
     if room < 1:
@@ -282,4 +302,5 @@ def _max_tokens(loaded: LoadedModel, explicit: int | None, prompt_len: int, para
             context_window=limit,
         )
     wanted = explicit if explicit is not None else loaded.config.sampling.max_tokens
-    return min(wanted or DEFAULT_MAX_TOKENS, room)
+    wanted = wanted or DEFAULT_MAX_TOKENS
+    return wanted if keep is not None else min(wanted, room)

@@ -249,6 +249,9 @@ class ChatRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # How many answers (choices) to generate for the one prompt (`Kronk.start_choices`).
     n: int = 1
+    # Context shift (the model's `context_shift`): the prompt's leading tokens kept when the
+    # window fills, after the model's BOS (llama-server's n_keep; -1: the whole prompt).
+    n_keep: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +294,7 @@ class CompletionRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()
     n: int = 1
     infill: Infill | None = None
+    n_keep: int = 0  # as a ChatRequest's
 
 
 # Moved to kronk_core.generation (what the engine runs and reports), which may import the

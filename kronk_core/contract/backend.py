@@ -91,6 +91,9 @@ class ModelInfo:
     projector: str | None = None
     # Fill-in-the-middle (/infill, a completion's `suffix`): None where the model has none.
     fim: FimTokens | None = None
+    # The KV cache can move positions (a ShiftableModel): no sliding window, no recurrent
+    # state, one position per token (context shift).
+    kv_shiftable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +239,16 @@ class TextModel(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ShiftableModel(Protocol):
+    """A TextModel whose KV cache can move a sequence's positions (`ModelInfo.kv_shiftable`):
+    what context shift needs."""
+
+    def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
+        """Move positions [start, end) of seq_id by `delta` (end -1 = to the end); the keys
+        are rotated to their new positions at the next decode."""
 
 
 @runtime_checkable

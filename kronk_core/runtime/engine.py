@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
-from kronk_core.contract.backend import Batch, MediaModel, TextModel
+from kronk_core.contract.backend import Batch, MediaModel, ShiftableModel, TextModel
 from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
 from kronk_core.contract.drafts import Draft, DraftStrategy
 from kronk_core.errors import (
@@ -541,6 +541,9 @@ class Engine:
         active request waits for its media to encode).
         """
         began = time.perf_counter()
+        for job in self._active:
+            if job.pending_token is not None and self._window_full(job):
+                self._shift(job)
         drafts = self._drafts() if self._speculation is not None else {}
         parts: list[Part] = []
         for job in self._active:
@@ -591,6 +594,40 @@ class Engine:
         self._decode_media(media)
         self._record_step(parts, media)
         return True
+
+    def _window_full(self, job: Job) -> bool:
+        """The slot's window has no room for the token after the pending one."""
+        assert job.slot is not None
+        return len(job.slot.tokens) + 1 >= self.n_ctx_per_seq
+
+    def _discard(self, job: Job) -> int:
+        """How many tokens a context shift drops from the job's slot: half of those after
+        the kept ones, as llama-server does (0: none, the generation ends at the window)."""
+        keep = job.request.shift_keep
+        if keep is None or job.slot is None or not isinstance(self.model, ShiftableModel):
+            return 0
+        return (len(job.slot.tokens) - keep) // 2
+
+    def _shift(self, job: Job) -> None:
+        """Context shift: keep the slot's first `shift_keep` tokens, drop half of the rest
+        and move what follows back to close the gap; the generation goes on."""
+        slot, keep, discard = job.slot, job.request.shift_keep, self._discard(job)
+        assert slot is not None and keep is not None and isinstance(self.model, ShiftableModel)
+        length = len(slot.tokens)
+        if not self.model.seq_remove(slot.seq_id, keep, keep + discard):
+            self._reset(slot)
+            self._fail(job, KronkError(f"the KV cache of slot {slot.id} could not be shifted"))
+            return
+        self.model.seq_shift(slot.seq_id, keep + discard, length, -discard)
+        del slot.tokens[keep : keep + discard]
+        job.shifted = True
+        log.debug(
+            "slot %d: context shift kept %d tokens, dropped %d, moved %d back",
+            slot.id,
+            keep,
+            discard,
+            length - keep - discard,
+        )
 
     def _stop_at_held_prefix(self, prompt: Sequence[int], start: int, end: int) -> int:
         """Where this step's chunk of a prompt ends: at `end`, or earlier where a held
@@ -886,9 +923,8 @@ class Engine:
             # log-probs the token was chosen from, as before acceptance.
             logprobs = (self.model.logprobs(batch_index, token, job.request.top_logprobs),)
         job.undelivered.append((token, logprobs))
-        ends = (
-            job.completion_tokens >= job.request.max_tokens
-            or len(job.slot.tokens) + 1 >= self.n_ctx_per_seq
+        ends = job.completion_tokens >= job.request.max_tokens or (
+            self._window_full(job) and self._discard(job) < 1
         )
         if self._overlap and not ends:
             if len(job.undelivered) == 1:
@@ -1003,6 +1039,9 @@ class Engine:
         job.pending_token = None
         # Ended midway through a media chunk: no cache keeps part of an image.
         self._keep_whole_media(slot, job.request.media, len(slot.tokens))
+        if job.shifted and job.request.shift_keep is not None:
+            # Moved keys are not what a prefill of those tokens gives: no cache reuses them.
+            self._cut(slot, job.request.shift_keep, len(slot.tokens))
         try:
             self._cache.release(slot, self.model)
         except Exception as exc:

@@ -54,6 +54,9 @@ class Job:
     followers: list[Job] = field(default_factory=list)
     copy_from: Slot | None = None
     choice: int = 0  # its index among its request's choices
+    # Its slot's window was shifted: the KV past `request.shift_keep` holds moved positions,
+    # which no later request may reuse.
+    shifted: bool = False
 
     @property
     def prefilling(self) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any
 
-from kronk_core.contract.backend import MediaModel, ModelInfo, TextModel
+from kronk_core.contract.backend import MediaModel, ModelInfo, ShiftableModel, TextModel
 from kronk_core.contract.cache import CACHE_STRATEGIES, CacheStrategy
 from kronk_core.contract.drafts import DRAFT_STRATEGIES, DraftStrategy
 from kronk_core.contract.host import Host, PluginManager
@@ -178,6 +178,15 @@ def load_model(
     info = model.info
     try:
         key = config.section_key
+        if config.context_shift and not (isinstance(model, ShiftableModel) and info.kv_shiftable):
+            why = (
+                "its recurrent state"
+                if info.recurrent
+                else "its sliding-window attention"
+                if info.n_swa
+                else "its KV cache cannot move positions"
+            )
+            raise ConfigError(key("context_shift"), f"{config.id} cannot shift its context ({why})")
         cache_factory = host.registry(CACHE_STRATEGIES).get(config.cache, key("cache"))
         template_factory = host.registry(TEMPLATE_PROCESSORS).get(
             config.template_processor, key("template_processor")

@@ -107,6 +107,9 @@ class ModelConfig(BaseModel):
     # model can drop rejected tokens; agents resend text the answer repeats.
     draft_strategy: str | None = None
     context_overflow: ContextOverflow = ContextOverflow.error
+    # llama-server's --context-shift: a generation that fills the window keeps the first
+    # `n_keep` tokens (a request's), drops half of the rest from the KV cache and goes on.
+    context_shift: bool = False
     # Text that ends every answer of this model as its end-of-turn token does, besides a
     # request's own `stop` (Ollama's PARAMETER stop): for a model whose turns end in text.
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)

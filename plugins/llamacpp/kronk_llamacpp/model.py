@@ -168,6 +168,8 @@ class LlamaTextModel:
             n_swa=n_swa,
             n_ubatch=int(llama_cpp.llama_n_ubatch(self._ctx)),
             recurrent=self._recurrent,
+            kv_shiftable=bool(llama_cpp.llama_memory_can_shift(self._memory))
+            and not (n_swa or self._recurrent),
             metadata=found,
             n_embd=llama_cpp.llama_model_n_embd(model),
             memory_bytes=int(
@@ -300,6 +302,9 @@ class LlamaTextModel:
 
     def seq_keep(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
+
+    def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._memory, seq_id, start, end, delta)
 
     def seq_state(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)

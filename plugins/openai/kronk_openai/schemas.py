@@ -256,6 +256,8 @@ class _Generation(SamplingConfig):
     # Token ids (as JSON keys) → a bias added to their logits.
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
+    # llama-server's: the prompt tokens a context shift keeps (-1: all of them).
+    n_keep: Annotated[int, Field(ge=-1)] = 0
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -371,6 +373,7 @@ class ChatCompletionRequest(_Generation):
             continue_final_message=self._continues(),
             logit_bias=self.biases(),
             n=self.n,
+            n_keep=self.n_keep,
         )
 
     def _continues(self) -> bool:
@@ -440,6 +443,7 @@ class TextCompletionRequest(_Generation):
             top_logprobs=self.logprobs or 0,
             logit_bias=self.biases(),
             n=self.candidates,
+            n_keep=self.n_keep,
             # OpenAI's fill in the middle: the prompt before the insertion, the suffix after.
             infill=Infill(suffix=self.suffix) if self.suffix else None,
         )
