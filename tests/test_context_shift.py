@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import llama_cpp
+import ollama
 import pytest
 
 from kronk_api import ServerSettings, create_app
@@ -127,7 +128,9 @@ async def test_n_keep_minus_one_keeps_the_whole_prompt(kronk: Kronk) -> None:
     )
 
 
-def test_the_server_shifts_with_llama_servers_n_keep(tmp_path: Path, serve: Serve) -> None:
+def test_the_server_shifts_with_llama_servers_n_keep_and_ollamas_num_keep(
+    tmp_path: Path, serve: Serve
+) -> None:
     models = tmp_path / "models.yaml"
     models.write_text(
         f"models:\n  m:\n    model_path: {default_model_path()}\n    context_window: {WINDOW}\n"
@@ -148,6 +151,14 @@ def test_the_server_shifts_with_llama_servers_n_keep(tmp_path: Path, serve: Serv
         )
         assert plain.status_code == 200, plain.text
         assert plain.json()["usage"]["completion_tokens"] < WINDOW
+        # Ollama's num_keep, through its own client.
+        answer = ollama.Client(host=base_url).generate(
+            model="m",
+            prompt=PROMPT,
+            raw=True,
+            options={"num_predict": WINDOW + 20, "temperature": 0, "num_keep": KEEP},
+        )
+        assert (answer.eval_count, answer.done_reason) == (WINDOW + 20, "length")
         refused = httpx.post(
             f"{base_url}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "n_keep": -2},

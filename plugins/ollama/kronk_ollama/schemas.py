@@ -43,7 +43,6 @@ LOAD_OPTIONS = (
     "use_mlock",
     "embedding_only",
     "num_thread",
-    "num_keep",
     "penalize_newline",
 )
 # Samplers Kronk does not have, with the value that turns each off in Ollama.
@@ -98,7 +97,8 @@ class Options(SamplingConfig):
     use_mlock: bool | None = None
     embedding_only: bool | None = None
     num_thread: int | None = None
-    num_keep: int | None = None
+    # The prompt tokens a context shift keeps (the model's `context_shift`; -1: all).
+    num_keep: Annotated[int, Field(ge=-1)] | None = None
     penalize_newline: bool | None = None
 
     @field_validator(*UNSUPPORTED_SAMPLERS)
@@ -181,6 +181,7 @@ class OllamaGeneration(OllamaRequest):
             "stop": tuple(options.stop or ()),
             "logprobs": self.wants_logprobs,
             "top_logprobs": self.top_logprobs or 0,
+            "n_keep": options.num_keep or 0,
         }
 
     def thinking(self) -> dict[str, Any]:
