@@ -28,6 +28,7 @@ from kronk_core.sampling import (
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_llamacpp.sampler import (
+    SHORTLIST_MAX_BIASES,
     GreedySampler,
     NativeSampler,
     ShortlistGreedySampler,
@@ -148,13 +149,18 @@ def test_greedy_behind_dry_and_penalties_picks_the_full_chains_token(
         assert full_runs < 16  # the shortlist decides nearly every step
 
 
+def lowering(model: LlamaTextModel, steps: int, bias: float) -> LogitBias:
+    """A bias on every token the unbiased greedy answer of `steps` tokens picks."""
+    _, _, argmax, _ = side_by_side(model, [DRY, Greedy()], steps)
+    return LogitBias(tuple((token, bias) for token in sorted(set(argmax))))
+
+
 def test_greedy_behind_a_negative_logit_bias_picks_the_full_chains_token(
     model: LlamaTextModel,
 ) -> None:
-    """Biases that only lower logits keep the shortlist; what they push down (here most
-    of the tokens an answer uses) is decided the same as on the whole vocabulary."""
-    lowered = LogitBias(tuple((token, -4.0) for token in range(200, 240_000, 3)))
-    stages: list[SamplerStage] = [lowered, DRY, Greedy()]
+    """Biases that only lower logits keep the shortlist; what they push down (here every
+    token the unbiased answer picks) is decided the same as on the whole vocabulary."""
+    stages: list[SamplerStage] = [lowering(model, 60, -4.0), DRY, Greedy()]
     picked, full_chain, argmax, _ = side_by_side(model, stages, 60)
     assert picked == full_chain
     assert picked != argmax  # the bias changed the answer
@@ -208,20 +214,22 @@ def chain(top_k: int, repeat: float = 1.1) -> list[SamplerStage]:
         (chain(40), ShortlistTopKSampler.MARGINS, "rare"),
         (chain(8, repeat=3.0), (1.0, 3.0), "some"),
         (chain(40), (0.0,), "all"),
-        (
-            [LogitBias(tuple((token, -3.0) for token in range(100, 200_000, 2))), *chain(40)],
-            ShortlistTopKSampler.MARGINS,
-            "rare",
-        ),
+        ("negative_bias", ShortlistTopKSampler.MARGINS, "rare"),
     ],
     ids=["defaults", "penalties_push_below_the_floor", "no_margin", "negative_bias"],
 )
 def test_a_draw_behind_top_k_is_the_full_chains_draw(
-    model: LlamaTextModel, stages: list[SamplerStage], margins: tuple[float, ...], fallbacks: str
+    model: LlamaTextModel,
+    stages: list[SamplerStage] | str,
+    margins: tuple[float, ...],
+    fallbacks: str,
 ) -> None:
     """Over a long hot answer, step for step: the same token as llama.cpp's whole chain,
     whether the shortlist decided or the whole vocabulary had to."""
     steps = 160
+    if stages == "negative_bias":  # every token the greedy answer picks, lowered
+        stages = [lowering(model, steps, -3.0), *chain(40)]
+    assert not isinstance(stages, str)
     drawn, full_chain, argmax, full_runs = side_by_side(model, stages, steps, MARGINS=margins)
     assert drawn == full_chain
     assert sum(d != a for d, a in zip(drawn, argmax, strict=True)) >= 10  # really drawn
@@ -255,6 +263,18 @@ def test_chains_the_shortlist_cannot_decide_run_whole(
     model: LlamaTextModel, stages: list[SamplerStage]
 ) -> None:
     sampler = model.new_sampler(stages)
+    try:
+        assert type(sampler) is NativeSampler
+    finally:
+        sampler.close()
+
+
+@pytest.mark.parametrize("stages", [[DRY, Greedy()], chain(40)], ids=["greedy", "top_k"])
+def test_more_biases_than_a_shortlist_searches_cheaply_run_the_full_chain(
+    model: LlamaTextModel, stages: list[SamplerStage]
+) -> None:
+    many = LogitBias(tuple((token, -1.0) for token in range(SHORTLIST_MAX_BIASES + 1)))
+    sampler = model.new_sampler([many, *stages])
     try:
         assert type(sampler) is NativeSampler
     finally:
