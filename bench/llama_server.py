@@ -22,8 +22,6 @@ from pathlib import Path
 
 from kronk_llamacpp.libs import unpack
 
-TARGETS = ("llama-server",)
-
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KRONK_BENCH_CACHE", Path.home() / ".cache" / "kronk-bench"))
@@ -77,10 +75,16 @@ def no_amx_environment() -> dict[str, str]:
 
 def llama_server_binary() -> Path:
     """The llama-server of the installed llama-cpp-python's version, built if missing."""
+    return llama_tool("llama-server")
+
+
+def llama_tool(target: str) -> Path:
+    """One of llama.cpp's programs (llama-server, llama-batched-bench) of the installed
+    llama-cpp-python's version, built if missing in the one build tree they share."""
     pinned = version("llama-cpp-python")
     root = cache_dir()
     build = root / f"llama-server-{pinned}"
-    binary = build / "bin" / "llama-server"
+    binary = build / "bin" / target
     if binary.exists():
         return binary
     if shutil.which("cmake") is None:
@@ -90,7 +94,7 @@ def llama_server_binary() -> Path:
     if not source.exists():
         unpack(_sdist(pinned, root), root)
     llama_cpp_source = source / "vendor" / "llama.cpp"
-    print(f"building llama-server {pinned} into {build} (once; a few minutes)", flush=True)
+    print(f"building {target} {pinned} into {build} (once; a few minutes)", flush=True)
     subprocess.run(
         ["cmake", "-S", str(llama_cpp_source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
          "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -99,7 +103,7 @@ def llama_server_binary() -> Path:
         stdout=subprocess.DEVNULL,
     )
     subprocess.run(
-        ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)],
+        ["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 1)],
         check=True,
         stdout=subprocess.DEVNULL,
     )
