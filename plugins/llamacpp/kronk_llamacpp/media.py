@@ -21,7 +21,7 @@ from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan, media_tok
 from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp import native
 from kronk_llamacpp.library import route_log
-from kronk_llamacpp.model import LlamaTextModel, decode_error
+from kronk_llamacpp.model import LlamaTextModel, decode_error, while_open
 from kronk_llamacpp.params import FLASH_ATTENTION
 from kronk_llamacpp.settings import SETTINGS
 from kronk_llamacpp.sound import decode_sound
@@ -112,6 +112,7 @@ class LlamaMediaModel(LlamaTextModel):
 
     # ---- MediaModel ---------------------------------------------------------
 
+    @while_open
     def tokenize_media(self, parts: Sequence[str | Media]) -> MediaPrompt:
         items = [part for part in parts if isinstance(part, Media)]
         bitmaps: list[int] = []
@@ -207,6 +208,7 @@ class LlamaMediaModel(LlamaTextModel):
             tokens.extend(media_tokens(items[item], ordinal, length))
         return MediaPrompt(tuple(tokens), tuple(spans))
 
+    @while_open
     def encode_media(self, span: MediaSpan) -> object:
         chunk = span.chunk
         assert isinstance(chunk, _Chunk)
@@ -216,6 +218,7 @@ class LlamaMediaModel(LlamaTextModel):
         rows = np.ctypeslib.as_array(pointer, shape=(span.length * self._n_embd_inp,))
         return _Embeddings(rows.reshape(span.length, self._n_embd_inp).copy(), span.whole)
 
+    @while_open
     def decode_media(
         self, embeddings: object, offset: int, count: int, position: int, seq_id: int
     ) -> None:

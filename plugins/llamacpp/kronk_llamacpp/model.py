@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
 
 import llama_cpp
 import numpy as np
 
 from kronk_core.contract.backend import Batch, FimTokens, ModelInfo
-from kronk_core.errors import KronkError, KVCacheFullError, ModelLoadError
+from kronk_core.errors import EngineClosedError, KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.types import TokenLogprob, TopLogprob
@@ -62,6 +64,26 @@ def fim_tokens(vocab: llama_cpp.llama_vocab_p) -> FimTokens | None:
     repo = found(llama_cpp.llama_vocab_fim_rep(vocab))
     separator = found(llama_cpp.llama_vocab_fim_sep(vocab))
     return FimTokens(prefix, suffix, middle, repo, separator)
+
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
+_Model = TypeVar("_Model", bound="LlamaTextModel")
+
+
+def while_open(
+    method: Callable[Concatenate[_Model, _Params], _Result],
+) -> Callable[Concatenate[_Model, _Params], _Result]:
+    """A method that calls into llama.cpp: on a closed model it would read freed memory and
+    abort the process (a model object held past `Kronk.close()`), so it raises instead."""
+
+    @functools.wraps(method)
+    def guarded(model: _Model, /, *args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
+        if model._model is None:
+            raise EngineClosedError(f"the model {model.info.id} was unloaded")
+        return method(model, *args, **kwargs)
+
+    return guarded
 
 
 class LlamaTextModel:
@@ -181,6 +203,7 @@ class LlamaTextModel:
 
     # ---- tokens ------------------------------------------------------------
 
+    @while_open
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         return tokenize(self._vocab, text, add_special=add_special, parse_special=parse_special)
 
@@ -194,6 +217,7 @@ class LlamaTextModel:
             )
         return buffer.raw[:size]
 
+    @while_open
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         cache = self._special_pieces if special else self._pieces
         piece = cache.get(token)
@@ -201,14 +225,17 @@ class LlamaTextModel:
             piece = cache[token] = self._piece(token, special)
         return piece
 
+    @while_open
     def token_text(self, token: int) -> str:
         return self._piece(token, True).decode("utf-8", errors="replace")
 
+    @while_open
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     # ---- decoding ----------------------------------------------------------
 
+    @while_open
     def decode(self, batch: Batch) -> None:
         count = len(batch)
         if not 0 < count <= self._n_batch:
@@ -231,9 +258,11 @@ class LlamaTextModel:
         if self._rpc is not None:
             self._rpc.check(self.info.id)
 
+    @while_open
     def synchronize(self) -> None:
         llama_cpp.llama_synchronize(self._ctx)
 
+    @while_open
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
@@ -258,12 +287,14 @@ class LlamaTextModel:
             token=raw.decode("utf-8", errors="replace"), logprob=min(0.0, logprob), bytes=tuple(raw)
         )
 
+    @while_open
     def compile_stages(self, stages: Sequence[SamplerStage]) -> list[SamplerStage]:
         return [
             self._grammars.compile(stage) if isinstance(stage, GRAMMAR_STAGES) else stage
             for stage in stages
         ]
 
+    @while_open
     def new_sampler(
         self, stages: Sequence[SamplerStage], *, seq_id: int | None = None, logits: bool = True
     ) -> NativeSampler | GreedySampler:
@@ -279,9 +310,11 @@ class LlamaTextModel:
 
     # ---- KV sequences ------------------------------------------------------
 
+    @while_open
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end))
 
+    @while_open
     def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
         if not self._unified:
             # Sequences in streams of their own: llama.cpp copies a whole stream (its
@@ -300,22 +333,27 @@ class LlamaTextModel:
             if not copied or (end >= 0 and not self.seq_remove(dst, end, -1)):
                 raise KronkError(f"could not copy the window cache of sequence {src} to {dst}")
 
+    @while_open
     def seq_keep(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
 
+    @while_open
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._memory, seq_id, start, end, delta)
 
+    @while_open
     def seq_state(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
         buffer = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, seq_id)
         return ctypes.string_at(buffer, written)
 
+    @while_open
     def set_seq_state(self, seq_id: int, state: bytes) -> int:
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return int(llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id))
 
+    @while_open
     def trim_floor(self, seq_id: int) -> int:
         if self._recurrent:
             return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
@@ -329,6 +367,7 @@ class LlamaTextModel:
         lowest = int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
         return 0 if lowest <= 0 else lowest + self.info.n_swa
 
+    @while_open
     def checkpoint(self, seq_id: int) -> bytes:
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
@@ -336,6 +375,7 @@ class LlamaTextModel:
         written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, size, seq_id, flags)
         return ctypes.string_at(buffer, written)
 
+    @while_open
     def restore_checkpoint(self, seq_id: int, length: int, state: bytes) -> bool:
         # The partial state replaces the window cells; the full-attention cells
         # beyond the checkpoint still have to go.
