@@ -50,7 +50,8 @@ def shifting(**settings: object) -> ModelConfig:
 
 @pytest.fixture(scope="module")
 def kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
-    config = KronkConfig(base_path=tmp_path_factory.mktemp("shift"), models={"m": shifting()})
+    models = {"m": shifting(), "speculating": shifting(draft_strategy="lookup")}
+    config = KronkConfig(base_path=tmp_path_factory.mktemp("shift"), models=models)
     with Kronk(config) as kronk:
         yield kronk
 
@@ -113,6 +114,19 @@ async def test_a_generation_past_the_window_shifts_and_matches_the_replay(kronk:
     assert slot.tokens == prompt[:keep]
     memory = llama_cpp.llama_get_memory(loaded.model._ctx)
     assert llama_cpp.llama_memory_seq_pos_max(memory, slot.seq_id) == keep - 1
+
+
+async def test_speculation_drafts_across_shifts_and_answers_the_same(kronk: Kronk) -> None:
+    """Prompt lookup drafts from the slot's shifted context: the greedy answer is the
+    one-token-a-step answer's, with drafts standing on both sides of every shift."""
+    prompt = "The bell rang, and the cat sat on the mat. " * 6
+    plain = await kronk.complete(prompt, model="m", max_tokens=ANSWER, temperature=0, n_keep=KEEP)
+    drafted = await kronk.complete(
+        prompt, model="speculating", max_tokens=ANSWER, temperature=0, n_keep=KEEP
+    )
+    assert drafted.usage.completion_tokens == ANSWER
+    assert drafted.usage.accepted_prediction_tokens > ANSWER // 2
+    assert drafted.content == plain.content
 
 
 async def test_n_keep_minus_one_keeps_the_whole_prompt(kronk: Kronk) -> None:
