@@ -541,8 +541,8 @@ class Engine:
         active request waits for its media to encode).
         """
         began = time.perf_counter()
-        for job in self._active:
-            if job.pending_token is not None and self._window_full(job):
+        for job in list(self._active):  # a failed shift ends its job
+            if job.pending_token is not None and job.slot is not None and self._window_full(job):
                 self._shift(job)
         drafts = self._drafts() if self._speculation is not None else {}
         parts: list[Part] = []
