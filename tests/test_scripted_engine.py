@@ -99,6 +99,28 @@ async def test_a_full_queue_refuses_the_request(scripted_kronk: ScriptedKronk) -
     assert [(await running).content, (await waiting).content] == [REPLY, REPLY]
 
 
+async def test_a_request_waiting_for_room_enters_when_one_leaves_the_queue(
+    scripted_kronk: ScriptedKronk,
+) -> None:
+    kronk = scripted_kronk(
+        {"m": {"n_seq_max": 1, "queue_depth": 1, "cache": "none"}}, queue_wait_seconds=60
+    )
+    kronk.load("m")
+    engine_model, model = loaded(kronk, "m")
+    engine = engine_model.engine
+    model.pause()
+    running = ask(kronk, "first")
+    await wait_until(lambda: model.held)
+    queued = ask(kronk, "second")
+    await wait_until(lambda: engine.stats().queued == 1)
+    waiting = ask(kronk, "third")  # the queue is full: it waits for room
+    await wait_until(lambda: len(engine._room_waiters) == 1)
+    queued.cancel()  # room: the third is woken into the queue
+    await wait_until(lambda: queued.done() and engine.stats().queued == 1)
+    model.resume()
+    assert [(await running).content, (await waiting).content] == [REPLY, REPLY]
+
+
 async def test_cancelled_requests_free_their_slot_and_leave_the_queue(fake_kronk: Kronk) -> None:
     engine_model, model = loaded(fake_kronk)
     engine = engine_model.engine

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_SECONDS = 0.1
 
 
+def _wake_waiter(room: asyncio.Future[None]) -> None:
+    if not room.done():  # a submitter that gave up cancelled it
+        room.set_result(None)
+
+
 class GenerationStream:
     """The consumer's end of one request: an async iterator of engine events.
 
@@ -122,6 +127,8 @@ class Engine:
         # removes cancelled ones, the engine thread takes them.
         self._waiting: deque[Job] = deque()
         self._waiting_lock = threading.Lock()
+        # Submitters waiting for room in a full queue, woken when a request leaves it.
+        self._room_waiters: list[asyncio.Future[None]] = []
         # The prompts of requests the cache strategy holds back until a prefilling slot
         # holds a prefix they share (`_admit`); that slot's chunks stop there (`_step`).
         self._held_prompts: list[Sequence[int]] = []
@@ -186,23 +193,35 @@ class Engine:
             job.request_id, job.choice = f"{first.request_id}-{index}", index
         first.followers = jobs[1:]
         deadline = time.monotonic() + wait
-        while not self._enqueue(first):
-            if time.monotonic() >= deadline:
+        while (room := self._enqueue(first, loop)) is not None:
+            try:
+                await asyncio.wait_for(room, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
                 raise QueueFullError(
                     f"the request queue for {self.model.info.id} is full "
                     f"({self._capacity} waiting); retry later",
                     retry_after=max(1, int(wait) or 1),
-                )
-            await asyncio.sleep(0.01)
+                ) from None
+            if not self.alive:  # the queue emptied because the engine stopped
+                raise self._lost or EngineClosedError(f"{self.model.info.id} was unloaded")
         self._wake.set()
         return [GenerationStream(self, job, job.events) for job in jobs]
 
-    def _enqueue(self, job: Job) -> bool:
+    def _enqueue(self, job: Job, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """Queue the job; where the queue is full, a future done once a request left it."""
         with self._waiting_lock:
-            if len(self._waiting) >= self._capacity:
-                return False
-            self._waiting.append(job)
-            return True
+            if len(self._waiting) < self._capacity:
+                self._waiting.append(job)
+                return None
+            room = loop.create_future()
+            self._room_waiters.append(room)
+            return room
+
+    def _room_made(self) -> None:
+        """A request left the queue: wake whoever waits for room (under _waiting_lock)."""
+        waiters, self._room_waiters = self._room_waiters, []
+        for room in waiters:
+            room.get_loop().call_soon_threadsafe(_wake_waiter, room)
 
     def cancel(self, job: Job) -> None:
         """Cancel a request: a waiting one leaves the queue now, a running one within a step."""
@@ -214,6 +233,7 @@ class Engine:
                 pass
             else:
                 del self._waiting[index]
+                self._room_made()
                 job.deliver(Finished(FinishReason.cancelled, Usage()))
                 if job.followers:  # the request's next choice waits in its place
                     heir, *rest = job.followers
@@ -346,6 +366,7 @@ class Engine:
         self._outbox.flush()
         with self._waiting_lock:
             waiting, self._waiting = list(self._waiting), deque()
+            self._room_made()
         for job in waiting:
             for choice in (job, *job.followers):
                 choice.deliver(Finished(FinishReason.error, Usage(), error=unloaded))
@@ -382,6 +403,7 @@ class Engine:
                     self._held_prompts.append(job.request.prompt_tokens)
                     continue
                 del self._waiting[held]
+                self._room_made()
             with request_scope(job.request_id):
                 self._start(job, free)
             self._reserve(job)
