@@ -120,6 +120,9 @@ class Engine:
         self._on_finished = on_finished
         # The engine owns the draft strategy from here on and closes it when it stops.
         self._speculation = None if drafter is None else Speculation(model, drafter, n_batch)
+        # Context shift's KV operations, where the model can move positions (the load
+        # refuses `context_shift` elsewhere, so no request asks for it there).
+        self._shifter = model if isinstance(model, ShiftableModel) else None
         self._media: MediaEncoder | None = None
         if isinstance(model, MediaModel) and model.info.media:
             self._media = MediaEncoder(model, self._wake_up)
@@ -626,7 +629,7 @@ class Engine:
         """How many tokens a context shift drops from the job's slot: half of those after
         the kept ones, as llama-server does (0: none, the generation ends at the window)."""
         keep = job.request.shift_keep
-        if keep is None or job.slot is None or not isinstance(self.model, ShiftableModel):
+        if keep is None or job.slot is None or self._shifter is None:
             return 0
         return (len(job.slot.tokens) - keep) // 2
 
@@ -634,13 +637,13 @@ class Engine:
         """Context shift: keep the slot's first `shift_keep` tokens, drop half of the rest
         and move what follows back to close the gap; the generation goes on."""
         slot, keep, discard = job.slot, job.request.shift_keep, self._discard(job)
-        assert slot is not None and keep is not None and isinstance(self.model, ShiftableModel)
+        assert slot is not None and keep is not None and self._shifter is not None
         length = len(slot.tokens)
         if not self.model.seq_remove(slot.seq_id, keep, keep + discard):
             self._reset(slot)
             self._fail(job, KronkError(f"the KV cache of slot {slot.id} could not be shifted"))
             return
-        self.model.seq_shift(slot.seq_id, keep + discard, length, -discard)
+        self._shifter.seq_shift(slot.seq_id, keep + discard, length, -discard)
         del slot.tokens[keep : keep + discard]
         job.shifted = True
         log.debug(
