@@ -10,6 +10,7 @@ from kronk_core.records import RequestRecord
 from kronk_core.sampling import SamplerStage
 from kronk_core.types import (
     DEFAULT_MAX_TOKENS,
+    Adapters,
     FinishReason,
     SamplingParams,
     TokenLogprob,
@@ -43,6 +44,9 @@ class GenerationRequest:
     # Context shift: when the window fills, keep this many leading tokens, drop half of the
     # rest and go on. None: the generation ends there with `length`.
     shift_keep: int | None = None
+    # The LoRA adapters its decodes apply: part of what its KV holds, so a cached prefix is
+    # reused only under the same adapters, and a step decodes one adapter set.
+    adapters: Adapters = ()
 
 
 @dataclass(frozen=True, slots=True)

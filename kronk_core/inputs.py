@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaKind
 from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import (
+    Adapters,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
@@ -128,6 +130,7 @@ def chat_request(
     logit_bias: Mapping[int, float] | None = None,
     n: int = 1,
     n_keep: int = 0,
+    lora: Mapping[int, float] | None = None,
     **sampling: Any,
 ) -> ChatRequest:
     """A ChatRequest from keyword arguments; sampling keys as in the manual.
@@ -135,7 +138,8 @@ def chat_request(
     `tool_choice` is "auto", "none", "required" or the name of one of `tools`;
     `continue_final_message` continues the last (assistant) message's text; `n` asks for
     that many choices (`Kronk.start_choices`); `n_keep`: the prompt tokens a context shift
-    keeps (-1: all).
+    keeps (-1: all); `lora`: adapter id → scale for the model's LoRA adapters (those left
+    out: 0; None: the model's current scales).
     """
     overrides = _sampling_overrides(sampling, max_tokens, top_logprobs)
     return ChatRequest(
@@ -158,6 +162,7 @@ def chat_request(
         logit_bias=_logit_bias(logit_bias),
         n=n,
         n_keep=_n_keep(n_keep),
+        lora=lora_scales(lora),
     )
 
 
@@ -172,6 +177,7 @@ def completion_request(
     logit_bias: Mapping[int, float] | None = None,
     n: int = 1,
     n_keep: int = 0,
+    lora: Mapping[int, float] | None = None,
     **sampling: Any,
 ) -> CompletionRequest:
     """A CompletionRequest from keyword arguments: `prompt` is text or token ids."""
@@ -191,6 +197,7 @@ def completion_request(
         logit_bias=_logit_bias(logit_bias),
         n=n,
         n_keep=_n_keep(n_keep),
+        lora=lora_scales(lora),
     )
 
 
@@ -198,6 +205,24 @@ def _n_keep(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise InvalidRequestError("n_keep must be -1 (the whole prompt) or more", param="n_keep")
     return value
+
+
+def lora_scales(value: Mapping[int, float] | None) -> Adapters | None:
+    """Adapter id → scale, checked (ids against the model when the request is prepared)."""
+    if value is None:
+        return None
+    pairs = []
+    for adapter, scale in value.items():
+        if not isinstance(adapter, int) or isinstance(adapter, bool) or adapter < 0:
+            raise InvalidRequestError(f"lora: {adapter!r} is not an adapter id", param="lora")
+        number = isinstance(scale, int | float) and not isinstance(scale, bool)
+        if not number or not math.isfinite(scale):
+            raise InvalidRequestError(
+                f"lora: adapter {adapter}'s scale must be a finite number, got {scale!r}",
+                param="lora",
+            )
+        pairs.append((adapter, float(scale)))
+    return tuple(sorted(pairs))
 
 
 def _logit_bias(value: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:

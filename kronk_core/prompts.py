@@ -97,6 +97,7 @@ def prepare_chat(loaded: LoadedModel, request: ChatRequest, scope: PromptScope) 
         special_tokens_as_text=loaded.template.special_tokens_as_text,
         media=rendered.spans,
         shift_keep=keep,
+        adapters=loaded.adapters_for(request.lora),
     )
     parser, *more = (loaded.template.parser(options, prompt_text) for _ in range(request.n))
     return PreparedChat(generation, parser, dropped, prompt_text, tuple(more))
@@ -130,6 +131,7 @@ def prepare_completion(loaded: LoadedModel, request: CompletionRequest) -> Prepa
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
         shift_keep=keep,
+        adapters=loaded.adapters_for(request.lora),
     )
     if request.infill is not None:  # what the model read, its FIM tokens spelled out
         spelled = b"".join(loaded.model.token_bytes(token, special=True) for token in prompt)

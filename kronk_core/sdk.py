@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
-from kronk_core.contract.backend import ModelFacts
+from kronk_core.contract.backend import AdapterInfo, ModelFacts
 from kronk_core.contract.cache import PromptScope
 from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
@@ -28,6 +28,7 @@ from kronk_core.contract.templates import RenderOptions
 from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
 from kronk_core.generation import GenerationRequest
+from kronk_core.inputs import lora_scales
 from kronk_core.media import Media, MediaKind, check_media
 from kronk_core.prompts import (
     PreparedChat,
@@ -557,6 +558,23 @@ class Kronk:
         that are not valid UTF-8 (a cut character) read as U+FFFD."""
         pieces = await self.token_pieces(tokens, model=model)
         return b"".join(pieces).decode("utf-8", errors="replace")
+
+    async def lora_adapters(self, *, model: str | None = None) -> list[AdapterInfo]:
+        """The model's LoRA adapters, each with the scale requests now get (loads it)."""
+        with text_model(await self.lease(model)) as loaded:
+            adapters = loaded.info.adapters
+            return [replace(a, scale=s) for a, s in zip(adapters, loaded.lora_scales, strict=True)]
+
+    async def set_lora_adapters(
+        self, scales: Mapping[int, float], *, model: str | None = None
+    ) -> list[AdapterInfo]:
+        """Scales for the model's later requests (those not listed: 0), as llama-server's
+        POST /lora-adapters, until it is unloaded; what `lora_adapters` then says."""
+        checked = lora_scales(scales)
+        assert checked is not None
+        with text_model(await self.lease(model)) as loaded:
+            loaded.set_lora_scales(checked)
+        return await self.lora_adapters(model=model)
 
     async def _using(self, model: PooledModel, work: Callable[[], T]) -> T:
         """`work()` in a worker thread, while the caller's lease holds `model`. A caller

@@ -220,6 +220,12 @@ class ChatResult:
     stop_sequence: str | None = None
 
 
+# LoRA adapters: (adapter id, scale) pairs. As a request's `lora`, the scales it asks for
+# (adapters it leaves out get 0, as llama-server's); as what a decode applies
+# (GenerationRequest.adapters), the non-zero ones by id, empty for the model's own weights.
+Adapters = tuple[tuple[int, float], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A chat request as every dialect hands it to the SDK.
@@ -252,6 +258,8 @@ class ChatRequest:
     # Context shift (the model's `context_shift`): the prompt's leading tokens kept when the
     # window fills, after the model's BOS (llama-server's n_keep; -1: the whole prompt).
     n_keep: int = 0
+    # The LoRA adapters' scales for this request; None: the model's current ones.
+    lora: Adapters | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +303,7 @@ class CompletionRequest:
     n: int = 1
     infill: Infill | None = None
     n_keep: int = 0  # as a ChatRequest's
+    lora: Adapters | None = None  # as a ChatRequest's
 
 
 # Moved to kronk_core.generation (what the engine runs and reports), which may import the

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan
 from kronk_core.sampling import SamplerStage
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import TokenDistribution, TokenLogprob
+from kronk_core.types import Adapters, TokenDistribution, TokenLogprob
 
 
 class Capability(StrEnum):
@@ -47,6 +47,16 @@ class FimTokens:
     middle: int
     repo: int | None = None
     separator: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    """A LoRA adapter loaded with a model: `id` is its index (what requests name it by, as
+    llama-server's), `scale` what requests get unless they say otherwise."""
+
+    id: int
+    path: str
+    scale: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,8 @@ class ModelInfo:
     # The KV cache can move positions (a ShiftableModel): no sliding window, no recurrent
     # state, one position per token (context shift).
     kv_shiftable: bool = False
+    # LoRA adapters loaded with the model (an AdaptedModel), by id.
+    adapters: tuple[AdapterInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +261,15 @@ class ShiftableModel(Protocol):
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
         """Move positions [start, end) of seq_id by `delta` (end -1 = to the end); the keys
         are rotated to their new positions at the next decode."""
+
+
+@runtime_checkable
+class AdaptedModel(Protocol):
+    """A TextModel with LoRA adapters loaded (`ModelInfo.adapters`)."""
+
+    def use_adapters(self, adapters: Adapters) -> None:
+        """Apply these adapters, and no others, to the decodes that follow (the engine
+        thread calls it between decodes)."""
 
 
 @runtime_checkable

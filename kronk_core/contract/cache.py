@@ -10,7 +10,7 @@ from kronk_core.contract.backend import ModelInfo, TextModel
 from kronk_core.contract.registry import RegistryKind
 from kronk_core.generation import GenerationRequest
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import ChatMessage
+from kronk_core.types import Adapters, ChatMessage
 
 
 @dataclass(slots=True)
@@ -18,7 +18,9 @@ class Slot:
     """One engine slot, bound 1:1 to a KV sequence.
 
     `tokens` is the truth about the cache: exactly the token ids whose KV is in
-    sequence `seq_id`, in order, generated tokens included.
+    sequence `seq_id`, in order, generated tokens included; `adapters` the LoRA adapters
+    they were decoded under (the engine gives a strategy only slots whose adapters are the
+    request's, or empty ones).
     """
 
     id: int
@@ -27,6 +29,7 @@ class Slot:
     busy: bool = False
     pending: bool = False
     last_used: float = 0.0
+    adapters: Adapters = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,11 @@ class CacheStrategy(Protocol):
 
     def prefilled(self, slot: Slot, model: TextModel) -> None:
         """The whole prompt is in the slot and its first token was sampled, not yet decoded."""
+
+    def evict(self, slot: Slot, model: TextModel) -> None:
+        """Empty this free slot: the engine gives it to a request its KV cannot serve (one
+        under other LoRA adapters). Keep what is worth keeping first, as at any eviction; on
+        return `slot.tokens` is empty."""
 
     def release(self, slot: Slot, model: TextModel) -> None:
         """The request in this slot finished; keep or drop its KV."""

@@ -25,10 +25,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
 
-from kronk_core.contract.backend import Batch, MediaModel, ShiftableModel, TextModel
+from kronk_core.contract.backend import (
+    AdaptedModel,
+    Batch,
+    MediaModel,
+    ShiftableModel,
+    TextModel,
+)
 from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
 from kronk_core.contract.drafts import Draft, DraftStrategy
 from kronk_core.errors import (
@@ -48,7 +54,7 @@ from kronk_core.runtime.reports import EngineStats, SlotState, StepRecord
 from kronk_core.runtime.speculation import Speculating, Speculation
 from kronk_core.sampling import SamplerStage
 from kronk_core.tokens import common_prefix
-from kronk_core.types import FinishReason, SamplingParams, TokenLogprob, Usage
+from kronk_core.types import Adapters, FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +129,10 @@ class Engine:
         # Context shift's KV operations, where the model can move positions (the load
         # refuses `context_shift` elsewhere, so no request asks for it there).
         self._shifter = model if isinstance(model, ShiftableModel) else None
+        # LoRA adapters: one set per decode, the one the last step applied (`_turn`).
+        self._adapted = model if model.info.adapters and isinstance(model, AdaptedModel) else None
+        self._adapters: Adapters = ()
+        self._turns = 0
         self._media: MediaEncoder | None = None
         if isinstance(model, MediaModel) and model.info.media:
             self._media = MediaEncoder(model, self._wake_up)
@@ -266,6 +276,7 @@ class Engine:
                 idle_seconds=0.0 if slot.busy or not slot.last_used else now - slot.last_used,
                 busy=slot.busy,
                 pending=slot.pending,
+                adapters=slot.adapters,
             )
             if self._speculation is not None:
                 counts = self._speculation.counts(slot.id)
@@ -412,13 +423,14 @@ class Engine:
             self._reserve(job)
 
     def _start(self, job: Job, free: list[Slot]) -> None:
-        slot = self._cache.select_slot(self._home(free, job.request), job.request, self.model)
+        slot = self._select(free, job.request)
         slot.busy = slot.pending = True
         job.slot = slot
         job.started_at = time.monotonic()
         self._active.append(job)
         try:
-            plan = self._cache.prepare(slot, job.request, self.model, self.slots)
+            slots = [other for other in self.slots if other.adapters == slot.adapters]
+            plan = self._cache.prepare(slot, job.request, self.model, slots)
             reused = self._keep_whole_media(slot, job.request.media, plan.reused)
             reused = self._keep_before_last_chunk(slot, job.request, reused)
             reused = self._copy_prompt(job, slot, reused)
@@ -457,7 +469,7 @@ class Engine:
         for follower in job.followers:
             free = [slot for slot in self.slots if not slot.busy]
             request = follower.request
-            slot = self._cache.select_slot(self._home(free, request), request, self.model)
+            slot = self._select(free, request)
             slot.busy = slot.pending = True
             follower.slot = slot
             # A seeded or greedy request gives the same choices again only if its first
@@ -499,6 +511,22 @@ class Engine:
             waiting[0].followers = waiting[1:]
             with self._waiting_lock:
                 self._waiting.appendleft(waiting[0])
+
+    def _select(self, free: list[Slot], request: GenerationRequest) -> Slot:
+        """The cache strategy's pick among the free slots whose KV was decoded under the
+        request's LoRA adapters (or is empty); where none is, the least recently used,
+        which the strategy evicts (no prefix it holds is the request's)."""
+        adapters = request.adapters
+        same = [slot for slot in free if slot.adapters == adapters or not slot.tokens]
+        if same:
+            slot = self._cache.select_slot(self._home(same, request), request, self.model)
+        else:
+            slot = min(free, key=lambda slot: slot.last_used)
+            self._cache.evict(slot, self.model)
+            if slot.tokens:  # a strategy that kept some: nothing of it may serve this request
+                self._reset(slot)
+        slot.adapters = adapters
+        return slot
 
     def _copy_prompt(self, job: Job, slot: Slot, reused: int) -> int:
         """For a later choice, its prompt but the last token (whose logits it needs) copied
@@ -569,9 +597,31 @@ class Engine:
         for job in list(self._active):  # a failed shift ends its job
             if job.pending_token is not None and job.slot is not None and self._window_full(job):
                 self._shift(job)
-        drafts = self._drafts() if self._speculation is not None else {}
-        parts: list[Part] = []
+        return any(self._step_jobs(jobs, began) for jobs in self._turn())
+
+    def _turn(self) -> Iterator[list[Job]]:
+        """The active requests by LoRA adapter set, whose turn first: a decode applies one
+        set, so each set with work takes a step in turn (all of them, without adapters)."""
+        if self._adapted is None:
+            yield self._active
+            return
+        groups: dict[Adapters, list[Job]] = {}
         for job in self._active:
+            groups.setdefault(job.request.adapters, []).append(job)
+        order = list(groups)
+        self._turns += 1
+        for index in range(len(order)):
+            adapters = order[(self._turns + index) % len(order)]
+            if adapters != self._adapters:
+                self._adapted.use_adapters(adapters)
+                self._adapters = adapters
+            yield groups[adapters]
+
+    def _step_jobs(self, jobs: list[Job], began: float) -> bool:
+        """`_step` for these requests (one adapter set); False when none has anything to decode."""
+        drafts = self._drafts(jobs) if self._speculation is not None else {}
+        parts: list[Part] = []
+        for job in jobs:
             if job.pending_token is not None and job.slot is not None:
                 draft = drafts.get(job.slot.id)
                 tokens = (job.pending_token, *draft.tokens) if draft else (job.pending_token,)
@@ -583,7 +633,7 @@ class Engine:
         generated = len(parts)
         media: list[MediaPart] = []
         failed: list[Job] = []
-        for job in self._active:
+        for job in jobs:
             if budget <= 0:
                 break
             if not job.prefilling or job.slot is None:
@@ -753,12 +803,12 @@ class Engine:
             seconds = time.perf_counter() - began
             self._speculation.stepped(len(parts), bool(drafts), output, seconds)
 
-    def _drafts(self) -> dict[int, Draft]:
+    def _drafts(self, jobs: Sequence[Job]) -> dict[int, Draft]:
         """Draft tokens by slot id for the generating slots (speculative decoding)."""
         assert self._speculation is not None
         generating: list[Speculating] = []
         prefill = 0
-        for job in self._active:
+        for job in jobs:
             slot = job.slot
             if slot is None:
                 continue

@@ -16,7 +16,13 @@ from kronk_core.contract.drafts import DRAFT_STRATEGIES, DraftStrategy
 from kronk_core.contract.host import Host, PluginManager
 from kronk_core.contract.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
 from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
-from kronk_core.errors import CapabilityError, ConfigError, ModelLoadError, TemplateError
+from kronk_core.errors import (
+    CapabilityError,
+    ConfigError,
+    InvalidRequestError,
+    ModelLoadError,
+    TemplateError,
+)
 from kronk_core.media import MEDIA_MARKER, Media, MediaPrompt
 from kronk_core.records import RequestRecord
 from kronk_core.runtime.engine import Engine
@@ -30,7 +36,7 @@ from kronk_core.settings.model_files import (
     resolve_reference,
 )
 from kronk_core.settings.sections import ModelSection, bind, declared_sections
-from kronk_core.types import ChatMessage, SamplingParams
+from kronk_core.types import Adapters, ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +49,45 @@ class LoadedModel:
     engine: Engine
     template: TemplateProcessor
     cache: CacheStrategy
+    # The LoRA adapters' scales requests get unless they ask for others, by adapter id: the
+    # model config's until `set_lora_scales`.
+    lora_scales: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.lora_scales = tuple(adapter.scale for adapter in self.model.info.adapters)
 
     @property
     def id(self) -> str:
         return self.config.id
+
+    def set_lora_scales(self, scales: Adapters) -> None:
+        """Scales for later requests, as llama-server's POST /lora-adapters: the adapters
+        listed get theirs, the others 0."""
+        given = dict(self._checked(scales))
+        self.lora_scales = tuple(given.get(index, 0.0) for index in range(len(self.lora_scales)))
+
+    def adapters_for(self, lora: Adapters | None) -> Adapters:
+        """The adapters a request's decodes apply: its `lora` scales (adapters it leaves out:
+        0) or the current ones, the non-zero ones by id."""
+        if lora is None:
+            scales: Adapters = tuple(enumerate(self.lora_scales))
+        else:
+            scales = self._checked(lora)
+        return tuple((index, scale) for index, scale in sorted(scales) if scale != 0.0)
+
+    def _checked(self, scales: Adapters) -> Adapters:
+        count = len(self.lora_scales)
+        ids = [index for index, _ in scales]
+        for index in ids:
+            if not 0 <= index < count:
+                have = f"ids 0-{count - 1}" if count else "none"
+                raise InvalidRequestError(
+                    f"lora: {self.id} has no adapter {index} (its LoRA adapters: {have})",
+                    param="lora",
+                )
+        if len(set(ids)) < len(ids):
+            raise InvalidRequestError("lora: an adapter is listed twice", param="lora")
+        return scales
 
     @property
     def info(self) -> ModelInfo:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kronk_core.types import Adapters
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
@@ -33,6 +35,8 @@ class SlotState:
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     draft_acceptance: float | None = None
+    # The LoRA adapters its cached tokens were decoded under ((id, scale) pairs).
+    adapters: Adapters = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,22 @@ class SamplingConfig(BaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class LoraAdapterConfig(BaseModel):
+    """A LoRA adapter (a GGUF of llama.cpp's `convert_lora_to_gguf.py`) loaded with the model;
+    `scale` is what requests get unless they ask for another (0: loaded, not applied, as
+    llama-server's --lora-init-without-apply)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    scale: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+
+
+def _adapter_entry(value: Any) -> Any:
+    """`lora: [FILE]` is short for `lora: [{path: FILE}]` (llama-server's --lora FILE)."""
+    return {"path": value} if isinstance(value, str | Path) else value
+
+
 class ModelConfig(BaseModel):
     """One model's settings: the `models: {ID: {...}}` entries of the model-config file.
 
@@ -88,6 +104,10 @@ class ModelConfig(BaseModel):
     aliases: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     # A vision or audio projector (llama.cpp's mmproj file) the model reads media through.
     projector_path: Path | None = None
+    # LoRA adapters applied to every request unless it asks for other scales (`lora`).
+    lora: list[Annotated[LoraAdapterConfig, BeforeValidator(_adapter_entry)]] = Field(
+        default_factory=list
+    )
     backend: str | None = None
     # Unset: the backend chooses (llamacpp: the training length, lowered to what fits).
     context_window: Annotated[int, Field(gt=0)] | None = None

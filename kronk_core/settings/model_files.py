@@ -191,6 +191,13 @@ def resolve_model_config(
         projector = projector.expanduser()
         if not projector.is_file():
             raise ConfigError(f"models.{model_id}.projector_path", f"file not found: {projector}")
+    adapters = []
+    for index, adapter in enumerate(configured.lora):
+        adapter_path = adapter.path.expanduser()
+        if not adapter_path.is_file():
+            key = f"models.{model_id}.lora.{index}.path"
+            raise ConfigError(key, f"file not found: {adapter_path}")
+        adapters.append(adapter.model_copy(update={"path": adapter_path}))
     if configured.model_path is not None:
         path = configured.model_path.expanduser()
         if not path.is_file():
@@ -205,7 +212,9 @@ def resolve_model_config(
             f"models.{model_id}.model_path",
             f"not set, and no model {base_id} under {models_dir(config)}",
         )
-    return configured.model_copy(update={"model_path": path, "projector_path": projector})
+    return configured.model_copy(
+        update={"model_path": path, "projector_path": projector, "lora": adapters}
+    )
 
 
 def removable_files(

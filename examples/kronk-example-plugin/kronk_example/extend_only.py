@@ -72,6 +72,11 @@ class ExtendOnly:
     def prefilled(self, slot: Slot, model: TextModel) -> None:
         pass
 
+    def evict(self, slot: Slot, model: TextModel) -> None:
+        model.seq_remove(slot.seq_id, 0, -1)
+        slot.tokens.clear()
+        self._counters = replace(self._counters, evictions=self._counters.evictions + 1)
+
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens lists exactly what is in the KV."""
 

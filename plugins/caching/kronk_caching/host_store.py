@@ -49,6 +49,7 @@ from kronk_caching.disk import (
 from kronk_caching.eviction import Duel, Placement, continued, place
 from kronk_caching.prefix import token_key
 from kronk_core.tokens import common_prefix
+from kronk_core.types import Adapters
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class StoredConversation:
     # (ascending by length).
     checkpoint_spans: tuple[tuple[int, int], ...] = ()
     checkpoints: tuple[Checkpoint, ...] | None = ()  # None: only on disk
+    # The LoRA adapters it was decoded under: a prompt under others never restores it.
+    adapters: Adapters = ()
 
     @property
     def ram_bytes(self) -> int:
@@ -226,23 +229,31 @@ class HostStore:
         state: bytes,
         floor: int = 0,
         checkpoints: Sequence[Checkpoint] = (),
+        adapters: Adapters = (),
     ) -> None:
         """Keep this conversation's state; drop stored conversations it extends, where it
         can be cut back to them (a sliding window's state often cannot: the shorter one
-        then stays, for branches that leave the conversation there)."""
-        key = token_key(tokens)
+        then stays, for branches that leave the conversation there). One decoded under
+        LoRA adapters stays in RAM: the disk's entries are the model's own weights'."""
+        key = token_key(tokens, adapters)
         ordered = tuple(sorted(checkpoints, key=lambda c: c.length))
         entry = StoredConversation(
-            tuple(tokens), state, None, floor, tuple(c.span for c in ordered), ordered
+            tuple(tokens), state, None, floor, tuple(c.span for c in ordered), ordered, adapters
         )
-        extends = continued(self._restored, lambda k: self._entries[k].tokens, tokens)
+        extends = [
+            k
+            for k in continued(self._restored, lambda k: self._entries[k].tokens, tokens)
+            if self._entries[k].adapters == adapters
+        ]
         kept = max((self._restored[k] for k in extends), default=0)
         superseded = [
             k
             for k, e in self._entries.items()
-            if _is_prefix(e.tokens, tokens) and entry.keeps(len(e.tokens))
+            if e.adapters == adapters
+            and _is_prefix(e.tokens, tokens)
+            and entry.keeps(len(e.tokens))
         ]
-        if self._directory is not None:
+        if self._directory is not None and not adapters:
             # Written before what it supersedes leaves the disk: a process killed in
             # between leaves both there, never neither (a conversation written through
             # keeps its previous turn until the next one is whole).
@@ -290,7 +301,10 @@ class HostStore:
         self._disk_failing = True
 
     def best(
-        self, prompt: Sequence[int], usable: Callable[[StoredConversation, int], int]
+        self,
+        prompt: Sequence[int],
+        usable: Callable[[StoredConversation, int], int],
+        adapters: Adapters = (),
     ) -> tuple[int, StoredConversation | None]:
         """The entry that keeps the most of the prompt, and how much: for each entry,
         `usable(entry, shared prefix)` says how much of it a restore can keep. The
@@ -301,6 +315,8 @@ class HostStore:
             self._refresh()
         best_keep, best_key = 0, b""
         for key, entry in self._entries.items():
+            if entry.adapters != adapters:
+                continue
             keep = usable(entry, common_prefix(entry.tokens, prompt))
             if keep and keep >= best_keep:
                 best_keep, best_key = keep, key
@@ -374,7 +390,7 @@ class HostStore:
             self._refused[stem] = skipped.identity
 
     def _forget_entry(self, entry: StoredConversation) -> None:
-        key = token_key(entry.tokens)
+        key = token_key(entry.tokens, entry.adapters)
         if self._entries.get(key) is entry:
             self._bytes -= entry.ram_bytes
             self._forget(key)

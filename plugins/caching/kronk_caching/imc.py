@@ -241,6 +241,10 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if len(kept) > EARLIEST_CHECKPOINTS + self._max_checkpoints:
             del kept[EARLIEST_CHECKPOINTS]
 
+    def evict(self, slot: Slot, model: TextModel) -> None:
+        """To the host tier, whence a request under the slot's adapters restores it."""
+        self._evict(slot, model)
+
     def release(self, slot: Slot, model: TextModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
         if self._write_through:
@@ -292,7 +296,8 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if self.store is not None and len(slot.tokens) >= self._min_tokens:
             floor = model.trim_floor(slot.seq_id)
             checkpoints = self._checkpoints.get(slot.id, ())
-            self.store.put(slot.tokens, model.seq_state(slot.seq_id), floor, checkpoints)
+            state = model.seq_state(slot.seq_id)
+            self.store.put(slot.tokens, state, floor, checkpoints, slot.adapters)
 
     def _stored(
         self, request: GenerationRequest, at_least: int
@@ -310,7 +315,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
             kept = through(entry.checkpoint_spans, keep)
             return kept if kept >= self._min_tokens else 0
 
-        keep, entry = self.store.best(prompt, usable)
+        keep, entry = self.store.best(prompt, usable, request.adapters)
         return (keep, entry) if keep >= at_least else (0, None)
 
     def _load(self, slot: Slot, entry: StoredConversation, keep: int, model: TextModel) -> int:

@@ -43,6 +43,9 @@ class NoCache(PromptsAsGiven):
     def prefilled(self, slot: Slot, model: TextModel) -> None:
         pass
 
+    def evict(self, slot: Slot, model: TextModel) -> None:
+        clear(slot, model)
+
     def release(self, slot: Slot, model: TextModel) -> None:
         clear(slot, model)
 

@@ -92,7 +92,7 @@ class SystemPromptCache(Counted, NoCache):
         if size < max(1, self._min_tokens) or size >= len(request.prompt_tokens):
             return CachePlan(reused=0)
         system = request.prompt_tokens[:size]
-        key = token_key(system)
+        key = token_key(system, request.adapters)
         state = self._states.get(key)
         if state is not None:
             if model.set_seq_state(slot.seq_id, state) > 0:
@@ -112,7 +112,7 @@ class SystemPromptCache(Counted, NoCache):
         exact = size >= model.trim_floor(slot.seq_id)  # cutting there keeps the window whole
         if size and len(slot.tokens) >= size and exact and model.seq_remove(slot.seq_id, size, -1):
             del slot.tokens[size:]
-            self._states[token_key(slot.tokens)] = model.seq_state(slot.seq_id)
+            self._states[token_key(slot.tokens, slot.adapters)] = model.seq_state(slot.seq_id)
             while len(self._states) > self._max_entries:
                 self._states.popitem(last=False)
                 self._count(evictions=1)

@@ -7,6 +7,7 @@ import logging
 import llama_cpp
 
 from kronk_core.contract.backend import EmbeddingModel, TextModel
+from kronk_core.errors import ConfigError
 from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
@@ -43,6 +44,11 @@ class LlamaCppBackend:
             llama_cpp.llama_model_free(weights)
             raise
         # Each class owns the weights from here on and frees them if it fails.
+        if pooling is not None and config.lora:
+            llama_cpp.llama_model_free(weights)
+            raise ConfigError(
+                config.section_key("lora"), "LoRA adapters apply to text models, not embeddings"
+            )
         if pooling is not None:
             return LlamaEmbeddingModel(config, weights, pooling)
         if config.projector_path is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llama_cpp
 
@@ -23,10 +25,28 @@ _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ER
 # slots (kv_unified) that is no overflow; model.py warns per slot instead.
 _POOL_WARNING = b"possible training context overflow"
 
+# The error lines llama.cpp logs on a thread inside `errors_logged`: llama.cpp says why only
+# there, where a call it refuses returns NULL.
+_captured = threading.local()
+
+
+@contextmanager
+def errors_logged() -> Iterator[list[str]]:
+    """The error lines llama.cpp logs on this thread while the block runs."""
+    lines: list[str] = []
+    _captured.lines = lines
+    try:
+        yield lines
+    finally:
+        _captured.lines = None
+
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
 def route_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     python_level = _LEVELS.get(level, logging.DEBUG)
+    captured = getattr(_captured, "lines", None)
+    if captured is not None and python_level == logging.ERROR:
+        captured.append(text.decode("utf-8", errors="replace").strip())
     if _POOL_WARNING in text:
         python_level = logging.DEBUG
     if log.isEnabledFor(python_level):

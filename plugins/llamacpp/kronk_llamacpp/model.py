@@ -15,7 +15,8 @@ from kronk_core.contract.backend import Batch, FimTokens, ModelInfo
 from kronk_core.errors import EngineClosedError, KronkError, KVCacheFullError, ModelLoadError
 from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import TokenLogprob, TopLogprob
+from kronk_core.types import Adapters, TokenLogprob, TopLogprob
+from kronk_llamacpp.adapters import LoraAdapters
 from kronk_llamacpp.compute import runner
 from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
@@ -143,6 +144,7 @@ class LlamaTextModel:
                 f"x {config.n_seq_max} slots for {config.id} (out of memory?)"
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._lora = LoraAdapters(model, config)
         # llama.cpp may round the pool up; a slot gets its share of what exists.
         self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx(self._ctx)) // config.n_seq_max
         self._n_batch = config.n_batch
@@ -199,6 +201,7 @@ class LlamaTextModel:
             ),
             overlap_decode=llama.overlap_decode,
             fim=fim_tokens(self._vocab),
+            adapters=self._lora.info,
         )
 
     # ---- tokens ------------------------------------------------------------
@@ -309,6 +312,11 @@ class LlamaTextModel:
         )
 
     # ---- KV sequences ------------------------------------------------------
+
+    @while_open
+    def use_adapters(self, adapters: Adapters) -> None:
+        assert self._ctx is not None
+        self._lora.apply(self._ctx, adapters)
 
     @while_open
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:

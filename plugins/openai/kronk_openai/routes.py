@@ -27,6 +27,7 @@ from kronk_openai.choices import merged, total_usage
 from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
 from kronk_openai.infill import infill
+from kronk_openai.lora import LORA_ROUTES
 from kronk_openai.objects import (
     FINISH_REASONS,
     delta_dicts,
@@ -282,6 +283,7 @@ def router() -> Router:
             tokenize_llama_server,
             detokenize,
             infill,
+            *LORA_ROUTES,
             *AUDIO_ROUTES,
             *RESPONSES_ROUTES,
         ],

@@ -12,6 +12,7 @@ from kronk_core.errors import InvalidRequestError
 from kronk_core.media import MEDIA_MARKER, Media, MediaSources, bare_base64
 from kronk_core.settings.config import SamplingConfig
 from kronk_core.types import (
+    Adapters,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
@@ -235,6 +236,19 @@ class UsageInStream(StrEnum):
     none = "none"
 
 
+class LoraScale(BaseModel):
+    """One LoRA adapter's scale, as llama-server's `lora` and /lora-adapters take it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: Annotated[int, Field(ge=0)]
+    scale: Annotated[float, Field(allow_inf_nan=False)]
+
+
+def lora_of(entries: list[LoraScale] | None) -> Adapters | None:
+    return None if entries is None else tuple((entry.id, entry.scale) for entry in entries)
+
+
 class _Generation(SamplingConfig):
     """What chat and raw completions share. Unknown fields are ignored, as OpenAI clients
     send extras; the sampling fields (temperature, top_k, DRY, XTC, ...) come from
@@ -258,6 +272,8 @@ class _Generation(SamplingConfig):
     user: str | None = None
     # llama-server's: the prompt tokens a context shift keeps (-1: all of them).
     n_keep: Annotated[int, Field(ge=-1)] = 0
+    # llama-server's: the LoRA adapters' scales (those left out: 0); unset: the model's.
+    lora: list[LoraScale] | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -374,6 +390,7 @@ class ChatCompletionRequest(_Generation):
             logit_bias=self.biases(),
             n=self.n,
             n_keep=self.n_keep,
+            lora=lora_of(self.lora),
         )
 
     def _continues(self) -> bool:
@@ -444,6 +461,7 @@ class TextCompletionRequest(_Generation):
             logit_bias=self.biases(),
             n=self.candidates,
             n_keep=self.n_keep,
+            lora=lora_of(self.lora),
             # OpenAI's fill in the middle: the prompt before the insertion, the suffix after.
             infill=Infill(suffix=self.suffix) if self.suffix else None,
         )
@@ -476,6 +494,7 @@ class InfillRequest(SamplingConfig):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: list[str] | None = None
     stream: bool = False
+    lora: list[LoraScale] | None = None  # as a completion's
 
     def to_core(self) -> CompletionRequest:
         files = tuple(InfillFile(file.filename, file.text) for file in self.input_extra)
@@ -487,6 +506,7 @@ class InfillRequest(SamplingConfig):
             max_tokens=wanted,
             stop=tuple(self.stop or ()),
             infill=Infill(suffix=self.input_suffix, typed=self.prompt, files=files),
+            lora=lora_of(self.lora),
         )
 
 
