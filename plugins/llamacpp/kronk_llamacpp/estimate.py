@@ -193,7 +193,9 @@ def estimate(config: ModelConfig, devices: Sequence[Device]) -> MemoryEstimate:
     llama = SETTINGS.of(config)
     meta = read_metadata(config.model_path)
     n_layer, per_token = kv_bytes_per_token(llama, meta)
-    weights = config.model_path.stat().st_size
+    # LoRA adapters' tensors sit beside the weights they adapt, on the same devices.
+    adapters = sum(adapter.path.stat().st_size for adapter in config.lora)
+    weights = config.model_path.stat().st_size + adapters
     context = config.context_window or choose_context(config, devices, meta, weights).tokens
     kv = context * config.n_seq_max * per_token
     projector, media = _projector(config)
