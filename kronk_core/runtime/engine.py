@@ -407,10 +407,13 @@ class Engine:
                 job = self._waiting[held]
                 if len(free) <= len(job.followers):
                     return  # a request's choices start together: it waits for their slots
+                # Only a slot under the request's LoRA adapters could give it a prefix.
                 prefilling = [
                     (active.slot, active.request.prompt_tokens)
                     for active in self._active
-                    if active.prefilling and active.slot is not None
+                    if active.prefilling
+                    and active.slot is not None
+                    and active.request.adapters == job.request.adapters
                 ]
                 if prefilling and self._cache.admit_later(job.request, prefilling):
                     held += 1
