@@ -292,6 +292,10 @@ def test_the_http_api_lists_sets_and_takes_adapters_as_llama_server(
                 model="adapted", prompt=PROMPT, max_tokens=ANSWER, temperature=0
             )
             assert default.choices[0].text == asked.choices[0].text
+            (entry,) = [
+                e for e in http.get("/v1/kronk/slots").json()["data"] if e["model"] == "adapted"
+            ]
+            assert [[1, 0.5]] in [slot["adapters"] for slot in entry["slots"]]
         finally:
             http.post("/lora-adapters", params=where, json=[{"id": 0, "scale": 1}])
         bad = [

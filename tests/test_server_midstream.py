@@ -65,10 +65,9 @@ async def test_slots_endpoint_reports_cache_state(server: RunningServer) -> None
     }
     assert [slot["id"] for slot in entry["slots"]] == [0, 1, 2, 3]
     speculation = {"accepted_prediction_tokens", "rejected_prediction_tokens", "draft_acceptance"}
-    assert all(
-        set(slot) == {"id", "cached_tokens", "idle_seconds", "busy", "pending", *speculation}
-        for slot in entry["slots"]
-    )
+    fields = {"id", "cached_tokens", "idle_seconds", "busy", "pending", "adapters"}
+    assert all(set(slot) == fields | speculation for slot in entry["slots"])
+    assert all(slot["adapters"] == [] for slot in entry["slots"])  # a model without LoRA
     # No draft strategy on this model: nothing drafted, no acceptance rate.
     assert all(
         (slot["accepted_prediction_tokens"], slot["rejected_prediction_tokens"]) == (0, 0)

@@ -473,6 +473,7 @@ ANY_TOKEN_ROUTES = [
     ("GET", "/api/tags"),
     ("GET", "/api/ps"),
     ("POST", "/api/show"),
+    ("GET", "/lora-adapters"),
 ]
 GRANTED_ROUTES = {
     "chat-completions": [("POST", "/v1/chat/completions")],
@@ -507,6 +508,7 @@ ADMIN_ROUTES = [
     ("DELETE", "/v1/kronk/models/{model_id}"),
     ("POST", "/api/pull"),  # Ollama's, as the catalog's pulls and `kronk model rm`
     ("DELETE", "/api/delete"),
+    ("POST", "/lora-adapters"),  # llama-server's: the scales every later request gets
     # The Kronk manual's operator routes.
     ("GET", "/v1/kronk/models/ps"),
     ("GET", "/v1/kronk/models/imc-sessions"),
