@@ -368,6 +368,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_step_split.py", "--kv-split")
     session.run("python", "bench/bench_caching.py")
     session.run("python", "bench/bench_vs_llama_server.py")
+    session.run("python", "bench/bench_fleet_layout.py")
     session.run("python", "bench/bench_agents.py")
     session.run("python", "bench/bench_embeddings.py")
     session.run("python", "bench/bench_observability.py")
