@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from bench_vs_llama_server import (
     W3_AGENTS,
     W3_TURNS,
     free_port,
+    kronk_with,
     running,
     tagged_system,
     warm_up,
@@ -60,18 +59,8 @@ def llama_server(log_dir: Path, w3: bool) -> list[float]:
 
 
 def kronk(log_dir: Path, name: str, unified: bool, w3: bool) -> list[float]:
-    port = free_port()
-    config = log_dir / f"{name}.yaml"
-    entry = {DEFAULT_MODEL_ID: {"llamacpp": {"kv_unified": unified}}}
-    config.write_text(json.dumps({"models": entry}), encoding="utf-8")  # JSON is YAML
-    command = [
-        sys.executable, "-m", "kronk_api.cli", "server", "start",
-        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / name),
-        "--model", DEFAULT_MODEL_ID, "--model-config-file", str(config),
-    ]  # fmt: skip
-    client = Client(f"http://127.0.0.1:{port}", DEFAULT_MODEL_ID)
-    with running(name, command, f"{client.base_url}/v1/readiness", log_dir):
-        asyncio.run(warm_up(client))
+    settings: dict[str, object] = {"llamacpp": {"kv_unified": unified}}
+    with kronk_with(log_dir, name, DEFAULT_MODEL_ID, settings) as client:
         return asyncio.run(fleets(client, w3))
 
 

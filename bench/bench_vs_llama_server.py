@@ -300,23 +300,32 @@ def run_kronk(
 
 
 @contextmanager
+def kronk_with(
+    log_dir: Path, name: str, model_id: str, settings: dict[str, object]
+) -> Iterator[Client]:
+    """A Kronk server on `model_id` with these settings in its entry, warmed up."""
+    port = free_port()
+    model_config = log_dir / f"{name}.yaml"
+    entry = {model_id: settings}
+    model_config.write_text(json.dumps({"models": entry}), encoding="utf-8")  # JSON is YAML
+    command = [
+        sys.executable, "-m", "kronk_api.cli", "server", "start",
+        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / name),
+        "--model", model_id, "--model-config-file", str(model_config),
+    ]  # fmt: skip
+    client = Client(f"http://127.0.0.1:{port}", model_id)
+    with running(name, command, f"{client.base_url}/v1/readiness", log_dir):
+        asyncio.run(warm_up(client))
+        yield client
+
+
+@contextmanager
 def without_speculation(log_dir: Path, name: str) -> Iterator[Client]:
     """A Kronk server whose default model has speculation off, warmed up.
 
     A server of its own rather than a second model in the same one: idle, it takes no
     time from the others, while a second model in one process would."""
-    port = free_port()
-    model_config = log_dir / f"{name}.yaml"
-    entry = {GEMMA_MODEL_ID: {"draft_strategy": "none"}}
-    model_config.write_text(json.dumps({"models": entry}), encoding="utf-8")  # JSON is YAML
-    command = [
-        sys.executable, "-m", "kronk_api.cli", "server", "start",
-        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / name),
-        "--model", GEMMA_MODEL_ID, "--model-config-file", str(model_config),
-    ]  # fmt: skip
-    client = Client(f"http://127.0.0.1:{port}", GEMMA_MODEL_ID)
-    with running(name, command, f"{client.base_url}/v1/readiness", log_dir):
-        asyncio.run(warm_up(client))
+    with kronk_with(log_dir, name, GEMMA_MODEL_ID, {"draft_strategy": "none"}) as client:
         yield client
 
 
