@@ -5,8 +5,8 @@ on 4 slots) on SmolLM2-135M-Instruct, the default model, with the conversations 
 bench_vs_llama_server.py, run in one process on three servers one after another: llama-server
 (`-c 32768 -np 4`, one KV stream per slot, its embedded template), Kronk on its defaults
 (8,192 tokens x 4 slots, `kv_unified: true`) and Kronk with `kv_unified: false` (one stream
-per slot, as llama-server). Each is warmed up with the same request. Prints each wall time
-and Kronk / llama-server.
+per slot, as llama-server). Each is warmed up with the same request; with several rounds
+the order rotates. Prints each round's wall times and Kronk / llama-server.
 
 Run: python bench/bench_fleet_layout.py [--rounds N] [--no-w3]
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from agent_load import Client
@@ -71,17 +72,22 @@ def main() -> None:
     args = parser.parse_args()
     w3 = not args.no_w3
     llama_server_binary()  # built before anything is timed
-    names = ["llama-server", "kronk unified", "kronk per slot"]
-    walls: dict[str, list[list[float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="kronk-fleet-layout-") as scratch:
         log_dir = Path(scratch)
+        runs: dict[str, Callable[[], list[float]]] = {
+            "llama-server": lambda: llama_server(log_dir, w3),
+            "kronk unified": lambda: kronk(log_dir, "kronk-unified", True, w3),
+            "kronk per slot": lambda: kronk(log_dir, "kronk-per-slot", False, w3),
+        }
+        names = list(runs)
+        walls: dict[str, list[list[float]]] = {name: [] for name in names}
         for round_ in range(args.rounds):
-            print(f"round {round_ + 1}: llama-server ...", flush=True)
-            walls["llama-server"].append(llama_server(log_dir, w3))
-            print(f"round {round_ + 1}: kronk, one KV pool ...", flush=True)
-            walls["kronk unified"].append(kronk(log_dir, "kronk-unified", True, w3))
-            print(f"round {round_ + 1}: kronk, a KV stream per slot ...", flush=True)
-            walls["kronk per slot"].append(kronk(log_dir, "kronk-per-slot", False, w3))
+            # The order rotates from round to round: going first, or the machine's slower
+            # stretches, favour no server.
+            for turn in range(len(names)):
+                name = names[(round_ + turn) % len(names)]
+                print(f"round {round_ + 1}: {name} ...", flush=True)
+                walls[name].append(runs[name]())
     parts = ["W2 wall (4 agents x 8 turns)"] + (["W3 wall (16 agents x 4 turns)"] if w3 else [])
     print(
         f"\n{'figure':<32}{'llama-srv':>11}{'unified':>11}{'ratio':>8}{'per slot':>11}{'ratio':>8}"
