@@ -560,10 +560,15 @@ class Kronk:
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     async def lora_adapters(self, *, model: str | None = None) -> list[AdapterInfo]:
-        """The model's LoRA adapters, each with the scale requests now get (loads it)."""
-        with text_model(await self.lease(model)) as loaded:
+        """The model's LoRA adapters, each with the scale requests now get: the loaded
+        model's, else its config's (a listing loads nothing)."""
+        model_id = self.resolve(model, pull=False)
+        loaded = self.get_loaded(model_id)
+        if loaded is not None:
             adapters = loaded.info.adapters
             return [replace(a, scale=s) for a, s in zip(adapters, loaded.lora_scales, strict=True)]
+        config = model_config_for(self, model_id)
+        return [AdapterInfo(i, str(a.path), a.scale) for i, a in enumerate(config.lora)]
 
     async def set_lora_adapters(
         self, scales: Mapping[int, float], *, model: str | None = None

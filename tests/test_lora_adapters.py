@@ -73,6 +73,7 @@ def kronk(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -
         # One slot and a host tier: a second conversation evicts the first to RAM.
         "one-slot": adapted(adapters, n_seq_max=1, caching={"host_cache_bytes": 1 << 30}),
         "spc": adapted(adapters, n_seq_max=1, cache="spc"),
+        "never-loaded": adapted(adapters),
         "plain": ModelConfig.model_validate(
             {"model_path": default_model_path(), "context_window": 512, "n_seq_max": 1}
         ),
@@ -205,6 +206,10 @@ async def test_a_cached_prefix_is_reused_only_under_its_own_adapters(kronk: Kron
 
 
 async def test_scales_set_for_the_model_apply_to_later_requests(kronk: Kronk) -> None:
+    # A model not loaded lists its config's adapters, and stays unloaded.
+    listed = await kronk.lora_adapters(model="never-loaded")
+    assert [(a.id, a.scale) for a in listed] == [(0, 1.0), (1, 0.0)]
+    assert kronk.get_loaded("never-loaded") is None
     listed = await kronk.lora_adapters(model="adapted")
     assert [(a.id, a.scale) for a in listed] == [(0, 1.0), (1, 0.0)]
     asked = await kronk.complete(
