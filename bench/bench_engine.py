@@ -34,7 +34,7 @@ PROMPT = (
 def bare_loop(config: ModelConfig, tokens: int) -> float:
     """Greedy decode with nothing but llama.cpp calls; returns tok/s including the prefill.
 
-    Same context as the engine's (context_window x n_seq_max, unified) and the
+    Same context as the engine's (context_window x n_seq_max, the same KV layout) and the
     same warm-up (one short generation first), so only the loop around the
     calls differs.
     """
@@ -43,7 +43,7 @@ def bare_loop(config: ModelConfig, tokens: int) -> float:
         str(config.model_path).encode(), model_params(config)
     )
     ctx = llama_cpp.llama_init_from_model(
-        model, context_params(config, config.context_window or 2048)
+        model, context_params(config, model, config.context_window or 2048)
     )
     _greedy(ctx, model, 16)
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)

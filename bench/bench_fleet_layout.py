@@ -3,10 +3,11 @@
 Issue 41's W2 (four agents of one tool at once, 8 turns) and W3 (sixteen agents, 4 turns,
 on 4 slots) on SmolLM2-135M-Instruct, the default model, with the conversations of
 bench_vs_llama_server.py, run in one process on three servers one after another: llama-server
-(`-c 32768 -np 4`, one KV stream per slot, its embedded template), Kronk on its defaults
+(`-c 32768 -np 4`, one KV stream per slot, its embedded template), Kronk with one pool
 (8,192 tokens x 4 slots, `kv_unified: true`) and Kronk with `kv_unified: false` (one stream
-per slot, as llama-server). Each is warmed up with the same request; with several rounds
-the order rotates. Prints each round's wall times and Kronk / llama-server.
+per slot, as llama-server; `auto` takes it for this model). Each is warmed up with the same
+request; with several rounds the order rotates. Prints each round's wall times and
+Kronk / llama-server.
 
 Run: python bench/bench_fleet_layout.py [--rounds N] [--no-w3]
 """

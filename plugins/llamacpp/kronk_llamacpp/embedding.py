@@ -121,7 +121,7 @@ class LlamaEmbeddingModel:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         n_ctx = config.context_window or min(n_ctx_train, DEFAULT_CONTEXT_WINDOW)
-        params = context_params(config.model_copy(update={"n_seq_max": 1}), n_ctx)
+        params = context_params(config.model_copy(update={"n_seq_max": 1}), model, n_ctx)
         # A whole input must fit one micro-batch: non-causal models cannot split a sequence.
         params.n_batch = params.n_ubatch = n_ctx
         params.n_seq_max = SEQS_PER_DECODE

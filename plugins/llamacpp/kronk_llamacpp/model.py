@@ -125,7 +125,7 @@ class LlamaTextModel:
                 n_ctx_train,
                 n_ctx_train,
             )
-        params = context_params(config, context_window, n_ctx_train)
+        params = context_params(config, model, context_window, n_ctx_train)
         if llama.rope_scaling is not RopeScaling.none and llama.rope_freq_scale is None:
             log.info(
                 "%s: rope_scaling %s over %d tokens (trained %d): rope_freq_scale %.4g",
@@ -164,7 +164,7 @@ class LlamaTextModel:
             f"{config.section_key(SETTINGS.name)}.structured_output",
         )
         template = llama_cpp.llama_model_chat_template(model, None)
-        self._unified = llama.kv_unified
+        self._unified = bool(params.kv_unified)
         self._recurrent = bool(
             llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         )

@@ -108,15 +108,31 @@ def rope_scale(llama: LlamaCppSettings, n_ctx_per_seq: int, n_ctx_train: int) ->
     return RopeScale(freq_scale, orig_ctx)
 
 
+def unified_kv(llama: LlamaCppSettings, model: llama_cpp.llama_model_p) -> bool:
+    """Whether the slots share one KV pool (`kv_unified`, `auto` decided by the model).
+
+    In a pool every slot's attention looks over all slots' cells: agents holding
+    thousands of tokens per slot made SmolLM2's fleets 1.3-1.6x slower than per-slot
+    streams (bench_fleet_layout.py). Sliding-window layers look over their window only,
+    and there a pool batches short decodes better (Gemma 3: bench_step_split.py);
+    recurrent state has no cells to share and its copies stay partial in a pool.
+    """
+    if llama.kv_unified != "auto":
+        return llama.kv_unified
+    return bool(
+        llama_cpp.llama_model_n_swa(model)
+        or llama_cpp.llama_model_is_recurrent(model)
+        or llama_cpp.llama_model_is_hybrid(model)
+    )
+
+
 def context_params(
-    config: ModelConfig, n_ctx_per_seq: int, n_ctx_train: int = 0
+    config: ModelConfig, model: llama_cpp.llama_model_p, n_ctx_per_seq: int, n_ctx_train: int = 0
 ) -> llama_cpp.llama_context_params:
     llama = SETTINGS.of(config)
     params = llama_cpp.llama_context_default_params()
-    # One unified KV pool of context_window x n_seq_max cells; the engine keeps each
-    # slot within context_window, so the pool never overflows. Unified is what makes
-    # batched decode pay: 8 streams decode 2.5x faster than one on 2 cores, against
-    # 1.75x with per-sequence KV streams.
+    # context_window x n_seq_max cells, in one pool or a stream per slot; the engine keeps
+    # each slot within context_window, so neither overflows.
     params.n_ctx = n_ctx_per_seq * config.n_seq_max
     params.n_batch = config.n_batch
     params.n_ubatch = llama.n_ubatch
@@ -125,7 +141,7 @@ def context_params(
         # must fit one micro-batch.
         params.n_ubatch = min(config.n_batch, MEDIA_N_UBATCH)
     params.n_seq_max = config.n_seq_max
-    params.kv_unified = llama.kv_unified
+    params.kv_unified = unified_kv(llama, model)
     threads = llama.n_threads or os.cpu_count() or 1
     params.n_threads = threads
     params.n_threads_batch = threads

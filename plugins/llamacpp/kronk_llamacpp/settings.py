@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -108,9 +108,10 @@ class LlamaCppSettings(BaseModel):
     # Sliding-window layers keep only their window (as llama-server does): full-size SWA
     # caches make every token attend over the whole context. IMC checkpoints instead.
     swa_full: bool = False
-    # One KV pool shared by all slots: concurrent short decodes batch far better than with
-    # a stream per slot (measured 2.4x vs 1.6x one stream at 4 streams on 2 cores).
-    kv_unified: bool = True
+    # One KV pool shared by all slots, or a stream per slot; `auto` (params.unified_kv) takes
+    # a stream per slot for models whose every layer attends over the whole context, where
+    # a pool would make each slot attend over all slots' cells (docs/configuration.md).
+    kv_unified: bool | Literal["auto"] = "auto"
     # Hand out a step's text while the device decodes the next step (a GPU's decode returns
     # before it finishes). Off: on an H100 it cost 8% at one stream (docs/gpu.md).
     overlap_decode: bool = False
