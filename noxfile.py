@@ -165,6 +165,7 @@ def quick(session: nox.Session) -> None:
     models, in-process (every test marked neither `model` nor `process`). Contributors run it
     first; so does CI."""
     install_suite(session)
+    install_chromium(session)  # the browser UI tests are in-process too
     # In-process tests, so one worker per core; a test file stays on one worker, which sets
     # up its module's fixtures once. (The full tier stays serial: two llama.cpp processes
     # at once slow both many times over on a small machine.)

@@ -71,11 +71,14 @@ def test_one_line_says_what_listens_where_and_what_is_loaded(
 def test_a_shared_pool_past_the_training_length_is_no_warning(
     tiny_llama_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Four slots of the tiny model's 256 trained tokens: llama.cpp sees 1024 > 256 in the
-    one pool and says "possible training context overflow"; that is logged at debug only.
+    """Four slots of the tiny model's 256 trained tokens: llama.cpp sees 1024 > 256 in one
+    shared pool and says "possible training context overflow"; that is logged at debug only.
     A window of 512 per slot is past the training length: that is a warning."""
+    pool = {"kv_unified": True}  # `auto` gives this model a stream per slot
     models = {
-        "pool": ModelConfig(model_path=tiny_llama_path, n_seq_max=4, context_window=256),
+        "pool": ModelConfig(
+            model_path=tiny_llama_path, n_seq_max=4, context_window=256, llamacpp=pool
+        ),
         "long": ModelConfig(model_path=tiny_llama_path, n_seq_max=1, context_window=512),
     }
     # llama.cpp's own logger too: a CLI command run in-process before may have quieted it.
