@@ -1,15 +1,19 @@
 """The default model's agent fleets against llama-server, in both of Kronk's KV layouts.
 
-Issue 41's W2 (four agents of one tool at once, 8 turns) and W3 (sixteen agents, 4 turns,
-on 4 slots) on SmolLM2-135M-Instruct, the default model, with the conversations of
-bench_vs_llama_server.py, run in one process on three servers one after another: llama-server
-(`-c 32768 -np 4`, one KV stream per slot, its embedded template), Kronk with one pool
-(8,192 tokens x 4 slots, `kv_unified: true`) and Kronk with `kv_unified: false` (one stream
-per slot, as llama-server; `auto` takes it for this model). Each is warmed up with the same
+Issue 41's workloads on SmolLM2-135M-Instruct, the default model, with the conversations of
+bench_vs_llama_server.py: W2 (four agents of one tool at once, 8 turns), W3 (sixteen agents
+of one tool, 4 turns, on 4 slots), F (sixteen agents with distinct system prompts, 4 turns)
+and F after the same tasks ran (a server that served other traffic first: one agent's 12
+turns and four agents' 8 turns of those tasks, untimed, then F again, whose conversations
+branch from stored ones). They run in one process on three servers one after another:
+llama-server (`-c 32768 -np 4`, one KV stream per slot, its embedded template), Kronk on its
+defaults (8,192 tokens x 4 slots; `kv_unified: auto`, for this model a stream per slot, as
+llama-server) and Kronk with one pool (`kv_unified: true`). Each is warmed up with the same
 request; with several rounds the order rotates. Prints each round's wall times and
 Kronk / llama-server.
 
-Run: python bench/bench_fleet_layout.py [--rounds N] [--no-w3]
+Run: python bench/bench_fleet_layout.py [--rounds N] [--parts w2,w3,f,after]
+     [--servers llama-server,kronk,kronk-unified]
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agent_load import Client
 from bench_vs_llama_server import (
+    FLEET_AGENTS,
+    FLEET_TURNS,
+    W1_TURNS,
     W2_AGENTS,
     W2_TURNS,
     W3_AGENTS,
@@ -39,14 +46,40 @@ from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 SLOTS, WINDOW = 4, 8192
 
 
-async def fleets(client: Client, w3: bool) -> list[float]:
-    walls = [(await client.agents(W2_AGENTS, W2_TURNS, tagged_system("w2")))[0]]
-    if w3:
-        walls.append((await client.agents(W3_AGENTS, W3_TURNS, tagged_system("w3")))[0])
-    return walls
+async def after_traffic(client: Client) -> float:
+    earlier = tagged_system("after")
+    await client.agents(1, W1_TURNS, earlier, distinct=True)
+    await client.agents(W2_AGENTS, W2_TURNS, earlier, distinct=True)
+    return (await client.agents(FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True))[0]
 
 
-def llama_server(log_dir: Path, w3: bool) -> list[float]:
+# Each part's timed wall (the untimed traffic before "after" included in its run only).
+PARTS: dict[str, tuple[str, Callable[[Client], Awaitable[float]]]] = {
+    "w2": (
+        f"W2: {W2_AGENTS} agents x {W2_TURNS} turns",
+        lambda c: first(c.agents(W2_AGENTS, W2_TURNS, tagged_system("w2"))),
+    ),
+    "w3": (
+        f"W3: {W3_AGENTS} agents x {W3_TURNS} turns",
+        lambda c: first(c.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))),
+    ),
+    "f": (
+        f"F: {FLEET_AGENTS} distinct x {FLEET_TURNS} turns",
+        lambda c: first(c.agents(FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True)),
+    ),
+    "after": ("F after the same tasks", after_traffic),
+}
+
+
+async def first(run: Awaitable[tuple[float, object]]) -> float:
+    return (await run)[0]
+
+
+async def fleets(client: Client, parts: list[str]) -> list[float]:
+    return [await PARTS[part][1](client) for part in parts]
+
+
+def llama_server(log_dir: Path, parts: list[str]) -> list[float]:
     port = free_port()
     command = [
         str(llama_server_binary()), "-m", str(default_model_path()),
@@ -57,51 +90,53 @@ def llama_server(log_dir: Path, w3: bool) -> list[float]:
     with running("llama-server", command, f"{client.base_url}/health", log_dir,
                  no_amx_environment()):  # fmt: skip
         asyncio.run(warm_up(client))
-        return asyncio.run(fleets(client, w3))
+        return asyncio.run(fleets(client, parts))
 
 
-def kronk(log_dir: Path, name: str, unified: bool, w3: bool) -> list[float]:
-    settings: dict[str, object] = {"llamacpp": {"kv_unified": unified}}
+def kronk(log_dir: Path, name: str, settings: dict[str, object], parts: list[str]) -> list[float]:
     with kronk_with(log_dir, name, DEFAULT_MODEL_ID, settings) as client:
-        return asyncio.run(fleets(client, w3))
+        return asyncio.run(fleets(client, parts))
+
+
+SERVERS: dict[str, Callable[[Path, list[str]], list[float]]] = {
+    "llama-server": llama_server,
+    "kronk": lambda log_dir, parts: kronk(log_dir, "kronk", {}, parts),
+    "kronk-unified": lambda log_dir, parts: kronk(
+        log_dir, "kronk-unified", {"llamacpp": {"kv_unified": True}}, parts
+    ),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-w3", action="store_true", help="W2 only")
     parser.add_argument("--rounds", type=int, default=1, help="each server this many times")
+    parser.add_argument("--parts", default="w2,w3,f,after", help=f"of {','.join(PARTS)}")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"of {','.join(SERVERS)}")
     args = parser.parse_args()
-    w3 = not args.no_w3
+    parts, names = args.parts.split(","), args.servers.split(",")
+    unknown = [p for p in parts if p not in PARTS] + [n for n in names if n not in SERVERS]
+    if unknown or "llama-server" not in names:
+        parser.error(f"unknown parts or servers {unknown}, or no llama-server to compare with")
     llama_server_binary()  # built before anything is timed
+    walls: dict[str, list[list[float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="kronk-fleet-layout-") as scratch:
-        log_dir = Path(scratch)
-        runs: dict[str, Callable[[], list[float]]] = {
-            "llama-server": lambda: llama_server(log_dir, w3),
-            "kronk unified": lambda: kronk(log_dir, "kronk-unified", True, w3),
-            "kronk per slot": lambda: kronk(log_dir, "kronk-per-slot", False, w3),
-        }
-        names = list(runs)
-        walls: dict[str, list[list[float]]] = {name: [] for name in names}
         for round_ in range(args.rounds):
             # The order rotates from round to round: going first, or the machine's slower
             # stretches, favour no server.
             for turn in range(len(names)):
                 name = names[(round_ + turn) % len(names)]
                 print(f"round {round_ + 1}: {name} ...", flush=True)
-                walls[name].append(runs[name]())
-    parts = ["W2 wall (4 agents x 8 turns)"] + (["W3 wall (16 agents x 4 turns)"] if w3 else [])
-    print(
-        f"\n{'figure':<32}{'llama-srv':>11}{'unified':>11}{'ratio':>8}{'per slot':>11}{'ratio':>8}"
-    )
+                walls[name].append(SERVERS[name](Path(scratch), parts))
+    kronks = [name for name in names if name != "llama-server"]
+    print(f"\n{'round, workload':<40}{'llama-server':>13}" + "".join(f"{n:>24}" for n in kronks))
     for round_ in range(args.rounds):
         for index, part in enumerate(parts):
             theirs = walls["llama-server"][round_][index]
-            one_pool = walls["kronk unified"][round_][index]
-            per_slot = walls["kronk per slot"][round_][index]
-            print(
-                f"{part:<32}{theirs:>10.1f}s{one_pool:>10.1f}s{one_pool / theirs:>7.2f}x"
-                f"{per_slot:>10.1f}s{per_slot / theirs:>7.2f}x"
-            )
+            row = f"{round_ + 1}, {PARTS[part][0]:<37}{theirs:>12.1f}s"
+            for name in kronks:
+                ours = walls[name][round_][index]
+                row += f"{ours:>14.1f}s ({ours / theirs:.2f}x)"
+            print(row)
 
 
 if __name__ == "__main__":
