@@ -144,7 +144,7 @@ def make_tiny_llama(
     source = tokenizer or gemma_gguf_path()
     name = f"Kronk tiny llama (random weights, tokenizer of {source.name})"
     with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
-        _fill(writer, context_length, source)
+        fill_text_model(writer, context_length, source)
     return Path(path)
 
 
@@ -155,7 +155,7 @@ def make_tiny_fim(path: Path) -> Path:
     keys = gguf.Keys.Tokenizer
     named = (keys.FIM_PRE_ID, keys.FIM_SUF_ID, keys.FIM_MID_ID, keys.FIM_REP_ID, keys.FIM_SEP_ID)
     with gguf_writer(Path(path), gguf.MODEL_ARCH.LLAMA, name) as writer:
-        _fill(writer, 1024, gemma_gguf_path())
+        fill_text_model(writer, 1024, gemma_gguf_path())
         for key, token in zip(named, FIM_TOKEN_IDS, strict=True):
             writer.add_uint32(key, token)
     return Path(path)
@@ -174,7 +174,7 @@ def make_tiny_llama_split(directory: Path, parts: int = 2) -> list[Path]:
         split_max_tensors=-(-n_tensors // parts),
     )
     writer.add_name(name)
-    _fill(writer, 256, gemma_gguf_path())
+    fill_text_model(writer, 256, gemma_gguf_path())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -186,7 +186,12 @@ def make_tiny_llama_split(directory: Path, parts: int = 2) -> list[Path]:
     return made
 
 
-def _fill(writer: gguf.GGUFWriter, context_length: int, tokenizer: Path) -> None:
+def fill_text_model(
+    writer: gguf.GGUFWriter, context_length: int, tokenizer: Path, *, qkv_bias: bool = False
+) -> None:
+    """The tiny model's hyperparameters, `tokenizer`'s vocabulary and random weights, in the
+    tensor names LLaMA-shaped architectures share (LLaMA; Qwen2 and Qwen2-VL with
+    `qkv_bias`)."""
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = copy_tokenizer(tokenizer, writer)
 
@@ -220,6 +225,11 @@ def _fill(writer: gguf.GGUFWriter, context_length: int, tokenizer: Path) -> None
         writer.add_tensor(f"{blk}.attn_q.weight", matrix(N_EMBD, N_EMBD))
         writer.add_tensor(f"{blk}.attn_k.weight", matrix(N_HEAD_KV * head_dim, N_EMBD))
         writer.add_tensor(f"{blk}.attn_v.weight", matrix(N_HEAD_KV * head_dim, N_EMBD))
+        if qkv_bias:
+            kv_width = N_HEAD_KV * head_dim
+            for part, width in (("q", N_EMBD), ("k", kv_width), ("v", kv_width)):
+                bias = rng.standard_normal(width, dtype=np.float32) * 0.02
+                writer.add_tensor(f"{blk}.attn_{part}.bias", bias)
         writer.add_tensor(f"{blk}.attn_output.weight", matrix(N_EMBD, N_EMBD))
         writer.add_tensor(f"{blk}.ffn_norm.weight", norm())
         writer.add_tensor(f"{blk}.ffn_gate.weight", matrix(N_FF, N_EMBD))
