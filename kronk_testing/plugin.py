@@ -327,6 +327,26 @@ def multimodal_paths() -> MultimodalPaths:
     return MultimodalPaths(*files)
 
 
+@dataclass(frozen=True)
+class QwenVlPaths:
+    model: Path
+    vision: Path
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_paths() -> QwenVlPaths:
+    """The tiny Qwen2.5-VL-shaped model and its M-RoPE vision projector
+    (kronk_testing.models.qwen_vl, first use)."""
+    from kronk_testing.models import qwen_vl
+
+    files = [
+        generated_models_dir() / name for name in (qwen_vl.TINY_QWEN_VL, qwen_vl.QWEN_VL_PROJECTOR)
+    ]
+    if not all(path.is_file() for path in files):
+        qwen_vl.make_tiny_qwen_vl(files[0])
+    return QwenVlPaths(*files)
+
+
 @pytest.fixture(scope="session")
 def gemma_draft_path() -> Path:
     """The default model requantized to Q4_0 (kronk_testing.models.draft): a draft model

@@ -1,7 +1,7 @@
 """The tiny Qwen2.5-VL generator (kronk_testing.models.qwen_vl): llama.cpp's own mtmd loads
 its projector, places an image's tokens with M-RoPE (nx x ny tokens taking max(nx, ny)
 positions), encodes images into embeddings the `qwen2vl` text model decodes, and different
-images give different logits."""
+images give different logits; Kronk loads it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from llama_cpp import mtmd_cpp as mtmd
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ModelLoadError
+from kronk_core.media import MediaKind
 from kronk_core.settings.config import ModelConfig
 from kronk_testing.media_samples import image, striped
 from kronk_testing.models.qwen_vl import QWEN_VL_PROJECTOR, make_tiny_qwen_vl
@@ -75,15 +75,12 @@ def test_images_evaluate_and_differ(made: Path) -> None:
         assert not np.allclose(first, last_logits(native, [striped((112, 224))]))
 
 
-def test_kronk_refuses_m_rope_projectors_at_load_naming_the_family(
-    made: Path, tmp_path: Path
-) -> None:
-    """Until the engine places media by their M-RoPE positions (issue 43), such a model is
-    refused when it loads, not answered wrongly."""
+def test_kronk_loads_it_for_images(made: Path, tmp_path: Path) -> None:
+    """Where its answers land is proven against llama.cpp's own path
+    (plugins/llamacpp/tests/test_media_reference.py) and through the caches
+    (plugins/caching/tests/test_media_caching.py)."""
     model = ModelConfig(model_path=made, projector_path=made.parent / QWEN_VL_PROJECTOR)
-    refusal = r"places media with M-RoPE \(the Qwen2-VL"
-    with (
-        Kronk(KronkConfig(base_path=tmp_path, models={"qwen-vl": model})) as kronk,
-        pytest.raises(ModelLoadError, match=refusal),
-    ):
-        kronk.load("qwen-vl")
+    with Kronk(KronkConfig(base_path=tmp_path, models={"qwen-vl": model})) as kronk:
+        info = kronk.load("qwen-vl").model.info
+        assert info.architecture == "qwen2vl"
+        assert info.media == {MediaKind.image}

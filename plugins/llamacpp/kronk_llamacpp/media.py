@@ -10,12 +10,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import llama_cpp
 import numpy as np
 
+from kronk_core.contract.backend import Batch
 from kronk_core.errors import KronkError, MediaError, ModelLoadError
 from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan, media_tokens
 from kronk_core.settings.config import ModelConfig
@@ -58,6 +61,27 @@ class _Chunk:
 class _Embeddings:
     rows: np.ndarray  # (tokens, n_embd) float32
     whole: bool
+    chunk: _Chunk  # where M-RoPE positions come from
+    positions: int  # the KV positions the chunk takes (M-RoPE: fewer than its tokens)
+
+
+class _Placed(NamedTuple):
+    """A media chunk in a sequence under M-RoPE: `length` tokens from token `start`,
+    taking `positions` KV positions."""
+
+    start: int
+    length: int
+    positions: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+# How a state of a sequence with M-RoPE media begins: its media chunks' places, which the
+# KV cells alone do not give back (see LlamaMediaModel.seq_state).
+_PLACES_MAGIC = b"KMRP"
+_PLACE = struct.Struct("<qqq")
 
 
 class LlamaMediaModel(LlamaTextModel):
@@ -89,12 +113,12 @@ class LlamaMediaModel(LlamaTextModel):
                 f"{path} for {config.id} (not an mmproj file, or one made for another model: "
                 "its embedding width must be the model's; see the server log)"
             )
-        if mtmd.mtmd_decode_use_mrope(self._mtmd):
-            raise ModelLoadError(
-                f"models.{config.id}.projector_path: {path.name} places media with M-RoPE "
-                "(the Qwen2-VL family), whose media positions differ from their token "
-                "counts; Kronk does not run such projectors yet"
-            )
+        # M-RoPE (the Qwen2-VL family): an image's tokens share one temporal position and
+        # take max(rows, columns) positions, so positions run behind token indices after
+        # an image. The engine and caches count tokens; each sequence's media places
+        # (`_places`) turn its indices into positions here, and only here.
+        self._mrope = bool(mtmd.mtmd_decode_use_mrope(self._mtmd))
+        self._places: dict[int, list[_Placed]] = {}
         kinds = set()
         if mtmd.mtmd_support_vision(self._mtmd):
             kinds.add(MediaKind.image)
@@ -103,6 +127,14 @@ class LlamaMediaModel(LlamaTextModel):
         self._n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self._model))
         self._n_ubatch = int(llama_cpp.llama_n_ubatch(self._ctx))
         self._media_batch = llama_cpp.llama_batch_init(self._n_batch, self._n_embd_inp, 1)
+        # An embedding row under M-RoPE has 4 positions (section-major): the batch points
+        # to a buffer of them (its own, which llama_batch_free frees, is put back in close).
+        self._media_positions = np.zeros(4 * self._n_batch, dtype=np.int32)
+        self._batch_positions = int(ctypes.cast(self._media_batch.pos, ctypes.c_void_p).value or 0)
+        if self._mrope:
+            self._media_batch.pos = self._media_positions.ctypes.data_as(
+                ctypes.POINTER(ctypes.c_int32)
+            )
         self.info = replace(
             self.info,
             media=frozenset(kinds),
@@ -216,7 +248,12 @@ class LlamaMediaModel(LlamaTextModel):
             raise KronkError(f"the projector of {self.info.id} failed to encode a media chunk")
         pointer = mtmd.mtmd_get_output_embd(self._mtmd)
         rows = np.ctypeslib.as_array(pointer, shape=(span.length * self._n_embd_inp,))
-        return _Embeddings(rows.reshape(span.length, self._n_embd_inp).copy(), span.whole)
+        return _Embeddings(
+            rows.reshape(span.length, self._n_embd_inp).copy(),
+            span.whole,
+            chunk,
+            int(mtmd.mtmd_input_chunk_get_n_pos(chunk.pointer)),
+        )
 
     @while_open
     def decode_media(
@@ -234,9 +271,12 @@ class LlamaMediaModel(LlamaTextModel):
         width = self._n_embd_inp
         rows = np.ctypeslib.as_array(batch.embd, shape=(self._n_batch * width,))
         rows[: count * width] = embeddings.rows[offset : offset + count].reshape(-1)
-        np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = np.arange(
-            position, position + count
-        )
+        if self._mrope:
+            self._mrope_positions(embeddings, offset, count, position, seq_id)
+        else:
+            np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = np.arange(
+                position, position + count
+            )
         np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = 1
         np.ctypeslib.as_array(batch.logits, shape=(count,))[:] = 0
         for index in range(count):
@@ -253,8 +293,143 @@ class LlamaMediaModel(LlamaTextModel):
         if status != 0:
             raise decode_error(status)
 
+    # ---- M-RoPE: media places per sequence ----------------------------------
+
+    def _mrope_positions(
+        self, embeddings: _Embeddings, offset: int, count: int, index: int, seq_id: int
+    ) -> None:
+        """Writes the 4 M-RoPE positions of the chunk's rows offset..offset+count, section-major
+        as mtmd's helper lays them out (temporal, row, column, unused); the chunk is
+        placed in the sequence when its first rows decode."""
+        start = index - offset
+        places = self._places.setdefault(seq_id, [])
+        if offset == 0:
+            places[:] = [place for place in places if place.end <= start]
+            places.append(_Placed(start, len(embeddings.rows), embeddings.positions))
+        first = self._position(seq_id, start)
+        image = mtmd.mtmd_input_chunk_get_tokens_image(embeddings.chunk.pointer)
+        out = self._media_positions
+        if image:
+            decoder = (mtmd.mtmd_decoder_pos * len(embeddings.rows))()
+            mtmd.mtmd_helper_image_get_decoder_pos(image, first, decoder)
+            txyz = np.frombuffer(decoder, dtype=np.uint32).reshape(-1, 4)[offset : offset + count]
+            for section, column in enumerate((0, 2, 1, 3)):  # t, y, x, z
+                out[section * count : (section + 1) * count] = txyz[:, column]
+        else:  # sound: one position per token, in every section
+            for section in range(4):
+                out[section * count : (section + 1) * count] = np.arange(
+                    first + offset, first + offset + count
+                )
+
+    def _position(self, seq_id: int, index: int) -> int:
+        places = self._places.get(seq_id)
+        if index < 0 or not places:
+            return index
+        behind = 0  # how far positions run behind indices after the chunks passed
+        for place in places:
+            if index < place.start:
+                break
+            if index < place.end:
+                return place.start - behind  # every token of a chunk starts at its first
+            behind += place.length - place.positions
+        return index - behind
+
+    def _index(self, seq_id: int, position: int) -> int:
+        """The token index at which the sequence's `position` starts (_position's inverse)."""
+        behind = 0
+        for place in self._places.get(seq_id, ()):
+            if position < place.start - behind + place.positions:
+                break
+            behind += place.length - place.positions
+        return position + behind
+
+    def _cut(self, seq_id: int, index: int) -> None:
+        """The sequence keeps its tokens before `index`: the chunks it holds whole."""
+        places = self._places.get(seq_id)
+        if places:
+            places[:] = [place for place in places if place.end <= index]
+
+    @while_open
+    def decode(self, batch: Batch) -> None:
+        if self._mrope and any(self._places.get(seq_id) for seq_id in set(batch.seq_ids)):
+            positions = [
+                self._position(seq_id, index)
+                for index, seq_id in zip(batch.positions, batch.seq_ids, strict=True)
+            ]
+            batch = Batch(batch.tokens, positions, batch.seq_ids, batch.logits)
+        super().decode(batch)
+
+    @while_open
+    def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
+        places = self._places.get(seq_id)
+        if places and end >= 0 and any(place.end > start for place in places):
+            # Positions after the gap would not move with the indices: refused, as a cache
+            # that cannot cut there (context shift is off with media).
+            return False
+        removed = super().seq_remove(seq_id, start, end)
+        if removed and end < 0:
+            self._cut(seq_id, start)
+        return removed
+
+    @while_open
+    def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
+        if self._mrope:
+            self._places[dst] = list(self._places.get(src, ()))
+        super().seq_copy(src, dst, start, end)
+        if end >= 0:
+            self._cut(dst, end)
+
+    @while_open
+    def seq_keep(self, seq_id: int) -> None:
+        super().seq_keep(seq_id)
+        self._places = {seq_id: self._places.get(seq_id, [])}
+
+    @while_open
+    def trim_floor(self, seq_id: int) -> int:
+        return self._index(seq_id, super().trim_floor(seq_id))
+
+    @while_open
+    def seq_state(self, seq_id: int) -> bytes:
+        return self._with_places(seq_id, super().seq_state(seq_id))
+
+    @while_open
+    def set_seq_state(self, seq_id: int, state: bytes) -> int:
+        return super().set_seq_state(seq_id, self._take_places(seq_id, state))
+
+    @while_open
+    def checkpoint(self, seq_id: int) -> bytes:
+        return self._with_places(seq_id, super().checkpoint(seq_id))
+
+    @while_open
+    def restore_checkpoint(self, seq_id: int, length: int, state: bytes) -> bool:
+        return super().restore_checkpoint(seq_id, length, self._take_places(seq_id, state))
+
+    def _with_places(self, seq_id: int, state: bytes) -> bytes:
+        """A saved sequence carries its media places: the cells hold positions, and which
+        tokens took them is not in them."""
+        if not self._mrope:
+            return state
+        places = self._places.get(seq_id, [])
+        header = _PLACES_MAGIC + struct.pack("<I", len(places))
+        return header + b"".join(_PLACE.pack(*place) for place in places) + state
+
+    def _take_places(self, seq_id: int, state: bytes) -> bytes:
+        if not self._mrope:
+            return state
+        if not state.startswith(_PLACES_MAGIC):
+            raise KronkError(f"a saved sequence of {self.info.id} lacks its media places")
+        (count,) = struct.unpack_from("<I", state, len(_PLACES_MAGIC))
+        at = len(_PLACES_MAGIC) + 4
+        self._places[seq_id] = [
+            _Placed(*_PLACE.unpack_from(state, at + index * _PLACE.size)) for index in range(count)
+        ]
+        return state[at + count * _PLACE.size :]
+
     def close(self) -> None:
         if self._media_batch is not None:
+            self._media_batch.pos = ctypes.cast(
+                self._batch_positions, ctypes.POINTER(llama_cpp.llama_pos)
+            )
             llama_cpp.llama_batch_free(self._media_batch)
             self._media_batch = None
         if self._mtmd:

@@ -318,9 +318,15 @@ class LlamaTextModel:
         assert self._ctx is not None
         self._lora.apply(self._ctx, adapters)
 
+    def _position(self, seq_id: int, index: int) -> int:
+        """The KV position of the sequence's token at `index` (-1, the end, stays -1): the
+        index itself, but where media take fewer positions than tokens (M-RoPE, media.py)."""
+        return index
+
     @while_open
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
-        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end))
+        first, last = self._position(seq_id, start), self._position(seq_id, end)
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, first, last))
 
     @while_open
     def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
@@ -331,13 +337,14 @@ class LlamaTextModel:
             if end >= 0:
                 self.seq_remove(dst, end, -1)
             return
-        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+        first, last = self._position(src, start), self._position(src, end)
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, first, last)
         if self.info.n_swa and not self.info.kv_trimmable and not self._recurrent:
             # llama.cpp recycles a window cell that left the window only while one
             # sequence holds it: cells shared by a copy would stay until both sequences
             # cut them, and the small window cache fills up. Give dst its own window
             # cells (the full-attention cells stay shared), then drop those past `end`.
-            copied = self._set_partial_state(dst, self.checkpoint(src))
+            copied = self._set_partial_state(dst, self._partial_state(src))
             if not copied or (end >= 0 and not self.seq_remove(dst, end, -1)):
                 raise KronkError(f"could not copy the window cache of sequence {src} to {dst}")
 
@@ -347,7 +354,8 @@ class LlamaTextModel:
 
     @while_open
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
-        llama_cpp.llama_memory_seq_add(self._memory, seq_id, start, end, delta)
+        first, last = self._position(seq_id, start), self._position(seq_id, end)
+        llama_cpp.llama_memory_seq_add(self._memory, seq_id, first, last, delta)
 
     @while_open
     def seq_state(self, seq_id: int) -> bytes:
@@ -360,6 +368,13 @@ class LlamaTextModel:
     def set_seq_state(self, seq_id: int, state: bytes) -> int:
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return int(llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), seq_id))
+
+    @while_open
+    def kv_positions(self, seq_id: int) -> tuple[int, int]:
+        """The lowest and highest position llama.cpp holds for the sequence ((-1, -1):
+        none). Positions, not token indices: under M-RoPE an image takes fewer."""
+        low = int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
+        return low, int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
 
     @while_open
     def trim_floor(self, seq_id: int) -> int:
@@ -377,6 +392,9 @@ class LlamaTextModel:
 
     @while_open
     def checkpoint(self, seq_id: int) -> bytes:
+        return self._partial_state(seq_id)
+
+    def _partial_state(self, seq_id: int) -> bytes:
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq_id, flags)
         buffer = (ctypes.c_uint8 * size)()

@@ -2,7 +2,8 @@
 replays (which share the engine's placement code): the rendered prompt, its media written
 as mtmd's markers, tokenized by `mtmd_tokenize` and decoded in one go by
 `mtmd_helper_eval_chunks`, then answered greedily on a plain llama.cpp context. One request
-with two images and text between them; moving an image by one token moves the answer."""
+with two images and text between them; moving an image by one token moves the answer. On a
+projector with one position per image token and on one with M-RoPE (Qwen2.5-VL's)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from kronk_core.media import MEDIA_MARKER, Media
 from kronk_core.runtime.chat_stream import collect
 from kronk_llamacpp.library import ensure_initialised
 from kronk_testing.media_samples import striped
-from kronk_testing.plugin import MultimodalPaths
+from kronk_testing.plugin import MultimodalPaths, QwenVlPaths
 
 pytestmark = pytest.mark.model
 
@@ -126,20 +127,30 @@ class MtmdReference:
         llama_cpp.llama_model_free(self.model)
 
 
+@pytest.fixture(scope="module", params=["gemma3", "qwen2.5vl"])
+def vision(request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """A tiny model and its vision projector: llama.cpp's `gemma3` type (one position per
+    image token, decoded whole) or `qwen2.5vl_merger` (M-RoPE: an image's tokens take
+    max(rows, columns) positions, so the text after it runs behind its token indices)."""
+    if request.param == "gemma3":
+        paths: MultimodalPaths = request.getfixturevalue("multimodal_paths")
+        return paths.model, paths.vision
+    qwen: QwenVlPaths = request.getfixturevalue("qwen_vl_paths")
+    return qwen.model, qwen.vision
+
+
 @pytest.fixture(scope="module")
-def reference(multimodal_paths: MultimodalPaths) -> Iterator[MtmdReference]:
-    opened = MtmdReference(multimodal_paths.model, multimodal_paths.vision)
+def reference(vision: tuple[Path, Path]) -> Iterator[MtmdReference]:
+    opened = MtmdReference(*vision)
     yield opened
     opened.close()
 
 
 @pytest.fixture(scope="module")
-def kronk(
-    multimodal_paths: MultimodalPaths, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Kronk]:
+def kronk(vision: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
     settings = {
-        "model_path": multimodal_paths.model,
-        "projector_path": multimodal_paths.vision,
+        "model_path": vision[0],
+        "projector_path": vision[1],
         "templates": {"template": "gemma"},
         "context_window": CONTEXT,
         "n_seq_max": 1,
