@@ -20,6 +20,7 @@ import pytest
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.media import MEDIA_MARKER, Media
 from kronk_core.runtime.chat_stream import collect
+from kronk_core.types import ChatResult
 from kronk_llamacpp.library import ensure_initialised
 from kronk_testing.media_samples import striped
 from kronk_testing.plugin import MultimodalPaths, QwenVlPaths
@@ -157,43 +158,56 @@ def kronk(vision: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -
         "draft_strategy": "none",
         "cache": "none",
     }
+    # The same with prompt lookup on, always drafting (not adaptive).
+    lookup = {**settings, "draft_strategy": "lookup", "speculative": {"adaptive": False}}
     config = KronkConfig(
         base_path=tmp_path_factory.mktemp("media-reference"),
-        models={"vision": ModelConfig.model_validate(settings)},
+        models={
+            "vision": ModelConfig.model_validate(settings),
+            "vision-lookup": ModelConfig.model_validate(lookup),
+        },
     )
     with Kronk(config) as instance:
         yield instance
 
 
 FIRST, SECOND = striped((96, 64), 0), striped((96, 64), 3)
+CONTENT = [
+    "Compare the first picture",
+    Media.from_bytes(FIRST),
+    "with the second one, and say which has more stripes:",
+    Media.from_bytes(SECOND),
+    "Answer:",
+]
 
 
-async def test_two_images_with_text_between_answer_as_llama_cpp_s_own_path(
-    kronk: Kronk, reference: MtmdReference
-) -> None:
-    content = [
-        "Compare the first picture",
-        Media.from_bytes(FIRST),
-        "with the second one, and say which has more stripes:",
-        Media.from_bytes(SECOND),
-        "Answer:",
-    ]
+async def answered(kronk: Kronk, model: str, content: list[Any]) -> tuple[ChatResult, str]:
+    """The greedy answer with its log-probs, and the rendered prompt."""
     request = kronk.chat_request(
         [{"role": "user", "content": content}],
-        model="vision",
+        model=model,
         temperature=0,
         max_tokens=ANSWER_TOKENS,
         logprobs=True,
         top_logprobs=TOP,
     )
     stream = await kronk.start_chat(request)
-    result = await collect(stream)
-    text = stream.prompt_text
-    assert text.count(MEDIA_MARKER) == 2
-    ours = [
+    return await collect(stream), stream.prompt_text
+
+
+def steps(result: ChatResult) -> list[Step]:
+    return [
         (bytes(item.bytes), {bytes(top.bytes): top.logprob for top in item.top_logprobs})
         for item in result.logprobs
     ]
+
+
+async def test_two_images_with_text_between_answer_as_llama_cpp_s_own_path(
+    kronk: Kronk, reference: MtmdReference
+) -> None:
+    result, text = await answered(kronk, "vision", CONTENT)
+    assert text.count(MEDIA_MARKER) == 2
+    ours = steps(result)
     theirs = reference.answer(text, [FIRST, SECOND])
     assert [piece for piece, _ in ours] == [piece for piece, _ in theirs]
     pairs = zip(ours, theirs, strict=True)
@@ -207,3 +221,17 @@ async def test_two_images_with_text_between_answer_as_llama_cpp_s_own_path(
     assert moved != text
     shifted = reference.answer(moved, [FIRST, SECOND])
     assert distance(shifted, theirs) > 100 * SAME, (shifted, theirs)
+
+
+async def test_requests_with_images_decode_without_drafts_where_speculation_is_on(
+    kronk: Kronk, reference: MtmdReference
+) -> None:
+    """A draft strategy reads tokens, not media positions: a request with images is not
+    speculated on and answers exactly as llama.cpp's path does; a text request to the
+    same model is."""
+    result, text = await answered(kronk, "vision-lookup", CONTENT)
+    assert result.usage.accepted_prediction_tokens == result.usage.rejected_prediction_tokens == 0
+    assert distance(steps(result), reference.answer(text, [FIRST, SECOND])) < SAME
+    repeated = "one two three four five six seven eight nine ten " * 12
+    plain, _ = await answered(kronk, "vision-lookup", [repeated + "one two"])
+    assert plain.usage.accepted_prediction_tokens + plain.usage.rejected_prediction_tokens > 0
