@@ -19,6 +19,7 @@ Command line: python scripts/make_tiny_multimodal.py [--out DIR]
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def image_tokens() -> int:
     return (IMAGE_SIZE // PATCH_SIZE // POOLING) ** 2
 
 
-class _Weights:
+class RandomWeights:
     def __init__(self, writer: gguf.GGUFWriter, seed: int) -> None:
         self.writer = writer
         self.rng = np.random.default_rng(seed)
@@ -97,21 +98,46 @@ class _Weights:
         self.random(f"{blk}.ffn_down.bias", n_embd, scale=0.01)
 
 
-def _vision(writer: gguf.GGUFWriter, weights: _Weights, n_text_embd: int) -> None:
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.vision.projector_type", "gemma3")
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    writer.add_uint32("clip.vision.embedding_length", V_EMBD)
-    writer.add_uint32("clip.vision.feed_forward_length", V_FF)
-    writer.add_uint32("clip.vision.block_count", V_LAYER)
-    writer.add_uint32("clip.vision.projection_dim", n_text_embd)
-    writer.add_uint32("clip.vision.attention.head_count", V_HEAD)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+@dataclass(frozen=True)
+class VisionTower:
+    """A vision encoder's hyperparameters, as clip.cpp reads them."""
+
+    projector_type: str
+    activation: str  # "gelu" or "silu"
+    image_size: int
+    patch_size: int
+    embedding_length: int
+    feed_forward_length: int
+    block_count: int
+    head_count: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+    def write(self, writer: gguf.GGUFWriter, n_text_embd: int) -> None:
+        writer.add_bool("clip.has_vision_encoder", True)
+        writer.add_string("clip.vision.projector_type", self.projector_type)
+        writer.add_bool(f"clip.use_{self.activation}", True)
+        writer.add_uint32("clip.vision.image_size", self.image_size)
+        writer.add_uint32("clip.vision.patch_size", self.patch_size)
+        writer.add_uint32("clip.vision.embedding_length", self.embedding_length)
+        writer.add_uint32("clip.vision.feed_forward_length", self.feed_forward_length)
+        writer.add_uint32("clip.vision.block_count", self.block_count)
+        writer.add_uint32("clip.vision.projection_dim", n_text_embd)
+        writer.add_uint32("clip.vision.attention.head_count", self.head_count)
+        writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        writer.add_array("clip.vision.image_mean", list(self.image_mean))
+        writer.add_array("clip.vision.image_std", list(self.image_std))
+
+
+GEMMA3_TOWER = VisionTower(
+    "gemma3", "gelu", IMAGE_SIZE, PATCH_SIZE, V_EMBD, V_FF, V_LAYER, V_HEAD,
+    (0.5, 0.5, 0.5), (0.5, 0.5, 0.5),
+)  # fmt: skip
+
+
+def _vision(writer: gguf.GGUFWriter, weights: RandomWeights, n_text_embd: int) -> None:
+    GEMMA3_TOWER.write(writer, n_text_embd)
     writer.add_uint32("clip.vision.projector.scale_factor", POOLING)
-    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     patches = (IMAGE_SIZE // PATCH_SIZE) ** 2
     # A strong patch embedding, so that images of different content differ clearly.
     weights.random("v.patch_embd.weight", V_EMBD, 3, PATCH_SIZE, PATCH_SIZE, scale=0.2)
@@ -125,7 +151,7 @@ def _vision(writer: gguf.GGUFWriter, weights: _Weights, n_text_embd: int) -> Non
     weights.random("mm.input_projection.weight", V_EMBD, n_text_embd, scale=0.5)
 
 
-def _audio(writer: gguf.GGUFWriter, weights: _Weights, n_text_embd: int) -> None:
+def _audio(writer: gguf.GGUFWriter, weights: RandomWeights, n_text_embd: int) -> None:
     writer.add_bool("clip.has_audio_encoder", True)
     writer.add_string("clip.audio.projector_type", "ultravox")
     writer.add_uint32("clip.audio.embedding_length", A_EMBD)
@@ -158,7 +184,7 @@ def make_projector(path: Path, *, vision: bool, audio: bool, n_text_embd: int = 
     name = f"Kronk tiny {kinds} projector (random weights)"
     with gguf_writer(Path(path), gguf.MODEL_ARCH.MMPROJ, name) as writer:
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        weights = _Weights(writer, SEED)
+        weights = RandomWeights(writer, SEED)
         if vision:
             _vision(writer, weights, n_text_embd)
         if audio:

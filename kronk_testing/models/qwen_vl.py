@@ -21,7 +21,7 @@ from pathlib import Path
 
 import gguf
 
-from kronk_testing.models.multimodal import _Weights
+from kronk_testing.models.multimodal import RandomWeights, VisionTower
 from kronk_testing.models.output import gguf_writer
 from kronk_testing.models.tiny import N_EMBD, N_HEAD, fill_text_model, gemma_gguf_path
 
@@ -42,29 +42,21 @@ V_LAYER = 2
 WINDOW_PATTERN = 2  # every second layer attends over the whole image, the others in windows
 WINDOW_SIZE = 112  # pixels: 4 x 4 merged tokens
 SEED = 2
+QWEN25_VL_TOWER = VisionTower(
+    "qwen2.5vl_merger", "silu", 224, PATCH_SIZE, V_EMBD, V_FF, V_LAYER, V_HEAD,
+    (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711),
+)  # fmt: skip
 
 
 def make_projector(path: Path, n_text_embd: int = N_EMBD) -> Path:
     name = "Kronk tiny Qwen2.5-VL vision projector (random weights)"
     with gguf_writer(Path(path), gguf.MODEL_ARCH.MMPROJ, name) as writer:
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        weights = _Weights(writer, SEED)
-        writer.add_bool("clip.has_vision_encoder", True)
-        writer.add_string("clip.projector_type", "qwen2.5vl_merger")
-        writer.add_bool("clip.use_silu", True)
-        writer.add_uint32("clip.vision.image_size", 224)
-        writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-        writer.add_uint32("clip.vision.embedding_length", V_EMBD)
-        writer.add_uint32("clip.vision.feed_forward_length", V_FF)
-        writer.add_uint32("clip.vision.block_count", V_LAYER)
-        writer.add_uint32("clip.vision.projection_dim", n_text_embd)
-        writer.add_uint32("clip.vision.attention.head_count", V_HEAD)
-        writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        weights = RandomWeights(writer, SEED)
+        QWEN25_VL_TOWER.write(writer, n_text_embd)
         writer.add_uint32("clip.vision.spatial_merge_size", MERGE)
         writer.add_uint32("clip.vision.n_wa_pattern", WINDOW_PATTERN)
         writer.add_uint32("clip.vision.window_size", WINDOW_SIZE)
-        writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
-        writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
         # Two frames' patch embeddings (a still image goes through both), no bias.
         for suffix in ("", ".1"):
             weights.random(f"v.patch_embd.weight{suffix}", V_EMBD, 3, PATCH_SIZE, PATCH_SIZE,
