@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Kronk's GPU checks, on the GPU machine, from the root of the checkout, with the GPU kit's
 # bundle in .gpu (built on your machine by `KIT_WORKTREE=1 bash ../shared/gpu-kit/prepare.sh`,
-# then `bash bench/gpu/extra_wheels.sh`):
+# then `bash bench/gpu/extra_wheels.sh`) and, where it was built, llama.cpp for CUDA in
+# .gpu-libs (`python bench/gpu/cuda_bundle.py`; carry both):
+#   0. .gpu-libs/llama-cuda.tar.xz unpacked into /tmp/llama-build/bin with the kit's stamp,
+#      so that the kit takes it for its own build instead of building for about 4 minutes;
 #   1. the kit's build and preparation, no kit bench: llama.cpp for CUDA with llama-server and
 #      llama-batched-bench in /tmp/llama-build, the project's wheels in /tmp/site, the
 #      random-weight 1.24B model in /tmp/kronk-bench (a warm machine reuses all of it);
@@ -21,6 +24,23 @@ PARTS="${PARTS:-exact,bench}"
 T0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 mkdir -p "$OUT/kit"
+
+# 0. The libraries built beforehand; the host's CUDA libraries where the loader finds them
+#    (the bundle names them by soname only).
+LIBS_BUNDLE="${LIBS_BUNDLE:-$ROOT/.gpu-libs/llama-cuda.tar.xz}"
+NVCC_BIN="$(command -v nvcc || true)"
+if [[ -n "$NVCC_BIN" ]]; then
+  CUDA_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC_BIN")")")"
+  export LD_LIBRARY_PATH="$CUDA_ROOT/lib64:$CUDA_ROOT/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+fi
+if [[ -f "$LIBS_BUNDLE" && "${FORCE_BUILD:-0}" != 1 && ! -f /tmp/llama-build/bin/libllama.so ]]; then
+  mkdir -p /tmp/llama-build/bin && tar -xJf "$LIBS_BUNDLE" -C /tmp/llama-build/bin
+  # The kit reuses a build whose stamp is its llama.cpp version and this host's nvcc.
+  echo "$(grep -m1 '^llama-cpp-python' "$KIT/VERSION" 2>/dev/null) / $(nvcc --version 2>/dev/null | tail -1)" \
+    > /tmp/llama-build/.kronk-stamp
+  echo "llama.cpp for CUDA from $LIBS_BUNDLE ($(( $(date +%s) - T0 )) s); unresolved:" \
+    "$(ldd /tmp/llama-build/bin/libggml-cuda.so | grep -c 'not found')"
+fi
 
 # 1. Build and prepare with the kit; it keeps 10 s for itself after the build.
 BENCHES=none DEADLINE=$(( DEADLINE - 200 )) OUT="$OUT/kit" bash "$KIT/run.sh" > "$OUT/kit/run.txt" 2>&1
@@ -46,9 +66,11 @@ echo "libstdc++ ($STDCXX) symbols also defined by llama.cpp's libraries: $(wc -l
 for lib in "$BIN"/libllama.so "$BIN"/libggml*.so; do
   echo "$(basename "$lib") needs: $(readelf -d "$lib" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
 done
-grep -E "^CMAKE_CXX_COMPILER:|^CMAKE_(CXX|SHARED_LINKER)_FLAGS(_RELEASE)?:" /tmp/llama-build/CMakeCache.txt
-CXX_USED=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' /tmp/llama-build/CMakeCache.txt)
-echo "static runtime in $CXX_USED's specs: $("$CXX_USED" -dumpspecs 2>/dev/null | grep -c static-libstdc); env: CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
+if [[ -f /tmp/llama-build/CMakeCache.txt ]]; then  # built here, not unpacked
+  grep -E "^CMAKE_CXX_COMPILER:|^CMAKE_(CXX|SHARED_LINKER)_FLAGS(_RELEASE)?:" /tmp/llama-build/CMakeCache.txt
+  CXX_USED=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' /tmp/llama-build/CMakeCache.txt)
+  echo "static runtime in $CXX_USED's specs: $("$CXX_USED" -dumpspecs 2>/dev/null | grep -c static-libstdc); env: CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
+fi
 cut -d: -f1 "$OUT/symbols.txt" | sort | uniq -c
 
 if [[ ",$PARTS," == *",exact,"* ]]; then

@@ -13,9 +13,10 @@ from kronk_api.listen import listen as listen_socket
 from kronk_api.options import add_server_start_option
 from kronk_core.errors import ConfigError, KronkError
 from kronk_llamacpp import native
+from kronk_llamacpp.cuda_toolkit import ToolkitError, download_toolkit
 from kronk_llamacpp.detect import detect
 from kronk_llamacpp.endpoint import Endpoint
-from kronk_llamacpp.libs import LibsBuilder, LibsError, worker_name
+from kronk_llamacpp.libs import TOOLS, LibsBuilder, LibsError, worker_name
 from kronk_llamacpp.native import PROCESSORS, libraries_root
 from kronk_llamacpp.worker import worker_command
 
@@ -112,6 +113,28 @@ def add_commands(group: click.Group) -> None:
         help="Also build llama.cpp's RPC backend and its worker, ggml-rpc-server (models split "
         "over rpc_servers; kronk rpc start)",
     )
+    @click.option(
+        "--cuda-arch",
+        "cuda_architectures",
+        help="CUDA architectures to build for, comma-separated CMake spellings (90: H100/H200, "
+        "80: A100, 89: RTX 40xx; 90-real: without PTX) [the GPUs found here]",
+    )
+    @click.option(
+        "--cuda-toolkit",
+        type=click.Choice(("system", "download")),
+        default="system",
+        show_default=True,
+        help="The CUDA toolkit a cuda build compiles with: the one installed here, or CUDA "
+        "12.4 put together from PyPI's wheels and Debian's compiler package (Linux x86-64, "
+        "about 700 MB, kept under the library path)",
+    )
+    @click.option(
+        "--tool",
+        "tools",
+        multiple=True,
+        type=click.Choice(TOOLS),
+        help="Also build and install this program of llama.cpp's from the same build, repeatable",
+    )
     @click.option("--force", is_flag=True, help="Rebuild even when the installed build matches")
     @click.option(
         "--local",
@@ -125,6 +148,9 @@ def add_commands(group: click.Group) -> None:
         jobs: int | None,
         cmake_args: tuple[str, ...],
         rpc: bool,
+        cuda_architectures: str | None,
+        cuda_toolkit: str,
+        tools: tuple[str, ...],
         force: bool,
         local: bool,
     ) -> None:
@@ -136,10 +162,24 @@ def add_commands(group: click.Group) -> None:
         if processor == "auto":
             processor = detected.processor
             click.echo(f"detected: {detected.processor}: {detected.found}")
+        if (cuda_architectures or cuda_toolkit == "download") and processor != "cuda":
+            raise click.UsageError("--cuda-arch and --cuda-toolkit are for --processor cuda")
+        if cuda_architectures:
+            listed = ";".join(part.strip() for part in cuda_architectures.split(",") if part)
+            cmake_args = (f"-DCMAKE_CUDA_ARCHITECTURES={listed}", *cmake_args)
         named = {arg.removeprefix("-D").split("=")[0].split(":")[0] for arg in cmake_args}
         if detected.processor == processor and not named & set(_ARCHITECTURE_VARIABLES):
             cmake_args = (*detected.cmake_args, *cmake_args)
+        elif processor == "cuda" and "CMAKE_CUDA_ARCHITECTURES" not in named:
+            # CUDA's default, the GPUs found at build time, fails where there are none.
+            raise click.UsageError(
+                "no NVIDIA GPU found here to build for: name the architectures with "
+                "--cuda-arch (for example 90 for H100/H200, 80 for A100)"
+            )
         try:
+            toolkit = None
+            if cuda_toolkit == "download":
+                toolkit = download_toolkit(root / "toolkits", say=click.echo)
             target = LibsBuilder(
                 processor,
                 root,
@@ -147,14 +187,18 @@ def add_commands(group: click.Group) -> None:
                 jobs=jobs,
                 cmake_args=cmake_args,
                 rpc=rpc,
+                tools=tools,
+                cuda_toolkit=toolkit,
                 say=click.echo,
             ).run(force=force)
-        except LibsError as exc:
+        except (LibsError, ToolkitError) as exc:
             raise click.ClickException(str(exc)) from None
         where = "" if lib_path is None else f"KRONK_LIB_PATH={root} "
         click.echo(f"libraries: {target}")
         if rpc:
             click.echo(f"RPC worker: {target / worker_name()} (kronk rpc start --listen HOST:PORT)")
+        for tool in tools:
+            click.echo(f"{tool}: {target / tool}")
         click.echo(
             f"kronk loads them from now on ({where}kronk server start); "
             "KRONK_PROCESSOR chooses another build"

@@ -8,6 +8,9 @@ the llamacpp backend load it (see native.py).
 
 With `rpc`, the same build also has ggml's RPC backend (models spread over `rpc_servers`)
 and llama.cpp's `ggml-rpc-server` worker, installed beside the libraries (`kronk rpc start`).
+With `tools`, llama.cpp's own programs of the same build are installed beside them too
+(llama-server and llama-batched-bench: the GPU check's C++ side). A CUDA build can take its
+toolkit from packages (cuda_toolkit.py) on a machine that has none.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 
+from kronk_llamacpp.cuda_toolkit import cmake_arguments as cuda_cmake_arguments
 from kronk_llamacpp.native import MANIFEST, PROCESSORS, remember_processor
 
 DISTRIBUTION = "llama-cpp-python"
@@ -53,6 +57,16 @@ COMMON_ARGS = (
 RPC_ARGS = ("-DGGML_RPC=ON", "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_TOOLS=ON")
 RPC_TARGET = "ggml-rpc-server"
 RPC_HEADER = Path("ggml") / "include" / "ggml-rpc.h"
+# llama.cpp's programs that `tools` may name, and what configuring them takes (the server
+# without its web UI, which would need npm or a download).
+TOOLS = ("llama-server", "llama-batched-bench", "llama-bench", "llama-cli")
+TOOL_ARGS = (
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
 PROCESSOR_ARGS = {
     "cpu": (),
     "cuda": ("-DGGML_CUDA=ON",),
@@ -62,7 +76,8 @@ PROCESSOR_ARGS = {
 }
 
 
-_RPC_NAMES = {arg.split("=")[0] for arg in RPC_ARGS}
+def _names(args: Sequence[str]) -> set[str]:
+    return {arg.split("=")[0] for arg in args}
 
 
 def unpack(archive: Path, into: Path) -> None:
@@ -149,19 +164,21 @@ def _vulkan_headers() -> bool:
     return any((root / "vulkan" / "vulkan.h").is_file() for root in roots)
 
 
-def missing_tools(processor: str) -> list[str]:
-    """What the build for `processor` needs and this machine lacks, each with how to get it."""
+def missing_tools(processor: str, *, cuda_toolkit: Path | None = None) -> list[str]:
+    """What the build for `processor` needs and this machine lacks, each with how to get it
+    (a CUDA toolkit put together from packages stands for an installed one)."""
     missing = []
     if _find("cmake") is None:
         missing.append("cmake (pip install cmake, or your system's package)")
     if os.environ.get("CXX") is None and _find("c++", "g++", "clang++") is None:
         missing.append("a C++ compiler (g++ or clang++; Debian/Ubuntu: apt install g++)")
-    if processor == "cuda":
+    if processor == "cuda" and cuda_toolkit is None:
         nvcc = _nvcc()
         if nvcc is None:
             missing.append(
                 "nvcc, the CUDA toolkit's compiler (install the CUDA toolkit; if it is "
-                "installed outside PATH, set CUDACXX to its nvcc)"
+                "installed outside PATH, set CUDACXX to its nvcc; or build with "
+                "--cuda-toolkit download)"
             )
         elif not _cublas(nvcc):
             missing.append(
@@ -257,6 +274,8 @@ class LibsBuilder:
         jobs: int | None = None,
         cmake_args: Sequence[str] = (),
         rpc: bool = False,
+        tools: Sequence[str] = (),
+        cuda_toolkit: Path | None = None,
         say: Callable[[str], None] = print,
     ) -> None:
         if processor not in PROCESSORS:
@@ -267,8 +286,18 @@ class LibsBuilder:
         self.jobs = jobs or os.cpu_count() or 1
         self.version = version(DISTRIBUTION)
         self.rpc = rpc
-        common = [arg for arg in COMMON_ARGS if not rpc or arg.split("=")[0] not in _RPC_NAMES]
-        self.cmake_args = [*common, *(RPC_ARGS if rpc else ()), *PROCESSOR_ARGS[processor]]
+        unknown = sorted(set(tools) - set(TOOLS))
+        if unknown:
+            raise LibsError(f"unknown tools {unknown}: choose from {', '.join(TOOLS)}")
+        if cuda_toolkit is not None and processor != "cuda":
+            raise LibsError(f"a CUDA toolkit was given for a {processor} build")
+        self.tools = list(tools)
+        self.cuda_toolkit = cuda_toolkit
+        extra = [*(RPC_ARGS if rpc else ()), *(TOOL_ARGS if tools else ())]
+        common = [arg for arg in COMMON_ARGS if arg.split("=")[0] not in _names(extra)]
+        self.cmake_args = [*common, *dict.fromkeys(extra), *PROCESSOR_ARGS[processor]]
+        if cuda_toolkit is not None:
+            self.cmake_args += cuda_cmake_arguments(cuda_toolkit)
         self.cmake_args += cmake_args
         self.say = say
         self.target = root / processor
@@ -288,10 +317,11 @@ class LibsBuilder:
             and found.llama_cpp_python == self.version
             and found.cmake_args == self.cmake_args
             and any(self.target.glob("*llama*"))
+            and all((self.target / tool).is_file() for tool in self.tools)
         )
 
     def run(self, *, force: bool = False) -> Path:
-        missing = missing_tools(self.processor)
+        missing = missing_tools(self.processor, cuda_toolkit=self.cuda_toolkit)
         if missing:
             raise LibsError(
                 f"cannot build the {self.processor} libraries; missing:\n  - "
@@ -307,7 +337,7 @@ class LibsBuilder:
             "configure", "-S", str(sources / "vendor" / "llama.cpp"), "-B", str(self.build_dir),
             *self._generator(), *self.cmake_args, f"-DCMAKE_INSTALL_RPATH={self._origin()}",
         )  # fmt: skip
-        targets = ["llama", "mtmd", *([RPC_TARGET] if self.rpc else [])]
+        targets = ["llama", "mtmd", *([RPC_TARGET] if self.rpc else []), *self.tools]
         self._cmake(
             "build", "--build", str(self.build_dir), "--config", "Release",
             "-j", str(self.jobs), "--target", *targets,
@@ -399,6 +429,11 @@ class LibsBuilder:
                 raise LibsError(f"the build produced no {worker.name} in {worker.parent}")
             files.append(worker)
             protocol = rpc_protocol(sources / "vendor" / "llama.cpp" / RPC_HEADER)
+        for tool in self.tools:
+            program = self.build_dir / "bin" / (tool + (".exe" if sys.platform == "win32" else ""))
+            if not program.is_file():
+                raise LibsError(f"the build produced no {program.name} in {program.parent}")
+            files.append(program)
         staging = self.target.with_name(self.processor + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -16,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from kronk_core.settings.model_files import cache_dir
+from kronk_llamacpp.cuda_toolkit import cmake_arguments as cuda_cmake_arguments
+from kronk_llamacpp.cuda_toolkit import download_toolkit, driver_stub_source
 from kronk_llamacpp.detect import Detected, detect
-from kronk_llamacpp.libs import BuildProgress, worker_name
+from kronk_llamacpp.libs import BuildProgress, LibsBuilder, LibsError, missing_tools, worker_name
 from kronk_llamacpp.native import MANIFEST
 from kronk_testing.libs_build import BUILD, LIBS, USE_IT, kronk
 
@@ -178,3 +182,108 @@ def test_build_progress_is_read_from_ninja_and_make() -> None:
     for line in ("[  3%] Building C object a.o", "-- configured", "[ 12%] Linking", "[100%] Built"):
         make.read(line)
     assert said == ["building the cpu libraries: 12%", "building the cpu libraries: 100%"]
+
+
+def test_a_cuda_build_without_a_gpu_must_name_its_architectures(tmp_path: Path) -> None:
+    """CUDA's default architectures are the GPUs found at build time: on a build host without
+    one, the command says to name them, before anything is downloaded."""
+    bare = {"PATH": os.environ["PATH"], "KRONK_PROCESSOR": ""}
+    done = kronk("libs", "--processor", "cuda", "--lib-path", str(tmp_path), env=bare)
+    assert done.returncode == 2
+    assert "no NVIDIA GPU found here to build for" in done.stderr and "--cuda-arch" in done.stderr
+    cpu = kronk("libs", "--processor", "cpu", "--cuda-arch", "90", "--lib-path", str(tmp_path))
+    assert cpu.returncode == 2 and "are for --processor cuda" in cpu.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_cmake_arguments_name_the_tools_and_the_toolkit(tmp_path: Path) -> None:
+    builder = LibsBuilder(
+        "cuda", tmp_path, tools=("llama-server", "llama-batched-bench"), cuda_toolkit=tmp_path
+    )
+    args = builder.cmake_args
+    assert "-DLLAMA_BUILD_SERVER=ON" in args and "-DLLAMA_BUILD_SERVER=OFF" not in args
+    assert "-DLLAMA_BUILD_TOOLS=ON" in args and "-DLLAMA_BUILD_COMMON=ON" in args
+    assert f"-DCMAKE_CUDA_COMPILER={tmp_path / 'bin' / 'nvcc'}" in args
+    assert "-DCMAKE_CUDA_RUNTIME_LIBRARY=Shared" in args
+    # The toolkit stands for an installed one: no nvcc on PATH is missing.
+    assert not any("nvcc" in missing for missing in missing_tools("cuda", cuda_toolkit=tmp_path))
+    with pytest.raises(LibsError, match="unknown tools"):
+        LibsBuilder("cpu", tmp_path, tools=("rm",))
+    with pytest.raises(LibsError, match="a CUDA toolkit was given for a cpu build"):
+        LibsBuilder("cpu", tmp_path, cuda_toolkit=tmp_path)
+
+
+def test_the_driver_stub_exports_what_cuda_h_names(tmp_path: Path) -> None:
+    """libcuda's stand-in has the functions cuda.h declares and the versioned names its macros
+    map to (objects reference cuMemAlloc_v2, not cuMemAlloc), under the driver's soname."""
+    header = (
+        "CUresult CUDAAPI cuInit(unsigned int Flags);\n"
+        "#define cuMemAlloc cuMemAlloc_v2\n"
+        "CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize);\n"
+    )
+    source = tmp_path / "stub.c"
+    source.write_text(driver_stub_source(header))
+    library = tmp_path / "libcuda.so"
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(library), str(source)],
+        check=True,
+    )
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {"cuInit", "cuMemAlloc_v2"} <= set(symbols)
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True)
+    assert "Library soname: [libcuda.so.1]" in dynamic.stdout
+
+
+CUDA_KERNEL = """
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <cuda_fp16.h>
+#include <cub/cub.cuh>
+__global__ void twice(half *x) { x[threadIdx.x] = __hadd(x[threadIdx.x], x[threadIdx.x]); }
+extern "C" int run(void) {
+    half *p;
+    cublasHandle_t handle;
+    CUdevice device;
+    cuDeviceGet(&device, 0);
+    cublasCreate(&handle);
+    cudaMalloc(&p, 64);
+    twice<<<1, 32>>>(p);
+    return 0;
+}
+"""
+
+CUDA_PROJECT = """
+cmake_minimum_required(VERSION 3.18)
+project(probe LANGUAGES CXX CUDA)
+find_package(CUDAToolkit REQUIRED)
+add_library(probe SHARED probe.cu)
+target_link_libraries(probe PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
+"""
+
+
+def test_the_downloaded_cuda_toolkit_builds_for_two_architectures(tmp_path: Path) -> None:
+    """The toolkit from PyPI's wheels and Debian's compiler (kept in the cache once put
+    together) builds a CMake CUDA library as llama.cpp's is built: code for sm_80 and sm_90
+    in it, the CUDA 12 runtime, cuBLAS and the driver linked by soname."""
+    root = download_toolkit(cache_dir() / "cuda-toolkit")
+    (tmp_path / "probe.cu").write_text(CUDA_KERNEL)
+    (tmp_path / "CMakeLists.txt").write_text(CUDA_PROJECT)
+    build = tmp_path / "build"
+    configure = [
+        "cmake", "-S", str(tmp_path), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+        "-DCMAKE_CUDA_ARCHITECTURES=80-real;90-real", *cuda_cmake_arguments(root),
+    ]  # fmt: skip
+    for command in (configure, ["cmake", "--build", str(build)]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    library = build / "libprobe.so"
+    listed = subprocess.run(
+        [str(root / "bin" / "cuobjdump"), "--list-elf", str(library)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert ".sm_80.cubin" in listed and ".sm_90.cubin" in listed
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True)
+    needed = set(re.findall(r"Shared library: \[(.*?)\]", dynamic.stdout))
+    assert {"libcudart.so.12", "libcublas.so.12", "libcuda.so.1"} <= needed
