@@ -3,13 +3,13 @@
 Building llama.cpp for CUDA takes about 4 of a GPU host's 15 minutes; this builds it here
 instead, once, with `kronk libs` (the path a user's GPU-less build host takes):
 
-    kronk libs --processor cuda --cuda-toolkit download --cuda-arch 80-real,90-real \\
+    kronk libs --processor cuda --cuda-toolkit 13 --cuda-arch 80-real,90-real \\
         --tool llama-server --tool llama-batched-bench --cmake-arg ... --lib-path CACHE
 
 (A100 and H100/H200 code, flash attention off as the GPU kit builds it, a CPU part for any
-AVX2 machine rather than this one), checks the result (each architecture's code is in
-libggml-cuda, which takes the CUDA 12 runtime, cuBLAS and the driver by soname and nothing
-by path), and packs it into `.gpu-libs/llama-cuda.tar.xz` in the checkout, which
+AVX2 machine rather than this one; CUDA 13, which the GPU hosts run: docs/gpu.md), checks
+the result (each architecture's code is in libggml-cuda, which takes the CUDA 13 runtime,
+cuBLAS and the driver by soname and nothing by path), and packs it into `.gpu-libs/llama-cuda.tar.xz` in the checkout, which
 bench/gpu/run.sh unpacks in place of the kit's build. Two cores: about an hour the first
 time; later runs find the build up to date.
 
@@ -27,7 +27,7 @@ import tarfile
 from pathlib import Path
 
 from kronk_core.settings.model_files import cache_dir
-from kronk_llamacpp.cuda_toolkit import RELEASE
+from kronk_llamacpp.cuda_toolkit import RELEASES
 from kronk_llamacpp.native import MANIFEST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +42,15 @@ CMAKE_ARGS = (
     "-DGGML_F16C=ON",
     "-DGGML_BMI2=ON",
 )
-NEEDED = {"libcudart.so.12", "libcublas.so.12", "libcuda.so.1"}
+CUDA = "13"
+NEEDED = {f"libcudart.so.{CUDA}", f"libcublas.so.{CUDA}", "libcuda.so.1"}
 LIMIT_MB = 60
 
 
 def build(lib_path: Path) -> Path:
     command = [
         sys.executable, "-m", "kronk_api.cli", "libs", "--processor", "cuda",
-        "--cuda-toolkit", "download",
+        "--cuda-toolkit", CUDA,
         "--cuda-arch", ",".join(f"{arch}-real" for arch in ARCHITECTURES),
         *(f"--tool={tool}" for tool in TOOLS),
         *(f"--cmake-arg={arg}" for arg in CMAKE_ARGS),
@@ -63,7 +64,7 @@ def build(lib_path: Path) -> Path:
 def check(installed: Path, lib_path: Path) -> list[str]:
     """What is wrong with the build, if anything (an empty list: nothing)."""
     problems = []
-    cuobjdump = lib_path / "toolkits" / f"cuda-{RELEASE}" / "bin" / "cuobjdump"
+    cuobjdump = lib_path / "toolkits" / f"cuda-{RELEASES[CUDA].version}" / "bin" / "cuobjdump"
     library = installed / "libggml-cuda.so"
     listed = subprocess.run(
         [str(cuobjdump), "--list-elf", str(library)], capture_output=True, text=True, check=True

@@ -28,10 +28,15 @@ mkdir -p "$OUT/kit"
 # 0. The libraries built beforehand; the host's CUDA libraries where the loader finds them
 #    (the bundle names them by soname only).
 LIBS_BUNDLE="${LIBS_BUNDLE:-$ROOT/.gpu-libs/llama-cuda.tar.xz}"
+if ! command -v nvcc >/dev/null; then  # where the kit looks for it too
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /opt/cuda/bin /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu*/bin; do
+    [[ -x "$d/nvcc" ]] && { export PATH="$d:$PATH"; break; }
+  done
+fi
 NVCC_BIN="$(command -v nvcc || true)"
-if [[ -n "$NVCC_BIN" ]]; then
+if [[ -n "$NVCC_BIN" ]]; then  # NVIDIA's installer puts the libraries in lib64, PyPI's in lib
   CUDA_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC_BIN")")")"
-  export LD_LIBRARY_PATH="$CUDA_ROOT/lib64:$CUDA_ROOT/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$CUDA_ROOT/lib64:$CUDA_ROOT/lib:$CUDA_ROOT/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 fi
 if [[ -f "$LIBS_BUNDLE" && "${FORCE_BUILD:-0}" != 1 && ! -f /tmp/llama-build/bin/libllama.so ]]; then
   mkdir -p /tmp/llama-build/bin && tar -xJf "$LIBS_BUNDLE" -C /tmp/llama-build/bin

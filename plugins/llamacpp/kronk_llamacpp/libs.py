@@ -178,7 +178,7 @@ def missing_tools(processor: str, *, cuda_toolkit: Path | None = None) -> list[s
             missing.append(
                 "nvcc, the CUDA toolkit's compiler (install the CUDA toolkit; if it is "
                 "installed outside PATH, set CUDACXX to its nvcc; or build with "
-                "--cuda-toolkit download)"
+                "--cuda-toolkit 13 or 12)"
             )
         elif not _cublas(nvcc):
             missing.append(
