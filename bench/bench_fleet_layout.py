@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from agent_load import Client
+from agent_load import Client, Messages, Turn
 from bench_vs_llama_server import (
     FLEET_AGENTS,
     FLEET_TURNS,
@@ -46,40 +46,47 @@ from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 SLOTS, WINDOW = 4, 8192
 
 
-async def after_traffic(client: Client) -> float:
+# A part's timed run: its wall time and the prompt tokens the server prefilled (not cached).
+Timed = tuple[float, int]
+Run = tuple[float, list[list[tuple[Messages, Turn]]]]
+
+
+async def timed(run: Awaitable[Run]) -> Timed:
+    wall, agents = await run
+    prefilled = sum(t.prompt_tokens - t.cached_tokens for turns in agents for _, t in turns)
+    return wall, prefilled
+
+
+async def after_traffic(client: Client) -> Timed:
     earlier = tagged_system("after")
     await client.agents(1, W1_TURNS, earlier, distinct=True)
     await client.agents(W2_AGENTS, W2_TURNS, earlier, distinct=True)
-    return (await client.agents(FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True))[0]
+    return await timed(client.agents(FLEET_AGENTS, FLEET_TURNS, earlier, distinct=True))
 
 
-# Each part's timed wall (the untimed traffic before "after" included in its run only).
-PARTS: dict[str, tuple[str, Callable[[Client], Awaitable[float]]]] = {
+# Each part's timed run (the untimed traffic before "after" included in its run only).
+PARTS: dict[str, tuple[str, Callable[[Client], Awaitable[Timed]]]] = {
     "w2": (
         f"W2: {W2_AGENTS} agents x {W2_TURNS} turns",
-        lambda c: first(c.agents(W2_AGENTS, W2_TURNS, tagged_system("w2"))),
+        lambda c: timed(c.agents(W2_AGENTS, W2_TURNS, tagged_system("w2"))),
     ),
     "w3": (
         f"W3: {W3_AGENTS} agents x {W3_TURNS} turns",
-        lambda c: first(c.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))),
+        lambda c: timed(c.agents(W3_AGENTS, W3_TURNS, tagged_system("w3"))),
     ),
     "f": (
         f"F: {FLEET_AGENTS} distinct x {FLEET_TURNS} turns",
-        lambda c: first(c.agents(FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True)),
+        lambda c: timed(c.agents(FLEET_AGENTS, FLEET_TURNS, tagged_system("fleet"), distinct=True)),
     ),
     "after": ("F after the same tasks", after_traffic),
 }
 
 
-async def first(run: Awaitable[tuple[float, object]]) -> float:
-    return (await run)[0]
-
-
-async def fleets(client: Client, parts: list[str]) -> list[float]:
+async def fleets(client: Client, parts: list[str]) -> list[Timed]:
     return [await PARTS[part][1](client) for part in parts]
 
 
-def llama_server(log_dir: Path, parts: list[str]) -> list[float]:
+def llama_server(log_dir: Path, parts: list[str]) -> list[Timed]:
     port = free_port()
     command = [
         str(llama_server_binary()), "-m", str(default_model_path()),
@@ -93,12 +100,12 @@ def llama_server(log_dir: Path, parts: list[str]) -> list[float]:
         return asyncio.run(fleets(client, parts))
 
 
-def kronk(log_dir: Path, name: str, settings: dict[str, object], parts: list[str]) -> list[float]:
+def kronk(log_dir: Path, name: str, settings: dict[str, object], parts: list[str]) -> list[Timed]:
     with kronk_with(log_dir, name, DEFAULT_MODEL_ID, settings) as client:
         return asyncio.run(fleets(client, parts))
 
 
-SERVERS: dict[str, Callable[[Path, list[str]], list[float]]] = {
+SERVERS: dict[str, Callable[[Path, list[str]], list[Timed]]] = {
     "llama-server": llama_server,
     "kronk": lambda log_dir, parts: kronk(log_dir, "kronk", {}, parts),
     "kronk-unified": lambda log_dir, parts: kronk(
@@ -118,7 +125,7 @@ def main() -> None:
     if unknown or "llama-server" not in names:
         parser.error(f"unknown parts or servers {unknown}, or no llama-server to compare with")
     llama_server_binary()  # built before anything is timed
-    walls: dict[str, list[list[float]]] = {name: [] for name in names}
+    walls: dict[str, list[list[Timed]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="kronk-fleet-layout-") as scratch:
         for round_ in range(args.rounds):
             # The order rotates from round to round: going first, or the machine's slower
@@ -131,12 +138,15 @@ def main() -> None:
     print(f"\n{'round, workload':<40}{'llama-server':>13}" + "".join(f"{n:>24}" for n in kronks))
     for round_ in range(args.rounds):
         for index, part in enumerate(parts):
-            theirs = walls["llama-server"][round_][index]
+            theirs, their_prefill = walls["llama-server"][round_][index]
             row = f"{round_ + 1}, {PARTS[part][0]:<37}{theirs:>12.1f}s"
+            prefills = f"{'   prompt tokens prefilled':<40}{their_prefill:>13}"
             for name in kronks:
-                ours = walls[name][round_][index]
+                ours, our_prefill = walls[name][round_][index]
                 row += f"{ours:>14.1f}s ({ours / theirs:.2f}x)"
+                prefills += f"{our_prefill:>24}"
             print(row)
+            print(prefills)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The one `kronk libs` build the tests share: CPU, with the RPC backend and its worker.
+"""The one `kronk libs` build the tests share: CPU, with the RPC backend and its worker, and
+llama.cpp's llama-batched-bench beside them (`--tool`: a small target once RPC has built
+llama.cpp's common library).
 
 It goes to ~/.cache/kronk/libs, outside the checkout, and is kept: the first test that
 needs it builds it (measured on 2 cores: 130 s from scratch, 104 s from a build without
@@ -15,7 +17,10 @@ import sys
 from kronk_core.settings.model_files import cache_dir
 
 LIBS = cache_dir() / "libs"
-BUILD = ("libs", "--processor", "cpu", "--rpc", "--lib-path", str(LIBS))
+BUILD = (
+    "libs", "--processor", "cpu", "--rpc", "--tool", "llama-batched-bench",
+    "--lib-path", str(LIBS),
+)  # fmt: skip
 
 
 def kronk(

@@ -9,8 +9,9 @@ instead, once, with `kronk libs` (the path a user's GPU-less build host takes):
 (A100 and H100/H200 code, flash attention off as the GPU kit builds it, a CPU part for any
 AVX2 machine rather than this one; CUDA 13, which the GPU hosts run: docs/gpu.md), checks
 the result (each architecture's code is in libggml-cuda, which takes the CUDA 13 runtime,
-cuBLAS and the driver by soname and nothing by path), and packs it into `.gpu-libs/llama-cuda.tar.xz` in the checkout, which
-bench/gpu/run.sh unpacks in place of the kit's build. Two cores: about an hour the first
+cuBLAS and the driver by soname and nothing by path), and packs it into
+`.gpu-libs/llama-cuda.tar.xz` in the checkout, which bench/gpu/run.sh unpacks in place of
+the kit's build. Two cores: about an hour the first
 time; later runs find the build up to date.
 
     python bench/gpu/cuda_bundle.py [--lib-path DIR] [--out DIR]

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+
 @dataclass(frozen=True, slots=True)
 class DebianPackage:
     name: str
@@ -229,9 +230,10 @@ def _lay_out_12(nvidia: Path, deb: Path, staging: Path) -> None:
 
 def toolkit_complete(root: Path, release: Release) -> bool:
     try:
-        return json.loads((root / MARKER).read_text()).get("version") == release.version
+        marker = json.loads((root / MARKER).read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(marker, dict) and marker.get("version") == release.version
 
 
 def download_toolkit(major: str, cache: Path, say: Callable[[str], None] = print) -> Path:
@@ -276,6 +278,9 @@ def download_toolkit(major: str, cache: Path, say: Callable[[str], None] = print
          "-o", str(stubs / "libcuda.so"), str(stub)],
         check=True,
     )  # fmt: skip
+    # Under its soname too: the linker looks for libcuda.so.1 by that name when a program
+    # links a library that needs it.
+    (stubs / "libcuda.so.1").symlink_to("libcuda.so")
     shutil.rmtree(unpacked)
     sources = [*release.wheels, *([release.compiler.pool_path] if release.compiler else [])]
     (staging / MARKER).write_text(
@@ -288,9 +293,15 @@ def download_toolkit(major: str, cache: Path, say: Callable[[str], None] = print
 
 def cmake_arguments(root: Path) -> list[str]:
     """How CMake builds with the toolkit at `root`: its nvcc, its libraries, and the shared
-    runtime (there is no static one in it)."""
+    runtime. A program linking ggml-cuda's library must find what that library needs
+    (cuBLAS, the driver) where the build embeds no path to them: -rpath-link, which names
+    where to look at link time and leaves nothing in the result."""
+    lib64 = root / "lib64"
+    rpath_link = f"-Wl,-rpath-link,{lib64}:{lib64 / 'stubs'}"
     return [
         f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}",
         f"-DCUDAToolkit_ROOT={root}",
         "-DCMAKE_CUDA_RUNTIME_LIBRARY=Shared",
+        f"-DCMAKE_EXE_LINKER_FLAGS={rpath_link}",
+        f"-DCMAKE_SHARED_LINKER_FLAGS={rpath_link}",
     ]

@@ -23,6 +23,7 @@ from kronk_llamacpp.cuda_toolkit import download_toolkit, driver_stub_source
 from kronk_llamacpp.detect import Detected, detect
 from kronk_llamacpp.libs import BuildProgress, LibsBuilder, LibsError, missing_tools, worker_name
 from kronk_llamacpp.native import MANIFEST
+from kronk_llamacpp.packaged import default_model_path
 from kronk_testing.libs_build import BUILD, LIBS, USE_IT, kronk
 
 USE_THEM = """
@@ -67,6 +68,20 @@ def test_cpu_libraries_build_install_and_serve() -> None:
     assert manifest["rpc_protocol"].count(".") == 2  # read from the source's ggml-rpc.h
     assert (LIBS / "cpu" / worker_name()).is_file()
     assert f"RPC worker: {LIBS / 'cpu' / worker_name()}" in built.stdout
+    # The tool runs from the install, on the libraries beside it ($ORIGIN).
+    bench = LIBS / "cpu" / "llama-batched-bench"
+    assert f"llama-batched-bench: {bench}" in built.stdout
+    ran = subprocess.run(
+        # -nr: no weight repacking, whose AMX kernels crash where a CPU reports AMX.
+        [str(bench), "-m", str(default_model_path()), "-c", "256", "-npp", "16", "-ntg", "4",
+         "-npl", "1", "-t", "1", "-nr", "--output-format", "jsonl"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert [(row["pl"], row["ntg"]) for row in rows] == [(1, 4)] and rows[0]["speed_tg"] > 0
+    loaded = subprocess.run(["ldd", str(bench)], capture_output=True, text=True).stdout
+    assert f"{LIBS / 'cpu'}/libllama.so" in loaded
 
     again = kronk(*BUILD)
     assert again.returncode == 0 and "up to date" in again.stdout
@@ -260,6 +275,8 @@ project(probe LANGUAGES CXX CUDA)
 find_package(CUDAToolkit REQUIRED)
 add_library(probe SHARED probe.cu)
 target_link_libraries(probe PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
+add_executable(main main.cpp)
+target_link_libraries(main PRIVATE probe)
 """
 
 
@@ -268,10 +285,12 @@ def test_a_downloaded_cuda_toolkit_builds_for_two_architectures(
     tmp_path: Path, major: str
 ) -> None:
     """The toolkit put together from packages (kept in the cache) builds a CMake CUDA library
-    as llama.cpp's is built: code for sm_80 and sm_90 in it, the release's runtime and
-    cuBLAS and the driver linked by soname, and no path into the toolkit."""
+    as llama.cpp's is built, and a program on it as llama.cpp's tools are: code for sm_80 and
+    sm_90 in the library, the release's runtime and cuBLAS and the driver linked by soname,
+    and no path into the toolkit."""
     root = download_toolkit(major, cache_dir() / "cuda-toolkit")
     (tmp_path / "probe.cu").write_text(CUDA_KERNEL)
+    (tmp_path / "main.cpp").write_text('extern "C" int run(void);\nint main() { return run(); }\n')
     (tmp_path / "CMakeLists.txt").write_text(CUDA_PROJECT)
     build = tmp_path / "build"
     configure = [
@@ -293,3 +312,5 @@ def test_a_downloaded_cuda_toolkit_builds_for_two_architectures(
     wanted = {f"libcudart.so.{major}", f"libcublas.so.{major}", "libcuda.so.1"}
     assert wanted <= needed
     assert "PATH" not in dynamic.stdout
+    program = subprocess.run(["readelf", "-d", str(build / "main")], capture_output=True, text=True)
+    assert "libprobe.so" in program.stdout and "PATH" not in program.stdout
