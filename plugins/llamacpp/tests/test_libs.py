@@ -79,7 +79,7 @@ def test_cpu_libraries_build_install_and_serve() -> None:
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
     rows = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
-    assert [(row["pl"], row["ntg"]) for row in rows] == [(1, 4)] and rows[0]["speed_tg"] > 0
+    assert [(row["pl"], row["tg"]) for row in rows] == [(1, 4)] and rows[0]["speed_tg"] > 0
     loaded = subprocess.run(["ldd", str(bench)], capture_output=True, text=True).stdout
     assert f"{LIBS / 'cpu'}/libllama.so" in loaded
 
@@ -281,9 +281,7 @@ target_link_libraries(main PRIVATE probe)
 
 
 @pytest.mark.parametrize("major", ["13", "12"])
-def test_a_downloaded_cuda_toolkit_builds_for_two_architectures(
-    tmp_path: Path, major: str
-) -> None:
+def test_a_downloaded_cuda_toolkit_builds_for_two_architectures(tmp_path: Path, major: str) -> None:
     """The toolkit put together from packages (kept in the cache) builds a CMake CUDA library
     as llama.cpp's is built, and a program on it as llama.cpp's tools are: code for sm_80 and
     sm_90 in the library, the release's runtime and cuBLAS and the driver linked by soname,
