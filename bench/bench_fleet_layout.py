@@ -13,7 +13,7 @@ request; with several rounds the order rotates. Prints each round's wall times a
 Kronk / llama-server.
 
 Run: python bench/bench_fleet_layout.py [--rounds N] [--parts w2,w3,f,after]
-     [--servers llama-server,kronk,kronk-unified]
+     [--servers llama-server,kronk,kronk-unified,kronk-no-draft]
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ SERVERS: dict[str, Callable[[Path, list[str]], list[Timed]]] = {
     "kronk": lambda log_dir, parts: kronk(log_dir, "kronk", {}, parts),
     "kronk-unified": lambda log_dir, parts: kronk(
         log_dir, "kronk-unified", {"llamacpp": {"kv_unified": True}}, parts
+    ),
+    # Prompt lookup off: llama-server here drafts nothing either.
+    "kronk-no-draft": lambda log_dir, parts: kronk(
+        log_dir, "kronk-no-draft", {"draft_strategy": "none"}, parts
     ),
 }
 
