@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
 import tempfile
 import time
@@ -133,48 +134,70 @@ async def engine_phase(kronk: Kronk, streams: int, timers: Timers) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kv-split", action="store_true", help="one KV stream per slot")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="batched-bench then the engine, this many times in turn; prints each, then the "
+        "median ratio (a round of each side next to the other, as the machine drifts)",
+    )  # fmt: skip
+    parser.add_argument("--models", default="smollm2,gemma", help="of smollm2,gemma")
     args = parser.parse_args()
     unified = not args.kv_split
     timers = Timers()
-    models = (("SmolLM2-135M", default_model_path()), ("Gemma 3 270M", gemma_model_path()))
-    for name, path in models:
-        reference = batched_bench(path, unified)
-        print(f"\n{name}, KV {'unified' if unified else 'one stream per slot'}")
-        print(
-            f"{'streams':<9}{'batched-bench':>14}{'engine':>9}{'ratio':>7}  "
-            + "  ".join(f"{share:>20}" for _, _, share in TIMED)
-            + f"{'rest of the step loop':>23}"
+    models = {"smollm2": ("SmolLM2-135M", default_model_path()),
+              "gemma": ("Gemma 3 270M", gemma_model_path())}  # fmt: skip
+    for key in args.models.split(","):
+        name, path = models[key]
+        ratios: dict[int, list[float]] = {streams: [] for streams in STREAMS}
+        for round_ in range(args.rounds):
+            one_round(name, path, unified, timers, ratios, f" (round {round_ + 1})")
+        if args.rounds > 1:
+            medians = ", ".join(
+                f"{streams}: {statistics.median(values):.2f}x" for streams, values in ratios.items()
+            )
+            print(f"{name}: median engine / batched-bench over {args.rounds} rounds: {medians}")
+
+
+def one_round(
+    name: str, path: Path, unified: bool, timers: Timers, ratios: dict[int, list[float]], tag: str
+) -> None:
+    reference = batched_bench(path, unified)
+    print(f"\n{name}, KV {'unified' if unified else 'one stream per slot'}{tag}")
+    print(
+        f"{'streams':<9}{'batched-bench':>14}{'engine':>9}{'ratio':>7}  "
+        + "  ".join(f"{share:>20}" for _, _, share in TIMED)
+        + f"{'rest of the step loop':>23}"
+    )
+    for streams in STREAMS:
+        config = ModelConfig.model_validate(
+            {
+                "model_path": path,
+                "context_window": N_CTX // streams,
+                "n_seq_max": streams,
+                "n_batch": N_BATCH,
+                "cache": "none",
+                "draft_strategy": "none",
+                "sampling": {"dry_multiplier": 0.0},
+                "llamacpp": {
+                    "n_ubatch": N_UBATCH,
+                    "n_threads": THREADS,
+                    "kv_unified": unified,
+                },
+            }
         )
-        for streams in STREAMS:
-            config = ModelConfig.model_validate(
-                {
-                    "model_path": path,
-                    "context_window": N_CTX // streams,
-                    "n_seq_max": streams,
-                    "n_batch": N_BATCH,
-                    "cache": "none",
-                    "draft_strategy": "none",
-                    "sampling": {"dry_multiplier": 0.0},
-                    "llamacpp": {
-                        "n_ubatch": N_UBATCH,
-                        "n_threads": THREADS,
-                        "kv_unified": unified,
-                    },
-                }
-            )
-            base = Path(tempfile.mkdtemp(prefix="kronk-step-split-"))
-            kronk = Kronk(KronkConfig(base_path=base, models={"m": config}))
-            with kronk, timers.installed():
-                asyncio.run(engine_phase(kronk, streams, timers))  # warm-up, as batched-bench's
-                rate, seconds = asyncio.run(engine_phase(kronk, streams, timers))
-            shares = [timers.seconds[share] / seconds for _, _, share in TIMED]
-            rest = 1 - sum(shares)
-            ratio = rate / reference[streams]
-            print(
-                f"{streams:<9}{reference[streams]:>14.1f}{rate:>9.1f}{ratio:>6.2f}x  "
-                + "  ".join(f"{share:>19.1%} " for share in shares)
-                + f"{rest:>22.1%}"
-            )
+        base = Path(tempfile.mkdtemp(prefix="kronk-step-split-"))
+        kronk = Kronk(KronkConfig(base_path=base, models={"m": config}))
+        with kronk, timers.installed():
+            asyncio.run(engine_phase(kronk, streams, timers))  # warm-up, as batched-bench's
+            rate, seconds = asyncio.run(engine_phase(kronk, streams, timers))
+        shares = [timers.seconds[share] / seconds for _, _, share in TIMED]
+        rest = 1 - sum(shares)
+        ratio = rate / reference[streams]
+        ratios[streams].append(ratio)
+        print(
+            f"{streams:<9}{reference[streams]:>14.1f}{rate:>9.1f}{ratio:>6.2f}x  "
+            + "  ".join(f"{share:>19.1%} " for share in shares)
+            + f"{rest:>22.1%}"
+        )
 
 
 if __name__ == "__main__":
