@@ -16,7 +16,7 @@ from kronk_llamacpp import native
 from kronk_llamacpp.cuda_toolkit import RELEASES, ToolkitError, download_toolkit
 from kronk_llamacpp.detect import detect
 from kronk_llamacpp.endpoint import Endpoint
-from kronk_llamacpp.libs import TOOLS, LibsBuilder, LibsError, worker_name
+from kronk_llamacpp.libs import TOOLS, LibsBuilder, LibsError, program_name, worker_name
 from kronk_llamacpp.native import PROCESSORS, libraries_root
 from kronk_llamacpp.worker import worker_command
 
@@ -198,7 +198,7 @@ def add_commands(group: click.Group) -> None:
         if rpc:
             click.echo(f"RPC worker: {target / worker_name()} (kronk rpc start --listen HOST:PORT)")
         for tool in tools:
-            click.echo(f"{tool}: {target / tool}")
+            click.echo(f"{tool}: {target / program_name(tool)}")
         click.echo(
             f"kronk loads them from now on ({where}kronk server start); "
             "KRONK_PROCESSOR chooses another build"

@@ -76,10 +76,6 @@ PROCESSOR_ARGS = {
 }
 
 
-def _names(args: Sequence[str]) -> set[str]:
-    return {arg.split("=")[0] for arg in args}
-
-
 def unpack(archive: Path, into: Path) -> None:
     """Extract a source archive, through the `data` filter (nothing linked or written outside
     `into`) where Python has it: 3.11.4 and later, not Debian 12's 3.11.2."""
@@ -212,9 +208,14 @@ def _library_files(build: Path) -> list[Path]:
     return sorted(found)
 
 
+def program_name(target: str) -> str:
+    """A llama.cpp program's executable, as its build names it."""
+    return target + (".exe" if sys.platform == "win32" else "")
+
+
 def worker_name() -> str:
-    """The RPC worker's executable, as llama.cpp's build names it."""
-    return RPC_TARGET + (".exe" if sys.platform == "win32" else "")
+    """The RPC worker's executable."""
+    return program_name(RPC_TARGET)
 
 
 def rpc_protocol(header: Path) -> str:
@@ -294,7 +295,8 @@ class LibsBuilder:
         self.tools = list(tools)
         self.cuda_toolkit = cuda_toolkit
         extra = [*(RPC_ARGS if rpc else ()), *(TOOL_ARGS if tools else ())]
-        common = [arg for arg in COMMON_ARGS if arg.split("=")[0] not in _names(extra)]
+        overridden = {arg.split("=")[0] for arg in extra}
+        common = [arg for arg in COMMON_ARGS if arg.split("=")[0] not in overridden]
         self.cmake_args = [*common, *dict.fromkeys(extra), *PROCESSOR_ARGS[processor]]
         if cuda_toolkit is not None:
             self.cmake_args += cuda_cmake_arguments(cuda_toolkit)
@@ -317,7 +319,7 @@ class LibsBuilder:
             and found.llama_cpp_python == self.version
             and found.cmake_args == self.cmake_args
             and any(self.target.glob("*llama*"))
-            and all((self.target / tool).is_file() for tool in self.tools)
+            and all((self.target / program_name(tool)).is_file() for tool in self.tools)
         )
 
     def run(self, *, force: bool = False) -> Path:
@@ -430,7 +432,7 @@ class LibsBuilder:
             files.append(worker)
             protocol = rpc_protocol(sources / "vendor" / "llama.cpp" / RPC_HEADER)
         for tool in self.tools:
-            program = self.build_dir / "bin" / (tool + (".exe" if sys.platform == "win32" else ""))
+            program = self.build_dir / "bin" / program_name(tool)
             if not program.is_file():
                 raise LibsError(f"the build produced no {program.name} in {program.parent}")
             files.append(program)
