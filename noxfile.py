@@ -247,8 +247,12 @@ DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "pymdown-extensions==13.1.2"]
 @nox.session
 def docs(session: nox.Session) -> None:
     """The manual (docs/) built as a site into site/, strict: a broken link, a missing anchor
-    or a page the nav leaves out fails the build (mkdocs.yml's validation)."""
-    session.install(*DOCS_REQUIREMENTS)
+    or a page the nav leaves out fails the build (mkdocs.yml's validation). First
+    docs/openapi.json is checked against the routes: generated again from the app with every
+    built-in plugin (scripts/openapi.py, which says how to regenerate it when they differ)."""
+    session.env.update(build_environment(session))  # the llamacpp plugin builds llama.cpp
+    session.install(*DOCS_REQUIREMENTS, "-e", ".", *EDITABLE_PLUGINS)
+    session.run("python", "scripts/openapi.py", "--check")
     session.run("mkdocs", "build", "--strict")
 
 
