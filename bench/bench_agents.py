@@ -46,7 +46,7 @@ from bench_vs_llama_server import free_port, gemma_server_command, running, warm
 from llama_server import llama_server_binary, no_amx_environment
 
 from kronk_anthropic.schemas import BLOCK_SEPARATOR
-from kronk_core.tokens import common_prefix
+from kronk_core.contract.tokens import common_prefix
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 CAPTURE = Path(__file__).parent.parent / "tests" / "data" / "agents" / "claude-code-2.1.332.json"

@@ -18,7 +18,7 @@ from typing import Any
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.contract.backend import Batch
-from kronk_core.sampling import Greedy
+from kronk_core.contract.sampling import Greedy
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import gemma_model_path
 

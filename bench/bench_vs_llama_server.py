@@ -54,9 +54,9 @@ from llama_server import llama_server_binary, no_amx_environment
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.contract.backend import Batch
-from kronk_core.sampling import Greedy
+from kronk_core.contract.sampling import Greedy
+from kronk_core.contract.tokens import common_prefix
 from kronk_core.settings.model_files import resolve_model_config
-from kronk_core.tokens import common_prefix
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 from kronk_templates.jinja import bundled_source

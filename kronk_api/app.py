@@ -25,7 +25,7 @@ from kronk_api.listening import log_summary
 from kronk_api.logs import request_ids
 from kronk_api.settings import ServerSettings, bind_sections
 from kronk_core import Kronk, __version__
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
 from kronk_core.runtime.pool import LoadState
 
 log = logging.getLogger(__name__)

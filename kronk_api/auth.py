@@ -9,7 +9,7 @@ from typing import Protocol
 from litestar.config.app import AppConfig
 from litestar.datastructures import State
 
-from kronk_core.errors import UnavailableError
+from kronk_core.contract.errors import UnavailableError
 
 # The app.state key of the server's TokenChecker.
 TOKEN_CHECKER = "kronk_token_checker"

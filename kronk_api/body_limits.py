@@ -19,7 +19,7 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import BaseRouteHandler
 
-from kronk_core.errors import InvalidRequestError, RequestTooLargeError
+from kronk_core.contract.errors import InvalidRequestError, RequestTooLargeError
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from kronk_api.settings import (
 from kronk_api.terminal_chat import TerminalChat, interactive
 from kronk_api.timeouts import HttpTimeouts
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
 from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import (
     ModelConfig,
@@ -326,7 +326,7 @@ def _start_detached(settings: ServerSettings, schema: list[Setting], ready_timeo
     click.echo(f"logs: {log_file}")
 
 
-# `kronk_core.errors.ConfigError: mcp.listen: ...` in a traceback, its `|` margin aside.
+# `kronk_core.contract.errors.ConfigError: mcp.listen: ...` in a traceback, its `|` margin aside.
 EXCEPTION_LINE = re.compile(r"^[\s|]*([\w.]+(?:Error|Exception): .*)$", re.MULTILINE)
 
 

@@ -33,7 +33,7 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 from uvicorn.server import ServerState
 
 from kronk_api.dialect import Dialect
-from kronk_core.errors import (
+from kronk_core.contract.errors import (
     InvalidRequestError,
     KronkError,
     LimitExceededError,

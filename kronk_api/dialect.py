@@ -24,7 +24,7 @@ from litestar.types import ExceptionHandlersMap
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
 from kronk_api.errors import client_message
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
 
 log = logging.getLogger(__name__)
 

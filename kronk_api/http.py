@@ -10,8 +10,8 @@ from pydantic import BaseModel, ValidationError
 
 from kronk_api.body_limits import PARSED_BODY
 from kronk_api.disconnect import unless_disconnected
-from kronk_core.errors import CapabilityError, InvalidRequestError
-from kronk_core.media import MediaKind, MediaSources, is_remote
+from kronk_core.contract.errors import CapabilityError, InvalidRequestError
+from kronk_core.contract.media import MediaKind, MediaSources, is_remote
 from kronk_core.media_fetch import fetch_urls
 from kronk_core.sdk import Kronk
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
 
 BACKLOG = 128
 

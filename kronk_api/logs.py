@@ -12,7 +12,7 @@ from typing import Any, Literal
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from kronk_core.records import current_request_id, new_request_id
+from kronk_core.contract.records import current_request_id, new_request_id
 
 # The core's: the SDK hands it to the engine, whose log lines then carry it too.
 request_id = current_request_id

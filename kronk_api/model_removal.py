@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kronk_core import Kronk
-from kronk_core.errors import ModelLoadedError
+from kronk_core.contract.errors import ModelLoadedError
 from kronk_core.settings.model_files import delete_model_files, removable_files
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kronk_core import Kronk
-from kronk_core.errors import KronkError
+from kronk_core.contract.errors import KronkError
+from kronk_core.contract.media import MediaKind
 from kronk_core.inputs import chat_request
-from kronk_core.media import MediaKind
 
 # Ollama's parameter names and what each is in a Kronk request.
 PARAMETERS: Mapping[str, tuple[str, type]] = {

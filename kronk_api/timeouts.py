@@ -20,7 +20,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from kronk_api.dialect import Dialect
-from kronk_core.errors import RequestTimeoutError
+from kronk_core.contract.errors import RequestTimeoutError
 
 log = logging.getLogger(__name__)
 

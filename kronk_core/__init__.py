@@ -2,12 +2,19 @@
 engine, pool and loading in `runtime`, configuration in `settings`."""
 
 from kronk_core import grammars
+from kronk_core.contract.media import Media, MediaConfig
 from kronk_core.contract.plugins import hookimpl
-from kronk_core.media import Media, MediaConfig
+from kronk_core.contract.types import (
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    FinishReason,
+    Usage,
+)
 from kronk_core.sdk import ChatStream, Kronk, LoadedModel
 from kronk_core.settings.config import KronkConfig, ModelConfig, SamplingConfig
 from kronk_core.transcription import Transcript, Transcription
-from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, FinishReason, Usage
 
 __version__ = "0.1.0"
 

@@ -12,8 +12,8 @@ end: the files nearest the one edited)."""
 from __future__ import annotations
 
 from kronk_core.contract.backend import FimTokens, TextModel
-from kronk_core.errors import InvalidRequestError
-from kronk_core.types import Infill
+from kronk_core.contract.errors import InvalidRequestError
+from kronk_core.contract.types import Infill
 
 # llama-server's names for what the layout leaves unnamed: the project, the file edited.
 PROJECT = "myproject"

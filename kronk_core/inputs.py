@@ -9,11 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kronk_core.embeddings import EmbeddingInput
-from kronk_core.errors import InvalidRequestError
-from kronk_core.media import MEDIA_MARKER, Media, MediaKind
-from kronk_core.settings.config import SamplingConfig
-from kronk_core.types import (
+from kronk_core.contract.errors import InvalidRequestError
+from kronk_core.contract.media import MEDIA_MARKER, Media, MediaKind
+from kronk_core.contract.types import (
     Adapters,
     ChatMessage,
     ChatRequest,
@@ -22,6 +20,8 @@ from kronk_core.types import (
     ToolChoice,
     ToolSpec,
 )
+from kronk_core.runtime.embeddings import EmbeddingInput
+from kronk_core.settings.config import SamplingConfig
 
 
 def as_message(value: ChatMessage | Mapping[str, Any]) -> ChatMessage:

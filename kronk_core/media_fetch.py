@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import httpcore  # with httpx, a dependency of the server (litestar); the SDK never fetches
 import httpx
 
-from kronk_core.errors import MediaError
-from kronk_core.media import Media, MediaConfig, is_remote
+from kronk_core.contract.errors import MediaError
+from kronk_core.contract.media import Media, MediaConfig, is_remote
 
 log = logging.getLogger(__name__)
 

@@ -6,22 +6,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.errors import ContextOverflowError, InvalidRequestError
+from kronk_core.contract.generation import GenerationRequest
+from kronk_core.contract.media import Media, MediaPrompt, MediaSpan
+from kronk_core.contract.sampling import resolve_sampling
 from kronk_core.contract.templates import OutputParser, PlainText, RenderOptions
-from kronk_core.errors import ContextOverflowError, InvalidRequestError
-from kronk_core.generation import GenerationRequest
-from kronk_core.infill import infill_tokens
-from kronk_core.inputs import forces_call
-from kronk_core.media import Media, MediaPrompt, MediaSpan
-from kronk_core.runtime.loading import LoadedModel
-from kronk_core.sampling import resolve_sampling
-from kronk_core.settings.config import ContextOverflow
-from kronk_core.types import (
+from kronk_core.contract.types import (
     DEFAULT_MAX_TOKENS,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
     SamplingParams,
 )
+from kronk_core.infill import infill_tokens
+from kronk_core.inputs import forces_call
+from kronk_core.runtime.loading import LoadedModel
+from kronk_core.settings.config import ContextOverflow
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,15 +21,33 @@ from typing import Any, TypeVar, overload
 from kronk_core import inputs
 from kronk_core.contract.backend import AdapterInfo, ModelFacts
 from kronk_core.contract.cache import PromptScope
+from kronk_core.contract.errors import (
+    ConfigError,
+    InvalidRequestError,
+    KronkError,
+    ModelNotFoundError,
+)
+from kronk_core.contract.generation import GenerationRequest
+from kronk_core.contract.media import Media, MediaKind, check_media
 from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
+from kronk_core.contract.records import (
+    ChatRecord,
+    RequestRecord,
+    current_request_id,
+    new_request_id,
+)
 from kronk_core.contract.registry import Registry, RegistryKind, fill_registry
+from kronk_core.contract.sampling import GRAMMAR_STAGES, reseeded
 from kronk_core.contract.templates import RenderOptions
-from kronk_core.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
-from kronk_core.errors import ConfigError, InvalidRequestError, KronkError, ModelNotFoundError
-from kronk_core.generation import GenerationRequest
+from kronk_core.contract.types import (
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    CompletionRequest,
+)
 from kronk_core.inputs import lora_scales
-from kronk_core.media import Media, MediaKind, check_media
 from kronk_core.prompts import (
     PreparedChat,
     check_vocabulary,
@@ -39,8 +57,8 @@ from kronk_core.prompts import (
     prompt_tokens,
     render_options,
 )
-from kronk_core.records import ChatRecord, RequestRecord, current_request_id, new_request_id
 from kronk_core.runtime.chat_stream import ChatStream, ChatTimes, collect, collect_choices
+from kronk_core.runtime.embeddings import EmbeddingInput, EmbeddingResult, RerankResult
 from kronk_core.runtime.loading import (
     LoadedModel,
     PooledModel,
@@ -53,7 +71,6 @@ from kronk_core.runtime.loading import (
     text_model,
 )
 from kronk_core.runtime.pool import Lease, ModelPool
-from kronk_core.sampling import GRAMMAR_STAGES, reseeded
 from kronk_core.settings.config import KronkConfig, alias_map, names_a_file
 from kronk_core.settings.model_files import (
     ModelFile,
@@ -73,7 +90,6 @@ from kronk_core.transcription import (
     transcript_of,
     transcription_request,
 )
-from kronk_core.types import ChatDelta, ChatMessage, ChatRequest, ChatResult, CompletionRequest
 
 log = logging.getLogger(__name__)
 

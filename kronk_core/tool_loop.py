@@ -24,8 +24,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from kronk_core.contract.server_tools import ServerTool, ServerToolResult, tool_spec
-from kronk_core.runtime.chat_stream import ChatStream
-from kronk_core.types import (
+from kronk_core.contract.types import (
     ChatDelta,
     ChatMessage,
     ChatRequest,
@@ -34,6 +33,7 @@ from kronk_core.types import (
     ToolChoice,
     Usage,
 )
+from kronk_core.runtime.chat_stream import ChatStream
 
 log = logging.getLogger(__name__)
 

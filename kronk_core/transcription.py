@@ -14,11 +14,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kronk_core.errors import CapabilityError, InvalidRequestError
+from kronk_core.contract.errors import CapabilityError, InvalidRequestError
+from kronk_core.contract.media import Media, MediaKind
+from kronk_core.contract.sound import read_sound_header
+from kronk_core.contract.types import ChatRequest, ChatResult, FinishReason, TokenLogprob, Usage
 from kronk_core.inputs import chat_request
-from kronk_core.media import Media, MediaKind
-from kronk_core.sound import read_sound_header
-from kronk_core.types import ChatRequest, ChatResult, FinishReason, TokenLogprob, Usage
 
 Task = Literal["transcribe", "translate"]
 

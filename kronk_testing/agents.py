@@ -75,7 +75,7 @@ class ClientsUnavailable(Exception):
 
 def clients_dir() -> Path:
     """Where the pinned clients are installed: one folder per set of versions."""
-    from kronk_core.settings.model_files import cache_dir
+    from kronk_core.contract import cache_dir
 
     pins = "\n".join(f"{client.package}@{client.version}" for client in CLIENTS)
     return cache_dir() / "agents" / hashlib.sha256(pins.encode()).hexdigest()[:16]
@@ -643,7 +643,7 @@ def scripted_plugin_path(folder: Path) -> Path:
     """`folder`, made to hold the metadata of an installed distribution whose entry point
     (group `kronk`) is kronk_testing.scripted: with `folder` on PYTHONPATH, a `kronk server
     start` subprocess registers the scripted backend as any installed plugin."""
-    from kronk_core.contract.plugins import ENTRY_POINT_GROUP
+    from kronk_core.contract import ENTRY_POINT_GROUP
     from kronk_testing import scripted
 
     info = folder / "kronk_testing_scripted-0.dist-info"

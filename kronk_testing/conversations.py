@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.types import ChatResult
+from kronk_core.contract import ChatResult
 
 # DRY off: greedy is then a pure argmax, which the replays (kronk_testing.replay) reproduce. Each
 # model renders its own template (Gemma's picked by its architecture, SmolLM2's from its GGUF).

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from kronk_core.settings.model_files import cache_dir
+from kronk_core.contract import cache_dir
 
 LIBS = cache_dir() / "libs"
 BUILD = (

@@ -54,7 +54,7 @@ SCRIPTED_MODEL_ID = "scripted"
 
 def generated_models_dir() -> Path:
     """Where generated test models are cached across sessions, like the default model."""
-    from kronk_core.settings.model_files import cache_dir
+    from kronk_core.contract import cache_dir
 
     return cache_dir() / "test-models"
 
@@ -419,7 +419,7 @@ def kronk(
     "tiny-reranker", loaded on first use.
     """
     from kronk_core import Kronk, KronkConfig
-    from kronk_core.settings.config import ModelConfig
+    from kronk_core.contract import ModelConfig
 
     gemma = packaged()
     imc = {
@@ -480,7 +480,7 @@ def make_kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeKronk]:
     fresh temporary folder unless `config` names one.
     """
     from kronk_core import Kronk, KronkConfig
-    from kronk_core.settings.config import PluginSelection
+    from kronk_core.contract import PluginSelection
 
     made: list[Kronk] = []
 

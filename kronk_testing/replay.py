@@ -20,16 +20,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kronk_core.contract.backend import Batch, Sampler
-from kronk_core.runtime.reports import StepRecord
-from kronk_core.sampling import Greedy, SamplerStage
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import ChatResult, FinishReason, TokenLogprob
+from kronk_core.contract import (
+    Batch,
+    ChatResult,
+    FinishReason,
+    Greedy,
+    ModelConfig,
+    Sampler,
+    SamplerStage,
+    StepRecord,
+    TokenLogprob,
+)
 from kronk_testing.waiting import wait_until
 
 if TYPE_CHECKING:
     from kronk_core import Kronk
-    from kronk_core.runtime.engine import Engine
+    from kronk_core.contract import Engine
     from kronk_llamacpp.model import LlamaTextModel
 
 TOLERANCE = 0.02

@@ -39,11 +39,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import Backend, Batch, FimTokens, ModelInfo
-from kronk_core.errors import BackendLostError, InvalidRequestError, KronkError, ModelLoadError
-from kronk_core.sampling import GRAMMAR_STAGES, SamplerStage
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import TokenDistribution, TokenLogprob, TopLogprob
+from kronk_core.contract import (
+    GRAMMAR_STAGES,
+    Backend,
+    BackendLostError,
+    Batch,
+    FimTokens,
+    InvalidRequestError,
+    KronkError,
+    ModelConfig,
+    ModelInfo,
+    ModelLoadError,
+    SamplerStage,
+    TokenDistribution,
+    TokenLogprob,
+    TopLogprob,
+)
 
 BACKEND = "scripted"
 ARCHITECTURE = "scripted"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from kronk_api.timeouts import HttpTimeouts
+    from kronk_api.contract import HttpTimeouts
     from kronk_core import Kronk
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kronk_core.types import ChatDelta, ToolCallDelta
+from kronk_core.contract import ChatDelta, ToolCallDelta
 
 
 def check_streamed_calls(deltas: list[ChatDelta]) -> None:

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kronk_core.runtime.engine import Engine
-    from kronk_core.runtime.reports import EngineStats, StepRecord
+    from kronk_core.contract import Engine, EngineStats, StepRecord
 
 
 async def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:

@@ -25,8 +25,8 @@ from openai import OpenAI
 from kronk_api import ServerSettings, create_app
 from kronk_api.options import ServerStartCommand
 from kronk_core import Kronk, KronkConfig
+from kronk_core.contract.errors import ConfigError, InsufficientMemoryError
 from kronk_core.contract.memory import Device
-from kronk_core.errors import ConfigError, InsufficientMemoryError
 from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.estimate import (
     MIN_CONTEXT_WINDOW,

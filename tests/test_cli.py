@@ -26,7 +26,7 @@ from kronk_api.settings import (
     other_spellings,
     server_sections,
 )
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 from kronk_testing.server import free_port
 

@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
+from kronk_core.contract.selection import PluginSelection
 from kronk_core.settings.config import (
     ModelConfig,
-    PluginSelection,
     load_model_config_file,
     parse_model_config,
 )

@@ -16,8 +16,8 @@ import pytest
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
 from kronk_core.contract.backend import Batch
-from kronk_core.errors import ConfigError
-from kronk_core.types import FinishReason, TokenLogprob
+from kronk_core.contract.errors import ConfigError
+from kronk_core.contract.types import FinishReason, TokenLogprob
 from kronk_llamacpp.packaged import default_model_path, gemma_model_path
 from kronk_testing import scripted
 from kronk_testing.models.recurrent import TINY_MAMBA2

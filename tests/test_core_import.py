@@ -14,8 +14,8 @@ def test_core_imports_without_llama_cpp() -> None:
         sys.modules["llama_cpp"] = None  # any import of it now raises ImportError
         import kronk_core, kronk_core.runtime.engine, kronk_core.sdk, kronk_core.contract.hookspecs
         from kronk_core import Kronk, KronkConfig, ModelConfig
-        from kronk_core.settings.config import PluginSelection
-        from kronk_core.errors import ConfigError
+        from kronk_core.contract.selection import PluginSelection
+        from kronk_core.contract.errors import ConfigError
         models = {"m": ModelConfig(model_path="/m.gguf")}
         kronk = Kronk(KronkConfig(plugins=PluginSelection(disabled=["llamacpp"]), models=models))
         assert kronk.model_ids() == ["m"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from kronk_api.cli import main
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.errors import ConfigError, InsufficientMemoryError, ModelLoadError
+from kronk_core.contract.errors import ConfigError, InsufficientMemoryError, ModelLoadError
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 GIB = 2**30

@@ -18,7 +18,7 @@ from kronk_api import ServerSettings, create_app
 from kronk_api.dialect import Dialect, sse_frame
 from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.errors import QueueFullError
+from kronk_core.contract.errors import QueueFullError
 from kronk_ollama.errors import OLLAMA
 from kronk_openai.errors import OPENAI
 

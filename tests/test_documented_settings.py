@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from kronk_api.settings import ServerSettings, env_name, flag_name, server_sections
 from kronk_core.contract.plugins import create_plugin_manager
+from kronk_core.contract.types import DEFAULT_MAX_TOKENS, SamplingParams
 from kronk_core.settings.config import ModelConfig, SamplingConfig
 from kronk_core.settings.sections import ModelSection, declared_sections
-from kronk_core.types import DEFAULT_MAX_TOKENS, SamplingParams
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # Defaults the tables say in words, where the field's default is not the value itself.

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from kronk_core import FinishReason, Kronk
+from kronk_core.contract.types import ChatDelta, TokenLogprob, Usage
 from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_core.sdk import ChatStream
-from kronk_core.types import ChatDelta, TokenLogprob, Usage
 from kronk_testing.waiting import gated, wait_idle, wait_until
 
 GREEDY: dict[str, Any] = {"temperature": 0}

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kronk_core import Kronk
-from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.contract.errors import InvalidRequestError, KronkError
+from kronk_core.contract.types import FinishReason
 from kronk_core.runtime.chat_stream import ChatStream, collect
-from kronk_core.types import FinishReason
 from kronk_llamacpp.packaged import default_model_path
 from kronk_testing.replay import step_records
 from kronk_testing.waiting import all_steps_reported, gated, wait_until

@@ -26,11 +26,11 @@ from kronk_caching.plugin import incremental_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.contract.backend import Batch, ModelInfo, TextModel
 from kronk_core.contract.cache import CachePlan, CacheStrategy, CacheStrategyFactory, Slot
+from kronk_core.contract.errors import KronkError, KVCacheFullError
+from kronk_core.contract.generation import GenerationRequest
 from kronk_core.contract.registry import Register
-from kronk_core.errors import KronkError, KVCacheFullError
-from kronk_core.generation import GenerationRequest
+from kronk_core.contract.sampling import SamplerStage
 from kronk_core.runtime.engine import Engine
-from kronk_core.sampling import SamplerStage
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.model import decode_error
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from kronk_core import FinishReason, Kronk, KronkConfig, LoadedModel, ModelConfig
+from kronk_core.contract.sampling import Greedy
+from kronk_core.contract.types import ChatResult
 from kronk_core.runtime.reports import StepRecord
-from kronk_core.sampling import Greedy
-from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import gemma_model_path
 from kronk_llamacpp.sampler import GreedySampler
 from kronk_testing.replay import (

@@ -22,7 +22,7 @@ import pytest
 from kronk_api import create_app
 from kronk_api.settings import load_settings
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_core.settings.config import load_model_config_file
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kronk_core import Kronk, KronkConfig, grammars
-from kronk_core.types import FinishReason
+from kronk_core.contract.types import FinishReason
 
 SHAPES = {
     "GrammarJSON": (lambda text: isinstance(json.loads(text), (dict, list))),

@@ -33,21 +33,21 @@ from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
 from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategy, DraftStrategyFactory
+from kronk_core.contract.errors import ConfigError, ModelNotFoundError
 from kronk_core.contract.hookspecs import hookspec
 from kronk_core.contract.host import Host
 from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.records import ChatRecord, RequestRecord, current_request_id
 from kronk_core.contract.registry import Register
+from kronk_core.contract.sampling import Greedy, SamplerStage
 from kronk_core.contract.templates import (
     TEMPLATE_PROCESSORS,
     TemplateProcessor,
     TemplateProcessorFactory,
 )
-from kronk_core.errors import ConfigError, ModelNotFoundError
-from kronk_core.records import ChatRecord, RequestRecord, current_request_id
-from kronk_core.sampling import Greedy, SamplerStage
+from kronk_core.contract.types import SamplingParams, ToolSpec
 from kronk_core.settings.model_files import ModelFile, PackagedModel
 from kronk_core.settings.sections import ModelSection
-from kronk_core.types import SamplingParams, ToolSpec
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_speculative.plugin import prompt_lookup
 from kronk_templates.formats.base import ToolFormat

@@ -18,9 +18,9 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.errors import ConfigError, InvalidRequestError
+from kronk_core.contract.errors import ConfigError, InvalidRequestError
+from kronk_core.contract.types import Adapters, TokenLogprob
 from kronk_core.runtime.reports import StepRecord
-from kronk_core.types import Adapters, TokenLogprob
 from kronk_llamacpp.packaged import default_model_path
 from kronk_testing.models.lora import MAKERS, SMOLLM2_LORA, SMOLLM2_LORA_B, WRONG_SHAPE_LORA
 from kronk_testing.models.output import cached

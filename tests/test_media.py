@@ -12,12 +12,12 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig, Media, MediaConfig, ModelConfig
 from kronk_core.contract.cache import PromptScope
-from kronk_core.errors import CapabilityError, MediaError, MediaLimitError
-from kronk_core.media import MEDIA_MARKER, MediaKind
+from kronk_core.contract.errors import CapabilityError, MediaError, MediaLimitError
+from kronk_core.contract.media import MEDIA_MARKER, MediaKind
+from kronk_core.contract.types import ChatResult
 from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.chat_stream import collect
 from kronk_core.runtime.reports import StepRecord
-from kronk_core.types import ChatResult
 from kronk_testing.media_samples import image, mp3_silence, striped, wav
 from kronk_testing.models.multimodal import image_tokens
 from kronk_testing.plugin import MultimodalPaths

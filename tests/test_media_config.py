@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kronk_api.cli import main
 from kronk_core import Kronk, KronkConfig, Media
-from kronk_core.media import MediaKind
+from kronk_core.contract.media import MediaKind
 from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import parse_model_config
 from kronk_testing.media_samples import image

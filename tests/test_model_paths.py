@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ConfigError, ModelNotFoundError
+from kronk_core.contract.errors import ConfigError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from kronk_testing.server import Serve

@@ -15,12 +15,12 @@ import pytest
 from kronk_caching.none import NoCache
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.contract.cache import PromptScope
-from kronk_core.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
-from kronk_core.records import RequestRecord
+from kronk_core.contract.errors import ModelLoadError, ModelNotFoundError, PoolBusyError
+from kronk_core.contract.records import RequestRecord
+from kronk_core.contract.types import ChatMessage
 from kronk_core.runtime.pool import LoadState
 from kronk_core.sdk import LoadedModel
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import ChatMessage
 from kronk_testing.waiting import gated, wait_until
 
 

@@ -9,9 +9,10 @@ import pytest
 from kronk_core import Kronk, KronkConfig, hookimpl
 from kronk_core.contract.backend import ModelInfo
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
-from kronk_core.sampling import Greedy, SamplerStage
-from kronk_core.settings.config import ModelConfig, PluginSelection
-from kronk_core.types import SamplingParams
+from kronk_core.contract.sampling import Greedy, SamplerStage
+from kronk_core.contract.selection import PluginSelection
+from kronk_core.contract.types import SamplingParams
+from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 
 BUILT_IN = {"caching", "llamacpp", "sampling", "templates", "openai", "anthropic"}

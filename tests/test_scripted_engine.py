@@ -16,7 +16,7 @@ import pytest
 
 from kronk_core import Kronk
 from kronk_core.contract.cache import PromptScope
-from kronk_core.errors import ContextOverflowError, InvalidRequestError, QueueFullError
+from kronk_core.contract.errors import ContextOverflowError, InvalidRequestError, QueueFullError
 from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.engine import StepRecord
 from kronk_core.runtime.loading import LoadedModel

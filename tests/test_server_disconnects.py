@@ -20,7 +20,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.records import ChatRecord, RequestRecord
+from kronk_core.contract.records import ChatRecord, RequestRecord
 from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.reports import StepRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS

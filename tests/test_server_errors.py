@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from kronk_core.errors import InvalidRequestError
-from kronk_core.types import ChatMessage, ChatRequest
+from kronk_core.contract.errors import InvalidRequestError
+from kronk_core.contract.types import ChatMessage, ChatRequest
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_testing.waiting import gated
 

@@ -23,7 +23,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract.errors import InvalidRequestError
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, DEFAULT_MODEL_SETTINGS
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ import httpx
 
 from kronk_core import ChatMessage, ChatRequest, FinishReason, hookimpl
 from kronk_core.contract.server_tools import WEB_SEARCH, ServerTool, ServerToolResult, Source
+from kronk_core.contract.types import ChatDelta
 from kronk_core.settings.sections import Sectioned
 from kronk_core.tool_loop import ServerToolUse, start_tool_loop
-from kronk_core.types import ChatDelta
 from kronk_testing.scripted import Script
 
 if TYPE_CHECKING:

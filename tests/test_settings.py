@@ -17,9 +17,10 @@ from kronk_api.settings import all_settings, server_sections
 from kronk_caching.plugin import no_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
 from kronk_core.contract.cache import CacheStrategyFactory
+from kronk_core.contract.errors import ConfigError
 from kronk_core.contract.registry import Register
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import PluginSelection, load_model_config_file
+from kronk_core.contract.selection import PluginSelection
+from kronk_core.settings.config import load_model_config_file
 from kronk_core.settings.sections import ModelSection, Section, ServerSection
 from kronk_llamacpp.settings import SETTINGS as LLAMACPP
 from kronk_llamacpp.settings import CacheType

@@ -23,7 +23,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.records import RequestRecord
+from kronk_core.contract.records import RequestRecord
 from kronk_llamacpp.packaged import GEMMA_MODEL_SETTINGS
 from kronk_testing.waiting import reached, wait_idle
 

@@ -8,9 +8,9 @@ import wave
 
 import pytest
 
-from kronk_core.errors import MediaError, MediaLimitError
-from kronk_core.media import Media, MediaConfig, MediaKind, check_media
-from kronk_core.sound import read_sound_header
+from kronk_core.contract.errors import MediaError, MediaLimitError
+from kronk_core.contract.media import Media, MediaConfig, MediaKind, check_media
+from kronk_core.contract.sound import read_sound_header
 from kronk_testing.media_samples import flac, mp3_silence, mp3_with_xing, raw_wav, wav
 
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
+from kronk_core.contract.types import TokenDistribution
 from kronk_core.runtime.speculation import accept_or_correct
-from kronk_core.types import TokenDistribution
 
 SAMPLES = 40_000
 # Chi-square critical value for 5 degrees of freedom at p = 1e-4: a correct rule fails

@@ -13,8 +13,8 @@ import pytest
 from kronk_api.options import ServerStartCommand
 from kronk_api.settings import ServerSettings, bind_sections, load_settings, server_sections
 from kronk_core import Kronk, KronkConfig
+from kronk_core.contract.errors import ConfigError
 from kronk_core.contract.plugins import create_plugin_manager
-from kronk_core.errors import ConfigError
 from kronk_core.runtime.loading import model_config_for
 from kronk_core.settings.config import load_model_config_file, parse_model_config
 

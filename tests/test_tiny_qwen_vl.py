@@ -12,7 +12,7 @@ import pytest
 from llama_cpp import mtmd_cpp as mtmd
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.media import MediaKind
+from kronk_core.contract.media import MediaKind
 from kronk_core.settings.config import ModelConfig
 from kronk_testing.media_samples import image, striped
 from kronk_testing.models.qwen_vl import QWEN_VL_PROJECTOR, make_tiny_qwen_vl

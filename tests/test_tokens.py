@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronk_core.tokens import common_prefix
+from kronk_core.contract.tokens import common_prefix
 
 
 @pytest.mark.parametrize(

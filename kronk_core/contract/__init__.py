@@ -1,3 +1,431 @@
-"""The plugin contract: hook specs, the host, registries, the plugin manager
-and the protocols plugins implement.
+"""The plugin API: everything a plugin reads from the core, in one place, the way `pytest`
+fronts `_pytest`. Plugins import from here (or `kronk_core`, the SDK); the modules behind it
+may move between releases.
+
+    from kronk_core.contract import ModelConfig, ModelSection, TextModel, hookimpl
+
+The contract's own modules (protocols, hook specs, value types, errors) are the lowest wing
+of the core, which every other wing imports; so the names this front takes from the wings
+above it (settings, runtime, the request path) are imported when first read, never when a
+contract module is (tests/test_layers.py holds both lists equal).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kronk_core.contract.backend import (
+    AdaptedModel,
+    AdapterInfo,
+    Backend,
+    Batch,
+    Capability,
+    EmbeddingModel,
+    FimTokens,
+    MediaModel,
+    ModelFacts,
+    ModelInfo,
+    Pooling,
+    Sampler,
+    ShiftableModel,
+    TextModel,
+)
+from kronk_core.contract.cache import (
+    CacheCounters,
+    CachePlan,
+    CacheStrategy,
+    CacheStrategyFactory,
+    PromptScope,
+    Slot,
+)
+from kronk_core.contract.drafts import Draft, DraftRequest, DraftStrategy, DraftStrategyFactory
+from kronk_core.contract.errors import (
+    AuthenticationError,
+    BackendLostError,
+    BackendUnavailableError,
+    CapabilityError,
+    ConfigError,
+    ContextOverflowError,
+    EngineClosedError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    KronkError,
+    KVCacheFullError,
+    LimitExceededError,
+    MediaError,
+    MediaLimitError,
+    ModelLoadedError,
+    ModelLoadError,
+    ModelNotFoundError,
+    NotFoundError,
+    PermissionDeniedError,
+    PoolBusyError,
+    QueueFullError,
+    RateLimitError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    TemplateError,
+    TooManyRequestsError,
+    UnavailableError,
+)
+from kronk_core.contract.generation import EngineEvent, Finished, GenerationRequest, TextChunk
+from kronk_core.contract.host import Host, PluginManager, PoolView
+from kronk_core.contract.media import (
+    MEDIA_MARKER,
+    Media,
+    MediaConfig,
+    MediaKind,
+    MediaPrompt,
+    MediaSources,
+    MediaSpan,
+    bare_base64,
+    cut_point,
+    media_tokens,
+)
+from kronk_core.contract.memory import Device, DeviceShare, MemoryEstimate, available_ram
+from kronk_core.contract.plugins import ENTRY_POINT_GROUP, create_plugin_manager, hookimpl
+from kronk_core.contract.records import ChatRecord, RequestRecord, current_request_id
+from kronk_core.contract.registry import Register, Registry, RegistryKind
+from kronk_core.contract.sampling import (
+    GRAMMAR_STAGES,
+    RANDOM_SEED,
+    SELECTING_STAGES,
+    AdaptiveP,
+    CompiledGrammar,
+    Distribution,
+    Dry,
+    Grammar,
+    Greedy,
+    JsonSchemaGrammar,
+    LogitBias,
+    MinP,
+    Mirostat,
+    MirostatV2,
+    Penalties,
+    SamplerStage,
+    StructuredGrammar,
+    Temperature,
+    TopK,
+    TopP,
+    TypicalP,
+    Xtc,
+    mirostat_stage,
+    truncation_stages,
+)
+from kronk_core.contract.selection import PluginSelection
+from kronk_core.contract.server_tools import (
+    WEB_SEARCH,
+    ServerTool,
+    ServerToolResult,
+    Source,
+    ToolError,
+    tool_spec,
+)
+from kronk_core.contract.sound import read_sound_header
+from kronk_core.contract.templates import (
+    OutputParser,
+    PlainText,
+    RenderOptions,
+    TemplateProcessor,
+    TemplateProcessorFactory,
+    TemplateValue,
+)
+from kronk_core.contract.tokens import common_prefix
+from kronk_core.contract.types import (
+    Adapters,
+    ChatDelta,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    CompletionRequest,
+    FinishReason,
+    Infill,
+    InfillFile,
+    JsonSegment,
+    Role,
+    SamplingParams,
+    StructuredOutput,
+    TokenDistribution,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+    TopLogprob,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from kronk_core.runtime.chat_stream import ChatStream, collect, collect_choices
+    from kronk_core.runtime.draft_policy import DraftPolicy, Wish
+    from kronk_core.runtime.engine import Engine
+    from kronk_core.runtime.loading import model_config_for
+    from kronk_core.runtime.reports import EngineStats, StepRecord
+    from kronk_core.runtime.speculation import draw
+    from kronk_core.sdk import Kronk
+    from kronk_core.settings.config import (
+        Duration,
+        KronkConfig,
+        ModelConfig,
+        SamplingConfig,
+        default_base_path,
+        parse_duration,
+        parse_model_config,
+    )
+    from kronk_core.settings.model_files import ModelFile, PackagedModel, cache_dir
+    from kronk_core.settings.sections import (
+        ModelSection,
+        Section,
+        Sectioned,
+        ServerSection,
+        Switch,
+        config_error_from,
+    )
+    from kronk_core.tool_loop import ServerToolUse, ToolLoop, ToolLoopEvent, start_tool_loop
+    from kronk_core.transcription import Task, Transcript, Transcription, transcript_of
+
+# The names from the wings above, by module: imported on first use (`__getattr__`).
+ABOVE: dict[str, tuple[str, ...]] = {
+    "kronk_core.settings.config": (
+        "Duration",
+        "KronkConfig",
+        "ModelConfig",
+        "SamplingConfig",
+        "default_base_path",
+        "parse_duration",
+        "parse_model_config",
+    ),
+    "kronk_core.settings.model_files": (
+        "ModelFile",
+        "PackagedModel",
+        "cache_dir",
+    ),
+    "kronk_core.settings.sections": (
+        "ModelSection",
+        "Section",
+        "Sectioned",
+        "ServerSection",
+        "Switch",
+        "config_error_from",
+    ),
+    "kronk_core.runtime.chat_stream": (
+        "ChatStream",
+        "collect",
+        "collect_choices",
+    ),
+    "kronk_core.runtime.draft_policy": (
+        "DraftPolicy",
+        "Wish",
+    ),
+    "kronk_core.runtime.engine": ("Engine",),
+    "kronk_core.runtime.loading": ("model_config_for",),
+    "kronk_core.runtime.reports": (
+        "EngineStats",
+        "StepRecord",
+    ),
+    "kronk_core.runtime.speculation": ("draw",),
+    "kronk_core.sdk": ("Kronk",),
+    "kronk_core.tool_loop": (
+        "ServerToolUse",
+        "ToolLoop",
+        "ToolLoopEvent",
+        "start_tool_loop",
+    ),
+    "kronk_core.transcription": (
+        "Task",
+        "Transcript",
+        "Transcription",
+        "transcript_of",
+    ),
+}
+_HOME = {name: module for module, names in ABOVE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "GRAMMAR_STAGES",
+    "MEDIA_MARKER",
+    "RANDOM_SEED",
+    "SELECTING_STAGES",
+    "WEB_SEARCH",
+    "AdaptedModel",
+    "AdapterInfo",
+    "Adapters",
+    "AdaptiveP",
+    "AuthenticationError",
+    "Backend",
+    "BackendLostError",
+    "BackendUnavailableError",
+    "Batch",
+    "CacheCounters",
+    "CachePlan",
+    "CacheStrategy",
+    "CacheStrategyFactory",
+    "Capability",
+    "CapabilityError",
+    "ChatDelta",
+    "ChatMessage",
+    "ChatRecord",
+    "ChatRequest",
+    "ChatResult",
+    "ChatStream",
+    "CompiledGrammar",
+    "CompletionRequest",
+    "ConfigError",
+    "ContextOverflowError",
+    "Device",
+    "DeviceShare",
+    "Distribution",
+    "Draft",
+    "DraftPolicy",
+    "DraftRequest",
+    "DraftStrategy",
+    "DraftStrategyFactory",
+    "Dry",
+    "Duration",
+    "EmbeddingModel",
+    "Engine",
+    "EngineClosedError",
+    "EngineEvent",
+    "EngineStats",
+    "FimTokens",
+    "FinishReason",
+    "Finished",
+    "GenerationRequest",
+    "Grammar",
+    "Greedy",
+    "Host",
+    "Infill",
+    "InfillFile",
+    "InsufficientMemoryError",
+    "InvalidRequestError",
+    "JsonSchemaGrammar",
+    "JsonSegment",
+    "KVCacheFullError",
+    "Kronk",
+    "KronkConfig",
+    "KronkError",
+    "LimitExceededError",
+    "LogitBias",
+    "Media",
+    "MediaConfig",
+    "MediaError",
+    "MediaKind",
+    "MediaLimitError",
+    "MediaModel",
+    "MediaPrompt",
+    "MediaSources",
+    "MediaSpan",
+    "MemoryEstimate",
+    "MinP",
+    "Mirostat",
+    "MirostatV2",
+    "ModelConfig",
+    "ModelFacts",
+    "ModelFile",
+    "ModelInfo",
+    "ModelLoadError",
+    "ModelLoadedError",
+    "ModelNotFoundError",
+    "ModelSection",
+    "NotFoundError",
+    "OutputParser",
+    "PackagedModel",
+    "Penalties",
+    "PermissionDeniedError",
+    "PlainText",
+    "PluginManager",
+    "PluginSelection",
+    "PoolBusyError",
+    "PoolView",
+    "Pooling",
+    "PromptScope",
+    "QueueFullError",
+    "RateLimitError",
+    "Register",
+    "Registry",
+    "RegistryKind",
+    "RenderOptions",
+    "RequestRecord",
+    "RequestTimeoutError",
+    "RequestTooLargeError",
+    "Role",
+    "Sampler",
+    "SamplerStage",
+    "SamplingConfig",
+    "SamplingParams",
+    "Section",
+    "Sectioned",
+    "ServerSection",
+    "ServerTool",
+    "ServerToolResult",
+    "ServerToolUse",
+    "ShiftableModel",
+    "Slot",
+    "Source",
+    "StepRecord",
+    "StructuredGrammar",
+    "StructuredOutput",
+    "Switch",
+    "Task",
+    "Temperature",
+    "TemplateError",
+    "TemplateProcessor",
+    "TemplateProcessorFactory",
+    "TemplateValue",
+    "TextChunk",
+    "TextModel",
+    "TokenDistribution",
+    "TokenLogprob",
+    "TooManyRequestsError",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
+    "ToolError",
+    "ToolLoop",
+    "ToolLoopEvent",
+    "ToolSpec",
+    "TopK",
+    "TopLogprob",
+    "TopP",
+    "Transcript",
+    "Transcription",
+    "TypicalP",
+    "UnavailableError",
+    "Usage",
+    "Wish",
+    "Xtc",
+    "available_ram",
+    "bare_base64",
+    "cache_dir",
+    "collect",
+    "collect_choices",
+    "common_prefix",
+    "config_error_from",
+    "create_plugin_manager",
+    "current_request_id",
+    "cut_point",
+    "default_base_path",
+    "draw",
+    "hookimpl",
+    "media_tokens",
+    "mirostat_stage",
+    "model_config_for",
+    "parse_duration",
+    "parse_model_config",
+    "read_sound_header",
+    "start_tool_loop",
+    "tool_spec",
+    "transcript_of",
+    "truncation_stages",
+]

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan
-from kronk_core.sampling import SamplerStage
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import Adapters, TokenDistribution, TokenLogprob
+from kronk_core.contract.media import Media, MediaKind, MediaPrompt, MediaSpan
+from kronk_core.contract.sampling import SamplerStage
+from kronk_core.contract.types import Adapters, TokenDistribution, TokenLogprob
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import ModelConfig
 
 
 class Capability(StrEnum):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kronk_core.contract.backend import ModelInfo, TextModel
+from kronk_core.contract.generation import GenerationRequest
 from kronk_core.contract.registry import RegistryKind
-from kronk_core.generation import GenerationRequest
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import Adapters, ChatMessage
+from kronk_core.contract.types import Adapters, ChatMessage
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import ModelConfig
 
 
 @dataclass(slots=True)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kronk_core.contract.backend import ModelInfo, TextModel
 from kronk_core.contract.registry import RegistryKind
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import SamplingParams, TokenDistribution
+from kronk_core.contract.types import SamplingParams, TokenDistribution
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,19 +21,20 @@ from kronk_core.contract.cache import CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategyFactory
 from kronk_core.contract.host import Host
 from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.records import ChatRecord, RequestRecord
 from kronk_core.contract.registry import Register
+from kronk_core.contract.sampling import SamplerStage
 from kronk_core.contract.server_tools import ServerTool
 from kronk_core.contract.templates import TemplateProcessorFactory
-from kronk_core.records import ChatRecord, RequestRecord
-from kronk_core.sampling import SamplerStage
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.model_files import ModelFile, PackagedModel
-from kronk_core.settings.sections import Section, Sectioned
-from kronk_core.types import SamplingParams
+from kronk_core.contract.types import SamplingParams
 
 if TYPE_CHECKING:
     import click
     from litestar.config.app import AppConfig
+
+    from kronk_core.settings.config import ModelConfig
+    from kronk_core.settings.model_files import ModelFile, PackagedModel
+    from kronk_core.settings.sections import Section, Sectioned
 
 
 hookspec = pluggy.HookspecMarker("kronk")
@@ -165,9 +166,7 @@ def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
 
 
 @hookspec
-def kronk_register_cache_strategies(
-    register: Register[CacheStrategyFactory], kronk: Host
-) -> None:
+def kronk_register_cache_strategies(register: Register[CacheStrategyFactory], kronk: Host) -> None:
     """Register cache strategies by name: `register("imc", factory)`.
 
     A model's `cache:` key selects one by name (default "imc"; the caching
@@ -179,9 +178,7 @@ def kronk_register_cache_strategies(
 
 
 @hookspec
-def kronk_register_draft_strategies(
-    register: Register[DraftStrategyFactory], kronk: Host
-) -> None:
+def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Host) -> None:
     """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
 
     A model's `draft_strategy:` key selects one by name, or "none" (unset:
@@ -259,7 +256,7 @@ def kronk_request_finished(record: RequestRecord) -> None:
     Runs on the model's engine thread between decode steps, so it must be quick;
     exceptions are logged and swallowed. `record` holds counts and timings
     (queue, cache, prefill, first token, decode), never prompt or completion
-    text. `current_request_id` (kronk_core.records) holds its request id.
+    text. `current_request_id` (kronk_core.contract.records) holds its request id.
     """
 
 

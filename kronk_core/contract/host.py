@@ -7,14 +7,16 @@ chats) reaches the facade the server keeps on `app.state.kronk`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import pluggy
 
 from kronk_core.contract.registry import Registry, RegistryKind
-from kronk_core.runtime.pool import PoolEntry
-from kronk_core.settings.config import KronkConfig
-from kronk_core.settings.sections import ModelSection
+
+if TYPE_CHECKING:
+    from kronk_core.runtime.pool import PoolEntry
+    from kronk_core.settings.config import KronkConfig
+    from kronk_core.settings.sections import ModelSection
 
 T = TypeVar("T")
 

@@ -12,9 +12,10 @@ import pluggy
 
 from kronk_core.contract import hookspecs
 from kronk_core.contract.host import PluginManager
-from kronk_core.settings.config import PluginSelection
+from kronk_core.contract.selection import PluginSelection
 
 log = logging.getLogger(__name__)
+
 
 ENTRY_POINT_GROUP = "kronk"
 # Callables run before any plugin module is imported: for plugins whose native libraries

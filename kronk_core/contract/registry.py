@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pluggy
 
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

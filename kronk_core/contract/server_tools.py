@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from kronk_core.types import ToolSpec
+from kronk_core.contract.types import ToolSpec
 
 # The name of the server tool that searches the web. Its arguments have `query`, the search
 # text, which the dialects report; its results' sources are the pages found.

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kronk_core.contract.backend import ModelInfo
 from kronk_core.contract.registry import RegistryKind
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import ChatDelta, ChatMessage, StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.contract.types import ChatDelta, ChatMessage, StructuredOutput, ToolChoice, ToolSpec
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import ModelConfig
 
 TemplateValue = str | int | float | bool | None
 
@@ -87,6 +89,4 @@ class TemplateProcessorFactory(Protocol):
     ) -> TemplateProcessor: ...
 
 
-TEMPLATE_PROCESSORS: RegistryKind[TemplateProcessorFactory] = RegistryKind(
-    "template_processors"
-)
+TEMPLATE_PROCESSORS: RegistryKind[TemplateProcessorFactory] = RegistryKind("template_processors")

@@ -7,12 +7,19 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
+from kronk_core.contract.errors import KronkError
+from kronk_core.contract.generation import Finished
+from kronk_core.contract.records import ChatRecord, RequestRecord
 from kronk_core.contract.templates import OutputParser
-from kronk_core.errors import KronkError
-from kronk_core.generation import Finished
-from kronk_core.records import ChatRecord, RequestRecord
+from kronk_core.contract.types import (
+    ChatDelta,
+    ChatResult,
+    FinishReason,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+)
 from kronk_core.runtime.engine import GenerationStream
-from kronk_core.types import ChatDelta, ChatResult, FinishReason, TokenLogprob, ToolCall, Usage
 
 
 @dataclass(frozen=True, slots=True)

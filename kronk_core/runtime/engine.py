@@ -37,24 +37,24 @@ from kronk_core.contract.backend import (
 )
 from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
 from kronk_core.contract.drafts import Draft, DraftStrategy
-from kronk_core.errors import (
+from kronk_core.contract.errors import (
     BackendLostError,
     EngineClosedError,
     InvalidRequestError,
     KronkError,
     QueueFullError,
 )
-from kronk_core.generation import EngineEvent, Finished, GenerationRequest, TextChunk
-from kronk_core.media import MediaSpan, cut_point
-from kronk_core.records import RequestRecord, request_scope
+from kronk_core.contract.generation import EngineEvent, Finished, GenerationRequest, TextChunk
+from kronk_core.contract.media import MediaSpan, cut_point
+from kronk_core.contract.records import RequestRecord, request_scope
+from kronk_core.contract.sampling import SamplerStage
+from kronk_core.contract.tokens import common_prefix
+from kronk_core.contract.types import Adapters, FinishReason, SamplingParams, TokenLogprob, Usage
 from kronk_core.runtime.detok import StopMatcher
 from kronk_core.runtime.jobs import Job, MediaPart, Outbox, Part, rows
 from kronk_core.runtime.media_encoder import MediaEncoder
 from kronk_core.runtime.reports import EngineStats, SlotState, StepRecord
 from kronk_core.runtime.speculation import Speculating, Speculation
-from kronk_core.sampling import SamplerStage
-from kronk_core.tokens import common_prefix
-from kronk_core.types import Adapters, FinishReason, SamplingParams, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 

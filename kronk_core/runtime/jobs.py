@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from kronk_core.contract.backend import Sampler
 from kronk_core.contract.cache import Slot
 from kronk_core.contract.drafts import Draft
-from kronk_core.generation import EngineEvent, GenerationRequest
-from kronk_core.media import MediaSpan
-from kronk_core.records import new_request_id
+from kronk_core.contract.generation import EngineEvent, GenerationRequest
+from kronk_core.contract.media import MediaSpan
+from kronk_core.contract.records import new_request_id
+from kronk_core.contract.types import TokenLogprob
 from kronk_core.runtime.detok import StopMatcher, Utf8Stream
 from kronk_core.runtime.media_encoder import Encoding
-from kronk_core.types import TokenLogprob
 
 
 @dataclass(eq=False)

@@ -13,21 +13,22 @@ from typing import Any
 from kronk_core.contract.backend import MediaModel, ModelInfo, ShiftableModel, TextModel
 from kronk_core.contract.cache import CACHE_STRATEGIES, CacheStrategy
 from kronk_core.contract.drafts import DRAFT_STRATEGIES, DraftStrategy
-from kronk_core.contract.host import Host, PluginManager
-from kronk_core.contract.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
-from kronk_core.embeddings import LoadedEmbeddingModel, describe_capabilities
-from kronk_core.errors import (
+from kronk_core.contract.errors import (
     CapabilityError,
     ConfigError,
     InvalidRequestError,
     ModelLoadError,
     TemplateError,
 )
-from kronk_core.media import MEDIA_MARKER, Media, MediaPrompt
-from kronk_core.records import RequestRecord
+from kronk_core.contract.host import Host, PluginManager
+from kronk_core.contract.media import MEDIA_MARKER, Media, MediaPrompt
+from kronk_core.contract.records import RequestRecord
+from kronk_core.contract.sampling import SamplerStage
+from kronk_core.contract.templates import TEMPLATE_PROCESSORS, RenderOptions, TemplateProcessor
+from kronk_core.contract.types import Adapters, ChatMessage, SamplingParams
+from kronk_core.runtime.embeddings import LoadedEmbeddingModel, describe_capabilities
 from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.pool import Lease
-from kronk_core.sampling import SamplerStage
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.model_files import (
     model_sources,
@@ -36,7 +37,6 @@ from kronk_core.settings.model_files import (
     resolve_reference,
 )
 from kronk_core.settings.sections import ModelSection, bind, declared_sections
-from kronk_core.types import Adapters, ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kronk_core.contract.backend import MediaModel
-from kronk_core.errors import KronkError
-from kronk_core.media import MediaSpan
+from kronk_core.contract.errors import KronkError
+from kronk_core.contract.media import MediaSpan
 
 log = logging.getLogger(__name__)
 

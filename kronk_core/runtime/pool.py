@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, Protocol, TypeVar
 
-from kronk_core.errors import PoolBusyError
+from kronk_core.contract.errors import PoolBusyError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kronk_core.types import Adapters
+from kronk_core.contract.types import Adapters
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from kronk_core.contract.backend import Sampler, TextModel
 from kronk_core.contract.cache import Slot
 from kronk_core.contract.drafts import Draft, DraftRequest, DraftStrategy
+from kronk_core.contract.types import SamplingParams, TokenDistribution
 from kronk_core.runtime.draft_policy import DraftPolicy, Wish
-from kronk_core.types import SamplingParams, TokenDistribution
 
 log = logging.getLogger(__name__)
 

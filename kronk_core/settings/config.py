@@ -26,8 +26,9 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core.errors import ConfigError
-from kronk_core.media import MediaConfig
+from kronk_core.contract.errors import ConfigError
+from kronk_core.contract.media import MediaConfig
+from kronk_core.contract.selection import PluginSelection
 from kronk_core.settings import spellings
 from kronk_core.settings.sections import config_error_from, gather
 
@@ -163,15 +164,6 @@ class ModelConfig(BaseModel):
         config = self.model_copy()
         config._context_default = tokens
         return config
-
-
-class PluginSelection(BaseModel):
-    """Which installed plugins are active. `enabled` empty means all of them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: list[str] = Field(default_factory=list)
-    disabled: list[str] = Field(default_factory=list)
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

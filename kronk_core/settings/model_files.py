@@ -10,13 +10,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kronk_core.contract.host import Host
-from kronk_core.errors import (
+from kronk_core.contract.errors import (
     ConfigError,
     InvalidRequestError,
     ModelLoadError,
     ModelNotFoundError,
 )
+from kronk_core.contract.host import Host
 from kronk_core.settings.config import KronkConfig, ModelConfig, merge_settings, parse_model_config
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import pluggy
 from pydantic import BaseModel, ValidationError
 
+from kronk_core.contract.errors import ConfigError
 from kronk_core.contract.registry import each_plugin
-from kronk_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

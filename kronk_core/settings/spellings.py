@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

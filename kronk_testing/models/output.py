@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gguf
 
-from kronk_core.settings.model_files import cache_dir
+from kronk_core.contract import cache_dir
 
 
 def default_out_dir() -> Path:

@@ -10,10 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kronk_core.contract.backend import TextModel
-from kronk_core.contract.cache import CacheCounters, CachePlan, PromptScope, Slot
-from kronk_core.generation import GenerationRequest
-from kronk_core.types import ChatMessage
+from kronk_core.contract import (
+    CacheCounters,
+    CachePlan,
+    ChatMessage,
+    GenerationRequest,
+    PromptScope,
+    Slot,
+    TextModel,
+)
 
 
 class ExtendOnly:

@@ -8,13 +8,16 @@ from typing import Any
 from litestar import Request, get
 from litestar.config.app import AppConfig
 
-from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT
+from kronk_api.contract import AUTHENTICATED, ENDPOINT_OPT
 from kronk_core import hookimpl
-from kronk_core.contract.backend import ModelInfo
-from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
-from kronk_core.contract.registry import Register
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import (
+    CacheStrategy,
+    CacheStrategyFactory,
+    ModelConfig,
+    ModelInfo,
+    Register,
+    Section,
+)
 from kronk_example.extend_only import ExtendOnly
 from kronk_example.settings import MODEL, SERVER
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.settings.sections import ModelSection, ServerSection
+from kronk_core.contract import ModelSection, ServerSection
 
 
 class GreetingSettings(BaseModel):

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from kronk_api.dialect import Dialect, sse_frame
-from kronk_api.logs import request_id
-from kronk_core.errors import ContextOverflowError, KronkError
+from kronk_api.contract import Dialect, request_id, sse_frame
+from kronk_core.contract import ContextOverflowError, KronkError
 
 
 class AnthropicDialect(Dialect):

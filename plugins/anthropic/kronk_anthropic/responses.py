@@ -7,9 +7,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kronk_core.contract.server_tools import ServerToolResult, ToolError
-from kronk_core.tool_loop import ServerToolUse, ToolLoopEvent
-from kronk_core.types import ChatDelta, FinishReason, ToolCallDelta, Usage
+from kronk_core.contract import (
+    ChatDelta,
+    FinishReason,
+    ServerToolResult,
+    ServerToolUse,
+    ToolCallDelta,
+    ToolError,
+    ToolLoopEvent,
+    Usage,
+)
 
 Event = tuple[str, dict[str, Any]]
 

@@ -19,13 +19,17 @@ from kronk_anthropic.schemas import (
     ToolPlan,
 )
 from kronk_anthropic.stream import sse
-from kronk_api.client_extras import omitted_tools, served_tools, server_tools, unknown_fields
-from kronk_api.endpoints import subject_of
-from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_core.contract.server_tools import tool_spec
-from kronk_core.sdk import ChatStream
-from kronk_core.tool_loop import ToolLoop, start_tool_loop
-from kronk_core.types import ChatDelta
+from kronk_api.contract import (
+    kronk_of,
+    media_sources,
+    omitted_tools,
+    parse_body,
+    served_tools,
+    server_tools,
+    subject_of,
+    unknown_fields,
+)
+from kronk_core.contract import ChatDelta, ChatStream, ToolLoop, start_tool_loop, tool_spec
 
 # Grants of the auth guard are per endpoint; both routes belong to "messages".
 _OPT = {"kronk_endpoint": "messages"}

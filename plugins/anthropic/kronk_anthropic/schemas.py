@@ -17,11 +17,20 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_api.client_extras import FieldRules
-from kronk_core.contract.server_tools import WEB_SEARCH, ServerTool
-from kronk_core.media import MEDIA_MARKER, Media, MediaSources
-from kronk_core.settings.config import SamplingConfig
-from kronk_core.types import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
+from kronk_api.contract import FieldRules
+from kronk_core.contract import (
+    MEDIA_MARKER,
+    WEB_SEARCH,
+    ChatMessage,
+    ChatRequest,
+    Media,
+    MediaSources,
+    SamplingConfig,
+    ServerTool,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 
 # Separates the text blocks of one message: they are distinct paragraphs to the client.
 BLOCK_SEPARATOR = "\n\n"

@@ -6,10 +6,8 @@ from collections.abc import AsyncIterator
 
 from kronk_anthropic.errors import ANTHROPIC
 from kronk_anthropic.responses import ContentBlocks, Event, message_dict, stop_reason, usage_dict
-from kronk_api.dialect import sse_frame
-from kronk_core.errors import KronkError
-from kronk_core.tool_loop import ToolLoopEvent
-from kronk_core.types import ChatDelta, Usage
+from kronk_api.contract import sse_frame
+from kronk_core.contract import ChatDelta, KronkError, ToolLoopEvent, Usage
 
 
 def encode(event: Event) -> bytes:

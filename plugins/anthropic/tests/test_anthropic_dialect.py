@@ -23,15 +23,15 @@ from kronk_anthropic.stream import sse
 from kronk_api import ServerSettings, create_app
 from kronk_api.dialect import keepalive
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.errors import (
+from kronk_core.contract.errors import (
     ContextOverflowError,
     EngineClosedError,
     InvalidRequestError,
     KronkError,
     QueueFullError,
 )
-from kronk_core.media import MEDIA_MARKER
-from kronk_core.types import (
+from kronk_core.contract.media import MEDIA_MARKER
+from kronk_core.contract.types import (
     ChatDelta,
     ChatMessage,
     FinishReason,

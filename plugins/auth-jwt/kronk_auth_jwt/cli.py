@@ -9,14 +9,11 @@ from typing import Any
 
 import click
 
-from kronk_api.client import call_server
-from kronk_api.options import setting_option
-from kronk_api.settings import other_spellings
+from kronk_api.contract import call_server, other_spellings, setting_option
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.settings import SETTINGS, AuthSettings
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_endpoints
-from kronk_core.errors import KronkError
-from kronk_core.settings.config import default_base_path
+from kronk_core.contract import KronkError, default_base_path
 
 _TARGET_OPTIONS = ("local", "base_path", "auth_jwt_issuer", "api_host", "token")
 

@@ -12,14 +12,22 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
-from kronk_api.auth import TOKEN_CHECKER, Checked, TokenChecker
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, SUBJECT_STATE
+from kronk_api.contract import (
+    ADMIN,
+    AUTHENTICATED,
+    ENDPOINT_OPT,
+    PUBLIC,
+    SUBJECT_STATE,
+    TOKEN_CHECKER,
+    Checked,
+    TokenChecker,
+)
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.limits import LimitStore
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import Claims, Grant, verify
 from kronk_auth_jwt.windows import window_bounds
-from kronk_core.errors import AuthenticationError, PermissionDeniedError, RateLimitError
+from kronk_core.contract import AuthenticationError, PermissionDeniedError, RateLimitError
 
 
 def utc_now() -> datetime:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pluggy
 
 from kronk_auth_jwt.limits import LimitStoreFactory
-from kronk_core.contract.host import Host
-from kronk_core.contract.registry import Register, RegistryKind
+from kronk_core.contract import Host, Register, RegistryKind
 
 hookspec = pluggy.HookspecMarker("kronk")
 

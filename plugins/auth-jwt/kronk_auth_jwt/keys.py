@@ -12,7 +12,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.contract import InvalidRequestError, KronkError
 
 MASTER = "master"
 ADMIN_TOKEN_FILE = "master.jwt"

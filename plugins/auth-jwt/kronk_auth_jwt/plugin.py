@@ -12,7 +12,7 @@ import pluggy
 from litestar import Litestar
 from litestar.config.app import AppConfig
 
-from kronk_api.auth import TOKEN_CHECKER, TokenChecker, expect_token_checker
+from kronk_api.contract import TOKEN_CHECKER, TokenChecker, expect_token_checker
 from kronk_auth_jwt import hookspecs
 from kronk_auth_jwt.cli import add_commands
 from kronk_auth_jwt.guard import Authenticator, StaticKey, authorize
@@ -23,10 +23,7 @@ from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
 from kronk_core import hookimpl
-from kronk_core.contract.host import Host
-from kronk_core.contract.registry import Register
-from kronk_core.errors import ConfigError
-from kronk_core.settings.sections import Section
+from kronk_core.contract import ConfigError, Host, Register, Section
 
 
 @hookimpl

@@ -8,7 +8,7 @@ import math
 
 import redis
 
-from kronk_core.errors import KronkError
+from kronk_core.contract import KronkError
 
 # Check and increment in one script: Redis runs a script atomically, so servers never
 # both take the last unit of a quota.

@@ -16,9 +16,9 @@ from typing import Annotated
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kronk_api.auth import Checked
+from kronk_api.contract import Checked
 from kronk_auth_jwt.tokens import MAX_SUBJECT_CHARS
-from kronk_core.errors import (
+from kronk_core.contract import (
     AuthenticationError,
     KronkError,
     PermissionDeniedError,

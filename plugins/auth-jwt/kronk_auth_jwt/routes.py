@@ -9,12 +9,11 @@ from litestar import Request, Router, delete, get, post
 from litestar.params import FromPath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kronk_api.auth import TOKEN_CHECKER, TokenChecker
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT
+from kronk_api.contract import ADMIN, AUTHENTICATED, ENDPOINT_OPT, TOKEN_CHECKER, TokenChecker
 from kronk_auth_jwt.guard import Authenticator, StaticKey, credentials_of
 from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.tokens import issue, parse_duration, parse_endpoints
-from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.contract import InvalidRequestError, KronkError
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from kronk_core.settings.sections import ServerSection
+from kronk_core.contract import ServerSection
 
 
 class AuthSettings(BaseModel):

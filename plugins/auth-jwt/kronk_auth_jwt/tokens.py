@@ -14,7 +14,7 @@ import jwt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kronk_auth_jwt.keys import ADMIN_TOKEN_LIFETIME, MASTER, KeyStore
-from kronk_core.errors import AuthenticationError, InvalidRequestError
+from kronk_core.contract import AuthenticationError, InvalidRequestError
 
 ALGORITHM = "RS256"
 Window = Literal["day", "month", "year"]

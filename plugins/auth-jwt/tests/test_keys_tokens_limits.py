@@ -25,7 +25,7 @@ from kronk_auth_jwt.tokens import (
     verify,
 )
 from kronk_auth_jwt.windows import window_bounds
-from kronk_core.errors import AuthenticationError, InvalidRequestError
+from kronk_core.contract.errors import AuthenticationError, InvalidRequestError
 
 
 @pytest.fixture

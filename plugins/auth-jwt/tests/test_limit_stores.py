@@ -28,7 +28,7 @@ from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.redis_store import LimitStoreUnavailable, RedisLimitStore
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 
 if TYPE_CHECKING:

@@ -42,8 +42,8 @@ from kronk_api.cli import main
 from kronk_api.endpoints import ENDPOINT_OPT
 from kronk_auth_jwt.guard import Authenticator, utc_now
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.errors import ConfigError, KronkError
-from kronk_core.settings.config import PluginSelection
+from kronk_core.contract.errors import ConfigError, KronkError
+from kronk_core.contract.selection import PluginSelection
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID
 from kronk_testing.auth import AuthServer, bearer, mint, serving_with_auth
 

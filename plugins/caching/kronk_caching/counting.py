@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kronk_core.contract.cache import CacheCounters
+from kronk_core.contract import CacheCounters
 
 
 class Counted:

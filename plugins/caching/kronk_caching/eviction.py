@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from kronk_core.tokens import common_prefix
+from kronk_core.contract import common_prefix
 
 if TYPE_CHECKING:
     from kronk_caching.host_store import StoredConversation

@@ -48,8 +48,7 @@ from kronk_caching.disk import (
 )
 from kronk_caching.eviction import Duel, Placement, continued, place
 from kronk_caching.prefix import token_key
-from kronk_core.tokens import common_prefix
-from kronk_core.types import Adapters
+from kronk_core.contract import Adapters, common_prefix
 
 log = logging.getLogger(__name__)
 

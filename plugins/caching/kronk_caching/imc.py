@@ -25,11 +25,15 @@ from dataclasses import dataclass, replace
 from kronk_caching.counting import Counted
 from kronk_caching.host_store import Checkpoint, HostStore, StoredConversation, through
 from kronk_caching.none import PromptsAsGiven, clear
-from kronk_core.contract.backend import TextModel
-from kronk_core.contract.cache import CacheCounters, CachePlan, Slot
-from kronk_core.generation import GenerationRequest
-from kronk_core.media import cut_point
-from kronk_core.tokens import common_prefix
+from kronk_core.contract import (
+    CacheCounters,
+    CachePlan,
+    GenerationRequest,
+    Slot,
+    TextModel,
+    common_prefix,
+    cut_point,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,14 @@ from kronk_caching.none import NoCache
 from kronk_caching.settings import SETTINGS, host_cache_bytes
 from kronk_caching.spc import SystemPromptCache
 from kronk_core import hookimpl
-from kronk_core.contract.backend import ModelInfo
-from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
-from kronk_core.contract.registry import Register
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import (
+    CacheStrategy,
+    CacheStrategyFactory,
+    ModelConfig,
+    ModelInfo,
+    Register,
+    Section,
+)
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kronk_core.types import Adapters
+from kronk_core.contract import Adapters
 
 
 def token_key(tokens: Sequence[int], adapters: Adapters = ()) -> bytes:

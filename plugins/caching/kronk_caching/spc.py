@@ -23,10 +23,14 @@ from kronk_caching.counting import Counted
 from kronk_caching.none import NoCache, clear
 from kronk_caching.prefix import token_key
 from kronk_caching.settings import SystemPromptReuse
-from kronk_core.contract.backend import TextModel
-from kronk_core.contract.cache import CachePlan, PromptScope, Slot
-from kronk_core.generation import GenerationRequest
-from kronk_core.types import ChatMessage
+from kronk_core.contract import (
+    CachePlan,
+    ChatMessage,
+    GenerationRequest,
+    PromptScope,
+    Slot,
+    TextModel,
+)
 
 log = logging.getLogger(__name__)
 

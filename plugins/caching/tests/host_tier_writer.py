@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kronk_core.types import ChatResult
+from kronk_core.contract.types import ChatResult
 from kronk_testing.conversations import AGENT_SYSTEMS, ask, conversation, fresh
 
 

@@ -25,12 +25,12 @@ import pytest
 from kronk_caching.host_store import HostStore, StoredConversation
 from kronk_core import Kronk, KronkConfig, LoadedModel
 from kronk_core.contract.cache import PromptScope
-from kronk_core.errors import ContextOverflowError
+from kronk_core.contract.errors import ContextOverflowError
+from kronk_core.contract.sampling import Greedy, resolve_sampling
+from kronk_core.contract.tokens import common_prefix
+from kronk_core.contract.types import ChatResult
 from kronk_core.prompts import PreparedChat, prepare_chat
 from kronk_core.runtime.chat_stream import collect
-from kronk_core.sampling import Greedy, resolve_sampling
-from kronk_core.tokens import common_prefix
-from kronk_core.types import ChatResult
 from kronk_llamacpp.packaged import default_model_path, gemma_model_path
 from kronk_testing.conversations import (
     AGENT_SYSTEMS,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kronk_core import Kronk, LoadedModel
-from kronk_core.types import ChatResult
+from kronk_core.contract.types import ChatResult
 from kronk_testing.conversations import AGENT_SYSTEMS, ask, continued, conversation, fresh
 
 # Each request's limit: a healthy one takes seconds; past this, the engine is taken as hung.

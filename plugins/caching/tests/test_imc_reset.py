@@ -16,8 +16,8 @@ from kronk_caching.plugin import incremental_cache
 from kronk_core import ModelConfig
 from kronk_core.contract.backend import Batch
 from kronk_core.contract.cache import CacheStrategy, Slot
-from kronk_core.generation import GenerationRequest
-from kronk_core.types import SamplingParams
+from kronk_core.contract.generation import GenerationRequest
+from kronk_core.contract.types import SamplingParams
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, gemma_model_path
 

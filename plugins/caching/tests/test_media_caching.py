@@ -24,11 +24,11 @@ import pytest
 from kronk_core import Kronk, KronkConfig, Media, ModelConfig
 from kronk_core.contract.backend import Batch
 from kronk_core.contract.cache import PromptScope
-from kronk_core.media import MediaPrompt
+from kronk_core.contract.media import MediaPrompt
+from kronk_core.contract.tokens import common_prefix
+from kronk_core.contract.types import ChatResult
 from kronk_core.prompts import media_of, render_prompt
 from kronk_core.runtime.reports import StepRecord
-from kronk_core.tokens import common_prefix
-from kronk_core.types import ChatResult
 from kronk_llamacpp.media import LlamaMediaModel
 from kronk_testing.media_samples import striped, wav
 from kronk_testing.plugin import MultimodalPaths, QwenVlPaths

@@ -21,8 +21,8 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig
 from kronk_core.contract.cache import CacheCounters
-from kronk_core.errors import ConfigError, KronkError
-from kronk_core.types import ChatResult
+from kronk_core.contract.errors import ConfigError, KronkError
+from kronk_core.contract.types import ChatResult
 from kronk_testing.conversations import (
     AGENT_SYSTEMS,
     MAX_TOKENS,

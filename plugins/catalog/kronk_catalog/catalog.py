@@ -42,9 +42,12 @@ from pydantic import (
 
 from kronk_catalog.download import FileSpec
 from kronk_catalog.sources import RemoteFile, remote_file
-from kronk_core.errors import ConfigError, ModelNotFoundError
-from kronk_core.settings.config import parse_model_config
-from kronk_core.settings.sections import config_error_from
+from kronk_core.contract import (
+    ConfigError,
+    ModelNotFoundError,
+    config_error_from,
+    parse_model_config,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import click
 import yaml
 from rich.console import Console
 
-from kronk_api.options import add_server_start_option, setting_option
+from kronk_api.contract import add_server_start_option, setting_option
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import Downloader, FileSpec
 from kronk_catalog.plans import catalog_files, reference_files
@@ -40,9 +40,7 @@ from kronk_catalog.settings import (
     hub_token,
 )
 from kronk_catalog.update import update_catalogs, update_templates
-from kronk_core.contract.plugins import create_plugin_manager
-from kronk_core.errors import KronkError
-from kronk_core.settings.config import default_base_path
+from kronk_core.contract import KronkError, create_plugin_manager, default_base_path
 
 _base_path = setting_option(
     "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from kronk_core import __version__
-from kronk_core.errors import InvalidRequestError, KronkError
+from kronk_core.contract import InvalidRequestError, KronkError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from huggingface_hub.errors import (
 
 from kronk_catalog.download import TOKEN_ADVICE, FileSpec, HubAccessError, PullError
 from kronk_catalog.references import RepoReference, pick_model, pick_projector
-from kronk_core.errors import ModelNotFoundError
+from kronk_core.contract import ModelNotFoundError
 from kronk_llamacpp.files import model_file_id
 
 # Seconds the Hub has to list a repository.

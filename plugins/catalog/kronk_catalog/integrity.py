@@ -12,7 +12,7 @@ from pathlib import Path
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import CHUNK_BYTES
 from kronk_catalog.plans import models_dir
-from kronk_core.errors import ConfigError
+from kronk_core.contract import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from kronk_catalog.download import FileSpec
 from kronk_catalog.hub import repo_files
 from kronk_catalog.references import parse_reference, without_hub_host
 from kronk_catalog.sources import remote_file, with_split_parts
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract import InvalidRequestError
 from kronk_llamacpp.files import model_file_id
 
 

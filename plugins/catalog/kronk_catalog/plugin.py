@@ -20,8 +20,7 @@ from kronk_catalog.resolve import resolve_model
 from kronk_catalog.routes import STATE_KEY, router
 from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, SETTINGS
 from kronk_core import hookimpl
-from kronk_core.contract.host import Host
-from kronk_core.settings.sections import Section
+from kronk_core.contract import Host, Section
 
 
 @hookimpl

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kronk_catalog.download import Downloader, FileSpec, PullError
-from kronk_core.errors import KronkError, NotFoundError
+from kronk_core.contract import KronkError, NotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-from kronk_core.errors import ModelNotFoundError
+from kronk_core.contract import ModelNotFoundError
 from kronk_llamacpp.files import PROJECTOR_MARK
 
 # What llama-server's -hf takes when no quantization is named.

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from kronk_api.client import call_server
+from kronk_api.contract import call_server
 
 DEFAULT_API_HOST = "127.0.0.1:8080"
 # How long a pull's events may go quiet (the server sends keep-alive comments meanwhile).

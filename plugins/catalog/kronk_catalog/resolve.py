@@ -20,7 +20,7 @@ from kronk_catalog.plans import url_files
 from kronk_catalog.pulls import Pull
 from kronk_catalog.references import local_model, parse_reference, without_hub_host
 from kronk_catalog.settings import hub_endpoint, hub_token
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract import InvalidRequestError
 from kronk_llamacpp.files import model_file_id
 
 log = logging.getLogger(__name__)

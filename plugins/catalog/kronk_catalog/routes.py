@@ -12,17 +12,14 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from kronk_api.dialect import KronkDialect, sse_frame
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.contract import ADMIN, ENDPOINT_OPT, KronkDialect, kronk_of, parse_body, sse_frame
 from kronk_catalog.catalog import Catalog, CatalogEntry, templates_dir
 from kronk_catalog.download import Downloader
 from kronk_catalog.plans import catalog_files, models_dir, reference_files
 from kronk_catalog.pulls import Pull, Pulls
 from kronk_catalog.settings import SETTINGS, CatalogSettings
 from kronk_catalog.update import update_catalogs, update_templates
-from kronk_core.errors import InvalidRequestError
-from kronk_core.settings.model_files import PackagedModel
+from kronk_core.contract import InvalidRequestError, PackagedModel
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
 STATE_KEY = "kronk_pulls"

@@ -8,7 +8,7 @@ import re
 import huggingface_hub
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.settings.sections import ServerSection
+from kronk_core.contract import ServerSection
 
 # Kronk's own catalog repository, as GitHub contents-API folder listings.
 DEFAULT_SOURCE = "https://api.github.com/repos/ardanlabs/kronk_catalogs/contents/catalogs"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import quote, unquote, urlsplit
 
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract import InvalidRequestError
 
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.I)
 # https://HUB/owner/repo/resolve/REVISION/path (or /blob/, the page people copy).

@@ -19,7 +19,7 @@ import httpx
 from kronk_catalog.catalog import parse_catalog, templates_dir, user_catalog_dir
 from kronk_catalog.download import PullError
 from kronk_core import __version__
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract import InvalidRequestError
 
 CATALOG_SUFFIXES = (".yaml", ".yml")
 TEMPLATE_SUFFIXES = (".jinja",)

@@ -28,7 +28,7 @@ from kronk_catalog.references import (
     pick_projector,
 )
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ModelNotFoundError
+from kronk_core.contract.errors import ModelNotFoundError
 from kronk_testing.hub_server import Hub, HubRepo
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from kronk_catalog.integrity import check_pulled_models
 from kronk_catalog.plans import models_dir
 from kronk_catalog.settings import SETTINGS
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_testing.pulls import write_catalog
 
 HUB = "http://127.0.0.1:9"  # never asked: the files are on disk

@@ -10,7 +10,7 @@ import pluggy
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from kronk_core.sdk import Kronk
+    from kronk_core.contract import Kronk
 
 hookspec = pluggy.HookspecMarker("kronk")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kronk_core.records import ChatRecord
+from kronk_core.contract import ChatRecord
 
 # Figure → its help; each is exported as `<name>_avg`, `<name>_min` and `<name>_max`.
 FIGURES = {

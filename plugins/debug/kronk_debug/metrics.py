@@ -24,8 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kronk_core import Kronk
-from kronk_core.contract.cache import CacheCounters
-from kronk_core.records import ChatRecord
+from kronk_core.contract import CacheCounters, ChatRecord
 from kronk_debug.manual import ManualFigures
 
 # Seconds: from a fast scrape of a cached prompt to a long generation on a CPU.

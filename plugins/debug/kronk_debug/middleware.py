@@ -8,8 +8,7 @@ import time
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from kronk_api.endpoints import endpoint_name
-from kronk_api.response_watch import ResponseWatch
+from kronk_api.contract import ResponseWatch, endpoint_name
 from kronk_debug.metrics import Metrics, RequestLabels, current_labels
 
 STATE_KEY = "kronk_debug"

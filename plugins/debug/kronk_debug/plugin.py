@@ -13,14 +13,9 @@ import pluggy
 from litestar import Litestar, Request, Response, get
 from litestar.config.app import AppConfig
 
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
-from kronk_api.listening import announce
+from kronk_api.contract import ADMIN, ENDPOINT_OPT, announce
 from kronk_core import Kronk, hookimpl
-from kronk_core.contract.host import Host
-from kronk_core.errors import NotFoundError
-from kronk_core.records import ChatRecord
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import ChatRecord, Host, ModelConfig, NotFoundError, Section
 from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
 from kronk_debug.middleware import STATE_KEY, count_requests

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kronk_core.errors import KronkError
+from kronk_core.contract import KronkError
 
 
 class ProfileBusyError(KronkError):

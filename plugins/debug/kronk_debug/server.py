@@ -21,9 +21,7 @@ from litestar.datastructures import State
 from litestar.params import Parameter
 from litestar.types import Guard
 
-from kronk_api.app import SERVER_DIALECT
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT, PUBLIC
-from kronk_api.listen import ListenError, listen
+from kronk_api.contract import ADMIN, ENDPOINT_OPT, PUBLIC, SERVER_DIALECT, ListenError, listen
 from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
     Exclusive,

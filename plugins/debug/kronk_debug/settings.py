@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kronk_api.settings import check_host_port
-from kronk_core.settings.sections import ServerSection
+from kronk_api.contract import check_host_port
+from kronk_core.contract import ServerSection
 
 
 class DebugSettings(BaseModel):

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
-from kronk_core.records import ChatRecord
-from kronk_core.types import Usage
+from kronk_core.contract.records import ChatRecord
+from kronk_core.contract.types import Usage
 from kronk_debug.metrics import Metrics
 from kronk_debug.profiling import (
     Exclusive,

@@ -8,8 +8,7 @@ from typing import Any
 
 from litestar import Request, Router, post
 
-from kronk_api.dialect import Dialect
-from kronk_api.http import kronk_of, parse_body
+from kronk_api.contract import Dialect, kronk_of, parse_body
 from kronk_embeddings.schemas import EmbeddingsRequest, RerankRequest
 
 

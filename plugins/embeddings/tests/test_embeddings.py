@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from kronk_core import Kronk
-from kronk_core.errors import CapabilityError, InvalidRequestError
+from kronk_core.contract.errors import CapabilityError, InvalidRequestError
 
 # Each sentence and its paraphrase; no other sentence is about the same thing.
 PARAPHRASES = [

@@ -6,10 +6,7 @@ import ctypes
 
 import llama_cpp
 
-from kronk_core.contract.backend import AdapterInfo
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import Adapters
+from kronk_core.contract import AdapterInfo, Adapters, ConfigError, ModelConfig
 from kronk_llamacpp.library import errors_logged
 
 

@@ -6,9 +6,7 @@ import logging
 
 import llama_cpp
 
-from kronk_core.contract.backend import EmbeddingModel, TextModel
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ConfigError, EmbeddingModel, ModelConfig, TextModel
 from kronk_llamacpp.devices import list_devices
 from kronk_llamacpp.embedding import LlamaEmbeddingModel, pooling_of
 from kronk_llamacpp.estimate import choose_context, estimate, refuse_if_too_large

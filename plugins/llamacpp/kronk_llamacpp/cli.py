@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from kronk_api.listen import listen as listen_socket
-from kronk_api.options import add_server_start_option
-from kronk_core.errors import ConfigError, KronkError
+from kronk_api.contract import add_server_start_option
+from kronk_api.contract import listen as listen_socket
+from kronk_core.contract import ConfigError, KronkError
 from kronk_llamacpp import native
 from kronk_llamacpp.cuda_toolkit import RELEASES, ToolkitError, download_toolkit
 from kronk_llamacpp.detect import detect

@@ -22,13 +22,12 @@ from typing import ParamSpec, Protocol, TypeVar
 
 import llama_cpp
 
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ModelConfig
 from kronk_llamacpp.devices import list_devices, local_gpus
 from kronk_llamacpp.settings import SETTINGS
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
 
 
 class Runner(Protocol):

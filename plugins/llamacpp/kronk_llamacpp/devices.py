@@ -10,7 +10,7 @@ import ctypes
 import sys
 from collections.abc import Sequence
 
-from kronk_core.contract.memory import Device, available_ram
+from kronk_core.contract import Device, available_ram
 from kronk_llamacpp.library import ensure_initialised
 
 # enum ggml_backend_dev_type (ggml-backend.h)

@@ -18,9 +18,14 @@ from collections.abc import Iterator, Sequence
 import llama_cpp
 import numpy as np
 
-from kronk_core.contract.backend import Capability, ModelInfo, Pooling
-from kronk_core.errors import KronkError, ModelLoadError
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import (
+    Capability,
+    KronkError,
+    ModelConfig,
+    ModelInfo,
+    ModelLoadError,
+    Pooling,
+)
 from kronk_llamacpp.compute import Runner, run_here, runner
 from kronk_llamacpp.params import context_params
 from kronk_llamacpp.settings import SETTINGS

@@ -17,9 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kronk_core.contract.memory import Device, DeviceShare, MemoryEstimate
-from kronk_core.errors import InsufficientMemoryError, ModelLoadError
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import (
+    Device,
+    DeviceShare,
+    InsufficientMemoryError,
+    MemoryEstimate,
+    ModelConfig,
+    ModelLoadError,
+)
 from kronk_llamacpp.devices import local_gpus, worker_devices
 from kronk_llamacpp.embedding import DEFAULT_CONTEXT_WINDOW as EMBEDDING_CONTEXT_WINDOW
 from kronk_llamacpp.gguf_meta import read_metadata

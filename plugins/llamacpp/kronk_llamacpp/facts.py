@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import llama_cpp
 
-from kronk_core.contract.backend import ModelFacts
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ModelConfig, ModelFacts
 from kronk_llamacpp.files import model_parts
 from kronk_llamacpp.gguf_meta import parameter_count, read_metadata
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kronk_core.settings.model_files import ModelFile
+from kronk_core.contract import ModelFile
 
 # A model split into parts: llama.cpp loads it from its first part and finds the others.
 SPLIT_PART = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})$")

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kronk_core.errors import ModelLoadError
+from kronk_core.contract import ModelLoadError
 
 _SCALARS = {
     0: "<B",

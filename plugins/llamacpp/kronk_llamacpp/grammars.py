@@ -13,9 +13,15 @@ from collections import OrderedDict
 
 import llama_cpp
 
-from kronk_core.errors import InvalidRequestError
-from kronk_core.sampling import CompiledGrammar, Grammar, JsonSchemaGrammar, StructuredGrammar
-from kronk_core.types import JsonSegment, StructuredOutput
+from kronk_core.contract import (
+    CompiledGrammar,
+    Grammar,
+    InvalidRequestError,
+    JsonSchemaGrammar,
+    JsonSegment,
+    StructuredGrammar,
+    StructuredOutput,
+)
 from kronk_llamacpp.gbnf import GbnfSyntaxError, GrammarTooDeepError, measure
 from kronk_llamacpp.settings import StructuredOutputLimits
 from kronk_llamacpp.structured import Refusal, to_gbnf

@@ -18,10 +18,18 @@ from typing import NamedTuple
 import llama_cpp
 import numpy as np
 
-from kronk_core.contract.backend import Batch
-from kronk_core.errors import KronkError, MediaError, ModelLoadError
-from kronk_core.media import Media, MediaKind, MediaPrompt, MediaSpan, media_tokens
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import (
+    Batch,
+    KronkError,
+    Media,
+    MediaError,
+    MediaKind,
+    MediaPrompt,
+    MediaSpan,
+    ModelConfig,
+    ModelLoadError,
+    media_tokens,
+)
 from kronk_llamacpp import native
 from kronk_llamacpp.library import route_log
 from kronk_llamacpp.model import LlamaTextModel, decode_error, while_open
@@ -190,8 +198,7 @@ class LlamaMediaModel(LlamaTextModel):
         )
         if not bitmap:
             raise MediaError(
-                f"media item {number} ({item.media_type or item.kind.value}) could not be "
-                "decoded",
+                f"media item {number} ({item.media_type or item.kind.value}) could not be decoded",
                 param="messages",
             )
         if mtmd.mtmd_bitmap_is_audio(bitmap):

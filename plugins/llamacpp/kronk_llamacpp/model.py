@@ -11,11 +11,22 @@ from typing import Concatenate, ParamSpec, TypeVar
 import llama_cpp
 import numpy as np
 
-from kronk_core.contract.backend import Batch, FimTokens, ModelInfo
-from kronk_core.errors import EngineClosedError, KronkError, KVCacheFullError, ModelLoadError
-from kronk_core.sampling import GRAMMAR_STAGES, Greedy, SamplerStage
-from kronk_core.settings.config import ModelConfig
-from kronk_core.types import Adapters, TokenLogprob, TopLogprob
+from kronk_core.contract import (
+    GRAMMAR_STAGES,
+    Adapters,
+    Batch,
+    EngineClosedError,
+    FimTokens,
+    Greedy,
+    KronkError,
+    KVCacheFullError,
+    ModelConfig,
+    ModelInfo,
+    ModelLoadError,
+    SamplerStage,
+    TokenLogprob,
+    TopLogprob,
+)
 from kronk_llamacpp.adapters import LoraAdapters
 from kronk_llamacpp.compute import runner
 from kronk_llamacpp.estimate import kv_bytes_per_token

@@ -34,8 +34,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import default_base_path
+from kronk_core.contract import ConfigError, default_base_path
 
 log = logging.getLogger(__name__)
 

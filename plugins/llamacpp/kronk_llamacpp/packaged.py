@@ -8,8 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kronk_core.errors import ModelLoadError
-from kronk_core.settings.model_files import PackagedModel, cache_dir
+from kronk_core.contract import ModelLoadError, PackagedModel, cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ModelConfig
 from kronk_llamacpp.placement import apply_placement
 from kronk_llamacpp.settings import (
     SETTINGS,

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import llama_cpp
 
-from kronk_core.errors import ModelLoadError
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ModelConfig, ModelLoadError
 from kronk_llamacpp import rpc
 from kronk_llamacpp.devices import device_handle, list_devices, local_gpus
 from kronk_llamacpp.settings import SETTINGS

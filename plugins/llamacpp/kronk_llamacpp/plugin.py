@@ -10,11 +10,16 @@ import click
 from litestar.config.app import AppConfig
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import Backend, ModelFacts
-from kronk_core.contract.memory import Device, MemoryEstimate
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.model_files import ModelFile, PackagedModel
-from kronk_core.settings.sections import Section
+from kronk_core.contract import (
+    Backend,
+    Device,
+    MemoryEstimate,
+    ModelConfig,
+    ModelFacts,
+    ModelFile,
+    PackagedModel,
+    Section,
+)
 from kronk_llamacpp.backend import LlamaCppBackend
 from kronk_llamacpp.cli import add_commands
 from kronk_llamacpp.devices import list_devices

@@ -11,7 +11,7 @@ from typing import Any
 
 from litestar import get
 
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.contract import ADMIN, ENDPOINT_OPT
 from kronk_llamacpp import native
 from kronk_llamacpp.libs import DISTRIBUTION
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import llama_cpp
 
-from kronk_core.errors import BackendLostError, BackendUnavailableError, ModelLoadError
+from kronk_core.contract import BackendLostError, BackendUnavailableError, ModelLoadError
 from kronk_llamacpp import native
 from kronk_llamacpp.endpoint import Endpoint
 

@@ -10,8 +10,7 @@ from typing import cast
 import llama_cpp
 import numpy as np
 
-from kronk_core.errors import InvalidRequestError
-from kronk_core.sampling import (
+from kronk_core.contract import (
     SELECTING_STAGES,
     AdaptiveP,
     CompiledGrammar,
@@ -19,6 +18,7 @@ from kronk_core.sampling import (
     Dry,
     Grammar,
     Greedy,
+    InvalidRequestError,
     JsonSchemaGrammar,
     LogitBias,
     MinP,
@@ -28,12 +28,12 @@ from kronk_core.sampling import (
     SamplerStage,
     StructuredGrammar,
     Temperature,
+    TokenDistribution,
     TopK,
     TopP,
     TypicalP,
     Xtc,
 )
-from kronk_core.types import TokenDistribution
 from kronk_llamacpp.grammars import GrammarCompiler
 
 # llama_token_data as numpy sees it: {int32 id; float logit; float p}.

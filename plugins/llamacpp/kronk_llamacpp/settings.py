@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core.settings.sections import ModelSection
+from kronk_core.contract import ModelSection
 from kronk_llamacpp.endpoint import Endpoint
 
 

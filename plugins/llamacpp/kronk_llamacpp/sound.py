@@ -2,7 +2,7 @@
 
 miniaudio decodes (WAV, FLAC, MP3, as llama.cpp's own helper does) and resamples to
 the projector's rate in pieces; decoding stops one second past the duration the
-header declared (`kronk_core.sound`, checked against the limits before), so no
+header declared (`kronk_core.contract.sound`, checked against the limits before), so no
 file can make it allocate more than its header admitted to.
 """
 
@@ -13,9 +13,7 @@ import math
 import miniaudio
 import numpy as np
 
-from kronk_core.errors import MediaError
-from kronk_core.media import Media
-from kronk_core.sound import read_sound_header
+from kronk_core.contract import Media, MediaError, read_sound_header
 
 # Frames decoded per call.
 _PIECE = 16_384

@@ -26,8 +26,7 @@ from typing import Any
 from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
-from kronk_core.errors import InvalidRequestError, LimitExceededError
-from kronk_core.types import StructuredOutput
+from kronk_core.contract import InvalidRequestError, LimitExceededError, StructuredOutput
 from kronk_llamacpp.settings import StructuredOutputLimits
 
 # Keywords whose number the converter writes out that many times (or will, in later

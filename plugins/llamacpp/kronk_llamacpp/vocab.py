@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llama_cpp
 
-from kronk_core.errors import InvalidRequestError
+from kronk_core.contract import InvalidRequestError
 
 
 def utf8(text: str, what: str) -> bytes:

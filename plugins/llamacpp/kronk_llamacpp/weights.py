@@ -6,8 +6,7 @@ import ctypes
 
 import llama_cpp
 
-from kronk_core.errors import ModelLoadError
-from kronk_core.settings.config import ModelConfig
+from kronk_core.contract import ModelConfig, ModelLoadError
 from kronk_llamacpp.library import ensure_initialised
 from kronk_llamacpp.params import model_params
 

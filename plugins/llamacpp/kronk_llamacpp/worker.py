@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from kronk_core.errors import ConfigError
+from kronk_core.contract import ConfigError
 from kronk_llamacpp import native
 from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name

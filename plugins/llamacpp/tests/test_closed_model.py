@@ -12,9 +12,9 @@ import pytest
 
 from kronk_core import Kronk, KronkConfig
 from kronk_core.contract.backend import Batch
-from kronk_core.errors import EngineClosedError
-from kronk_core.media import Media, MediaKind
-from kronk_core.sampling import Greedy
+from kronk_core.contract.errors import EngineClosedError
+from kronk_core.contract.media import Media, MediaKind
+from kronk_core.contract.sampling import Greedy
 from kronk_llamacpp.media import LlamaMediaModel
 from kronk_testing.plugin import MultimodalPaths
 

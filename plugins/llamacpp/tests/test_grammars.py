@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from kronk_core import ModelConfig
-from kronk_core.errors import InvalidRequestError, LimitExceededError
-from kronk_core.sampling import (
+from kronk_core.contract.errors import InvalidRequestError, LimitExceededError
+from kronk_core.contract.sampling import (
     CompiledGrammar,
     Grammar,
     Greedy,
@@ -17,7 +17,7 @@ from kronk_core.sampling import (
     StructuredGrammar,
     Temperature,
 )
-from kronk_core.types import JsonSegment, StructuredOutput
+from kronk_core.contract.types import JsonSegment, StructuredOutput
 from kronk_llamacpp.gbnf import GbnfSyntaxError, GrammarTooDeepError, measure
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.media import MEDIA_MARKER, Media
+from kronk_core.contract.media import MEDIA_MARKER, Media
+from kronk_core.contract.types import ChatResult
 from kronk_core.runtime.chat_stream import collect
-from kronk_core.types import ChatResult
 from kronk_llamacpp.library import ensure_initialised
 from kronk_testing.media_samples import striped
 from kronk_testing.plugin import MultimodalPaths, QwenVlPaths

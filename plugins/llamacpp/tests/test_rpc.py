@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kronk_core.errors import BackendUnavailableError
+from kronk_core.contract.errors import BackendUnavailableError
 from kronk_llamacpp.endpoint import Endpoint
 from kronk_llamacpp.libs import worker_name
 from kronk_llamacpp.packaged import default_model_path

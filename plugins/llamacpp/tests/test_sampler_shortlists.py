@@ -11,7 +11,7 @@ import pytest
 
 from kronk_core import ModelConfig
 from kronk_core.contract.backend import Batch
-from kronk_core.sampling import (
+from kronk_core.contract.sampling import (
     Distribution,
     Dry,
     Greedy,

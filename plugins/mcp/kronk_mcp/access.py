@@ -20,7 +20,7 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kronk_core.errors import KronkError, RequestTooLargeError
+from kronk_core.contract import KronkError, RequestTooLargeError
 from kronk_mcp.settings import LOOPBACK
 
 WILDCARD = ("", "0.0.0.0", "::")

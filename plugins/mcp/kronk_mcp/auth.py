@@ -7,7 +7,7 @@ import asyncio
 
 from litestar.datastructures import State
 
-from kronk_api.auth import TokenChecker, token_checker
+from kronk_api.contract import TokenChecker, token_checker
 
 ENDPOINT = "mcp"
 

@@ -11,18 +11,20 @@ from typing import Any
 
 import click
 
-from kronk_api.listen import ListenError
-from kronk_api.logs import configure_logging
-from kronk_api.options import ServerStartCommand, cli_plugins, config_file_option
-from kronk_api.settings import (
+from kronk_api.contract import (
+    ListenError,
+    ServerStartCommand,
     Setting,
     all_settings,
     bind_sections,
+    cli_plugins,
+    config_file_option,
+    configure_logging,
     env_name,
     load_settings,
     server_sections,
 )
-from kronk_core.errors import KronkError
+from kronk_core.contract import KronkError
 from kronk_mcp.settings import LOOPBACK, SETTINGS, STANDALONE_ENVIRONMENT, split_host_port
 
 log = logging.getLogger(__name__)

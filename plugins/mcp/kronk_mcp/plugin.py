@@ -11,12 +11,9 @@ import click
 from litestar import Litestar
 from litestar.config.app import AppConfig
 
-from kronk_api.listen import ListenError
-from kronk_api.listening import announce
+from kronk_api.contract import ListenError, announce
 from kronk_core import hookimpl
-from kronk_core.contract.server_tools import ServerTool
-from kronk_core.errors import ConfigError
-from kronk_core.settings.sections import Section, Sectioned
+from kronk_core.contract import ConfigError, Section, Sectioned, ServerTool
 from kronk_mcp.auth import server_gate
 from kronk_mcp.cli import add_commands
 from kronk_mcp.settings import SETTINGS

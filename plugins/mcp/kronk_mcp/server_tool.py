@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import mcp_types as types
 
-from kronk_core.contract.server_tools import ServerToolResult, Source, ToolError
+from kronk_core.contract import ServerToolResult, Source, ToolError
 from kronk_mcp import web_search
 from kronk_mcp.brave import BraveSearch
 from kronk_mcp.settings import McpSettings

@@ -30,7 +30,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from kronk_api.listen import listen
+from kronk_api.contract import listen
 from kronk_core import __version__
 from kronk_mcp import web_search
 from kronk_mcp.access import Addresses, AddressGuard, Gate, TokenGuard

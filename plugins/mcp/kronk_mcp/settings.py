@@ -12,8 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
-from kronk_core.settings.config import Duration
-from kronk_core.settings.sections import ServerSection
+from kronk_core.contract import Duration, ServerSection
 
 # The hosts that only this machine reaches.
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -33,7 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from kronk_api import ServerSettings, create_app
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_endpoints
 from kronk_core import Kronk, KronkConfig
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_mcp.plugin import STATE_KEY
 from kronk_mcp.service import BackgroundService
 from kronk_mcp.service import _bind as bind_service

@@ -12,9 +12,16 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kronk_core.errors import KronkError
-from kronk_core.sdk import ChatStream, collect
-from kronk_core.types import ChatDelta, FinishReason, TokenLogprob, ToolCall, Usage
+from kronk_core.contract import (
+    ChatDelta,
+    ChatStream,
+    FinishReason,
+    KronkError,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+    collect,
+)
 from kronk_ollama.errors import OLLAMA, ndjson_line
 from kronk_ollama.models import clock
 from kronk_openai.objects import logprobs_dict

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from kronk_api.dialect import Dialect
-from kronk_core.errors import KronkError
+from kronk_api.contract import Dialect
+from kronk_core.contract import KronkError
 
 NDJSON = "application/x-ndjson"
 

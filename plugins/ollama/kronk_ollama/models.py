@@ -11,11 +11,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kronk_core.contract.backend import Capability, ModelFacts
-from kronk_core.errors import KronkError
-from kronk_core.media import MediaKind
-from kronk_core.runtime.loading import model_config_for
-from kronk_core.sdk import Kronk
+from kronk_core.contract import (
+    Capability,
+    Kronk,
+    KronkError,
+    MediaKind,
+    ModelFacts,
+    model_config_for,
+)
 from kronk_ollama.schemas import ollama_name
 
 # What /api/ps gives a model that never expires (keep_alive -1, the preloaded model).

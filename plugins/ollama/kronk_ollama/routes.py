@@ -12,11 +12,18 @@ from typing import Any
 from litestar import Request, Response, Router, delete, get, post
 from litestar.response import Stream
 
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT, PUBLIC, subject_of
-from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_api.model_removal import delete_model_files_of
-from kronk_core.errors import KronkError
-from kronk_core.sdk import ChatStream, Kronk
+from kronk_api.contract import (
+    ADMIN,
+    AUTHENTICATED,
+    ENDPOINT_OPT,
+    PUBLIC,
+    delete_model_files_of,
+    kronk_of,
+    media_sources,
+    parse_body,
+    subject_of,
+)
+from kronk_core.contract import ChatStream, Kronk, KronkError
 from kronk_ollama.answers import Answer, nanoseconds
 from kronk_ollama.errors import NDJSON, OLLAMA, ndjson_line
 from kronk_ollama.models import running, show, tags

@@ -14,13 +14,16 @@ from pydantic import (
     model_validator,
 )
 
-from kronk_core.media import MEDIA_MARKER, Media, MediaSources
-from kronk_core.settings.config import SamplingConfig, parse_duration
-from kronk_core.types import (
+from kronk_core.contract import (
+    MEDIA_MARKER,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
+    Media,
+    MediaSources,
+    SamplingConfig,
     ToolCall,
+    parse_duration,
 )
 from kronk_openai.schemas import NamedToolChoice, ToolIn, sampling_of, tool_choice
 

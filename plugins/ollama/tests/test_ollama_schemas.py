@@ -10,8 +10,8 @@ import ollama
 import pytest
 from pydantic import ValidationError
 
-from kronk_core.media import MediaSources
-from kronk_core.types import ToolChoice
+from kronk_core.contract.media import MediaSources
+from kronk_core.contract.types import ToolChoice
 from kronk_ollama.answers import Answer
 from kronk_ollama.schemas import ChatBody, GenerateBody, keep_alive_seconds, model_id, ollama_name
 

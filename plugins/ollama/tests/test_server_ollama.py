@@ -19,7 +19,7 @@ import pytest
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig
-from kronk_core.media import Media
+from kronk_core.contract.media import Media
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID
 from kronk_testing.media_samples import image as image_bytes
 from kronk_testing.tool_results import MORE, tokens_of_more

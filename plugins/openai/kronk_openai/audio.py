@@ -13,14 +13,20 @@ from litestar.datastructures import UploadFile
 from litestar.response import Stream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kronk_api.dialect import sse_frame
-from kronk_api.endpoints import ENDPOINT_OPT, subject_of
-from kronk_api.http import invalid_body, kronk_of
-from kronk_core.errors import InvalidRequestError, KronkError
-from kronk_core.media import Media
-from kronk_core.runtime.chat_stream import collect
-from kronk_core.transcription import Task, Transcript, Transcription, transcript_of
-from kronk_core.types import ChatDelta, TokenLogprob, Usage
+from kronk_api.contract import ENDPOINT_OPT, invalid_body, kronk_of, sse_frame, subject_of
+from kronk_core.contract import (
+    ChatDelta,
+    InvalidRequestError,
+    KronkError,
+    Media,
+    Task,
+    TokenLogprob,
+    Transcript,
+    Transcription,
+    Usage,
+    collect,
+    transcript_of,
+)
 from kronk_openai.errors import OPENAI
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 
-from kronk_core.sdk import ChatStream
-from kronk_core.types import ChatDelta, Usage
+from kronk_core.contract import ChatDelta, ChatStream, Usage
 
 
 async def merged(streams: Sequence[ChatStream]) -> AsyncIterator[tuple[int, ChatDelta]]:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from kronk_api.dialect import Dialect
+from kronk_api.contract import Dialect
 
 OPENAI = Dialect()

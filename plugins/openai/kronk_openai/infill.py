@@ -10,11 +10,15 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from kronk_api.dialect import sse_frame
-from kronk_api.endpoints import ENDPOINT_OPT
-from kronk_api.http import kronk_of, parse_body
-from kronk_core.sdk import ChatStream, collect_choices
-from kronk_core.types import ChatDelta, ChatResult, FinishReason, Usage
+from kronk_api.contract import ENDPOINT_OPT, kronk_of, parse_body, sse_frame
+from kronk_core.contract import (
+    ChatDelta,
+    ChatResult,
+    ChatStream,
+    FinishReason,
+    Usage,
+    collect_choices,
+)
 from kronk_openai.errors import OPENAI
 from kronk_openai.schemas import InfillRequest
 

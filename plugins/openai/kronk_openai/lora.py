@@ -9,10 +9,8 @@ from litestar import Request, get, post
 from litestar.params import FromQuery
 from pydantic import RootModel
 
-from kronk_api.endpoints import ADMIN, AUTHENTICATED, ENDPOINT_OPT
-from kronk_api.http import kronk_of, parse_body
-from kronk_core.contract.backend import AdapterInfo
-from kronk_core.errors import InvalidRequestError
+from kronk_api.contract import ADMIN, AUTHENTICATED, ENDPOINT_OPT, kronk_of, parse_body
+from kronk_core.contract import AdapterInfo, InvalidRequestError
 from kronk_openai.schemas import LoraScale
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kronk_core.types import ChatDelta, FinishReason, TokenLogprob, ToolCall, Usage
+from kronk_core.contract import ChatDelta, FinishReason, TokenLogprob, ToolCall, Usage
 
 FINISH_REASONS = {
     FinishReason.stop: "stop",

@@ -10,8 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from kronk_core.errors import NotFoundError
-from kronk_core.types import ChatMessage
+from kronk_core.contract import ChatMessage, NotFoundError
 
 # Responses kept, least recently used dropped first: bounded memory, like a cache.
 STORE_CAPACITY = 1000

@@ -9,9 +9,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from kronk_core.errors import KronkError
-from kronk_core.tool_loop import ServerToolUse, ToolLoopEvent
-from kronk_core.types import ChatDelta, ChatMessage, FinishReason, ToolCall, ToolCallDelta, Usage
+from kronk_core.contract import (
+    ChatDelta,
+    ChatMessage,
+    FinishReason,
+    KronkError,
+    ServerToolUse,
+    ToolCall,
+    ToolCallDelta,
+    ToolLoopEvent,
+    Usage,
+)
 from kronk_openai.responses_errors import RESPONSES_ERRORS
 from kronk_openai.responses_schemas import ToolTarget
 

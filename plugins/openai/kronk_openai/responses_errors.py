@@ -4,8 +4,8 @@ patterns include "exceeds the context window"; Codex reads the code)."""
 
 from __future__ import annotations
 
-from kronk_api.dialect import Dialect
-from kronk_core.errors import ContextOverflowError, KronkError
+from kronk_api.contract import Dialect
+from kronk_core.contract import ContextOverflowError, KronkError
 
 
 class ResponsesDialect(Dialect):

@@ -10,14 +10,28 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.client_extras import omitted_tools, served_tools, server_tools, unknown_fields
-from kronk_api.dialect import SSE_HEADERS, sse_frame
-from kronk_api.endpoints import subject_of
-from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_core.errors import ContextOverflowError, KronkError
-from kronk_core.sdk import ChatStream
-from kronk_core.tool_loop import ToolLoop, ToolLoopEvent, start_tool_loop
-from kronk_core.types import ChatMessage, ChatRequest
+from kronk_api.contract import (
+    SSE_HEADERS,
+    kronk_of,
+    media_sources,
+    omitted_tools,
+    parse_body,
+    served_tools,
+    server_tools,
+    sse_frame,
+    subject_of,
+    unknown_fields,
+)
+from kronk_core.contract import (
+    ChatMessage,
+    ChatRequest,
+    ChatStream,
+    ContextOverflowError,
+    KronkError,
+    ToolLoop,
+    ToolLoopEvent,
+    start_tool_loop,
+)
 from kronk_openai.response_store import ResponseStore, StoredResponse
 from kronk_openai.responses_builder import Event, ResponseBuilder
 from kronk_openai.responses_errors import RESPONSES_ERRORS

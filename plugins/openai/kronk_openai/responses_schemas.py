@@ -9,12 +9,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from kronk_api.client_extras import FieldRules
-from kronk_core.contract.server_tools import WEB_SEARCH, ServerTool
-from kronk_core.errors import InvalidRequestError
-from kronk_core.media import MEDIA_MARKER, Media, MediaSources
-from kronk_core.settings.config import SamplingConfig
-from kronk_core.types import ChatMessage, ToolCall, ToolChoice, ToolSpec
+from kronk_api.contract import FieldRules
+from kronk_core.contract import (
+    MEDIA_MARKER,
+    WEB_SEARCH,
+    ChatMessage,
+    InvalidRequestError,
+    Media,
+    MediaSources,
+    SamplingConfig,
+    ServerTool,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 from kronk_openai.schemas import arguments_text, sampling_of
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")

@@ -15,13 +15,25 @@ from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.dialect import sse_frame
-from kronk_api.endpoints import AUTHENTICATED, ENDPOINT_OPT, subject_of
-from kronk_api.http import kronk_of, media_sources, parse_body
-from kronk_core.errors import KronkError
-from kronk_core.media import MediaKind
-from kronk_core.sdk import ChatStream, Kronk, collect_choices
-from kronk_core.types import ChatDelta, ChatResult, Usage
+from kronk_api.contract import (
+    AUTHENTICATED,
+    ENDPOINT_OPT,
+    kronk_of,
+    media_sources,
+    parse_body,
+    sse_frame,
+    subject_of,
+)
+from kronk_core.contract import (
+    ChatDelta,
+    ChatResult,
+    ChatStream,
+    Kronk,
+    KronkError,
+    MediaKind,
+    Usage,
+    collect_choices,
+)
 from kronk_openai.audio import AUDIO_ROUTES
 from kronk_openai.choices import merged, total_usage
 from kronk_openai.completions import completions
@@ -74,9 +86,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | S
         "object": "chat.completion",
         "created": int(stream.created),
         "model": stream.model_id,
-        "choices": [
-            _choice(index, result, with_logprobs) for index, result in enumerate(results)
-        ],
+        "choices": [_choice(index, result, with_logprobs) for index, result in enumerate(results)],
         "usage": usage_dict(total_usage(dict(enumerate(result.usage for result in results)))),
     }
     if body.return_prompt:

@@ -8,19 +8,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kronk_core.errors import InvalidRequestError
-from kronk_core.media import MEDIA_MARKER, Media, MediaSources, bare_base64
-from kronk_core.settings.config import SamplingConfig
-from kronk_core.types import (
+from kronk_core.contract import (
+    MEDIA_MARKER,
     Adapters,
     ChatMessage,
     ChatRequest,
     CompletionRequest,
     Infill,
     InfillFile,
+    InvalidRequestError,
+    Media,
+    MediaSources,
+    SamplingConfig,
     ToolCall,
     ToolChoice,
     ToolSpec,
+    bare_base64,
 )
 
 JsonScalar = str | int | float | bool | None

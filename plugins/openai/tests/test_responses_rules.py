@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kronk_core.errors import ContextOverflowError
-from kronk_core.types import ChatDelta, ChatMessage, ToolCall, ToolCallDelta
+from kronk_core.contract.errors import ContextOverflowError
+from kronk_core.contract.types import ChatDelta, ChatMessage, ToolCall, ToolCallDelta
 from kronk_openai.responses_builder import ResponseBuilder
 from kronk_openai.responses_schemas import FIELDS, ResponsesRequest, ToolTarget
 

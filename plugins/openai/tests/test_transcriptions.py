@@ -17,7 +17,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 
 from kronk_api import ServerSettings, create_app
 from kronk_core import Kronk, KronkConfig, ModelConfig, Transcription
-from kronk_core.media import Media, MediaConfig
+from kronk_core.contract.media import Media, MediaConfig
 from kronk_core.transcription import transcription_request
 from kronk_testing.media_samples import image, raw_wav, wav
 from kronk_testing.plugin import MultimodalPaths

@@ -10,8 +10,7 @@ selection: logit bias → constraints → penalties → DRY → temperature → 
 from __future__ import annotations
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import ModelInfo
-from kronk_core.sampling import (
+from kronk_core.contract import (
     RANDOM_SEED,
     AdaptiveP,
     Distribution,
@@ -20,15 +19,16 @@ from kronk_core.sampling import (
     Greedy,
     JsonSchemaGrammar,
     LogitBias,
+    ModelInfo,
     Penalties,
     SamplerStage,
+    SamplingParams,
     StructuredGrammar,
     Temperature,
     Xtc,
     mirostat_stage,
     truncation_stages,
 )
-from kronk_core.types import SamplingParams
 
 
 def default_stages(params: SamplingParams) -> list[SamplerStage]:

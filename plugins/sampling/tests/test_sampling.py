@@ -15,8 +15,8 @@ import llama_cpp
 import pytest
 
 from kronk_core import FinishReason, Kronk, ModelConfig, SamplingConfig
-from kronk_core.errors import InvalidRequestError, KronkError
-from kronk_core.sampling import (
+from kronk_core.contract.errors import InvalidRequestError, KronkError
+from kronk_core.contract.sampling import (
     RANDOM_SEED,
     AdaptiveP,
     Distribution,
@@ -36,7 +36,7 @@ from kronk_core.sampling import (
     reseeded,
     resolve_sampling,
 )
-from kronk_core.types import SamplingParams
+from kronk_core.contract.types import SamplingParams
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.sampler import NativeSampler
 from kronk_sampling.plugin import default_stages

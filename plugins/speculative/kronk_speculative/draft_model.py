@@ -16,22 +16,28 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from kronk_core.contract.backend import Batch, Sampler, TextModel
-from kronk_core.contract.drafts import Draft, DraftRequest
-from kronk_core.contract.host import Host
-from kronk_core.errors import ConfigError, KronkError, ModelLoadError
-from kronk_core.runtime.loading import model_config_for
-from kronk_core.runtime.speculation import draw
-from kronk_core.sampling import (
+from kronk_core.contract import (
+    Batch,
+    ConfigError,
     Distribution,
+    Draft,
+    DraftRequest,
     Greedy,
+    Host,
+    KronkError,
+    ModelConfig,
+    ModelLoadError,
+    Sampler,
     SamplerStage,
+    SamplingParams,
     Temperature,
+    TextModel,
+    TokenDistribution,
+    common_prefix,
+    draw,
+    model_config_for,
     truncation_stages,
 )
-from kronk_core.settings.config import ModelConfig
-from kronk_core.tokens import common_prefix
-from kronk_core.types import SamplingParams, TokenDistribution
 from kronk_speculative.settings import SpeculativeSettings
 from kronk_speculative.vocab import check_vocabulary
 

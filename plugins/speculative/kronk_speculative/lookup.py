@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kronk_core.contract.drafts import Draft, DraftRequest
+from kronk_core.contract import Draft, DraftRequest
 
 
 class NgramIndex:

@@ -6,13 +6,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import ModelInfo, TextModel
-from kronk_core.contract.drafts import DraftStrategy, DraftStrategyFactory
-from kronk_core.contract.host import Host
-from kronk_core.contract.registry import Register
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import (
+    ConfigError,
+    DraftStrategy,
+    DraftStrategyFactory,
+    Host,
+    ModelConfig,
+    ModelInfo,
+    Register,
+    Section,
+    TextModel,
+)
 from kronk_speculative.draft_model import DraftModel, load_draft_model
 from kronk_speculative.lookup import PromptLookup
 from kronk_speculative.settings import SETTINGS, SpeculativeSettings

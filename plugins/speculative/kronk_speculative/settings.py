@@ -12,7 +12,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kronk_core.settings.sections import ModelSection, Switch
+from kronk_core.contract import ModelSection, Switch
 
 # More draft tokens than this per step never pay: a miss early in a long draft wastes the rest.
 MAX_NDRAFT = 32

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kronk_core.contract.backend import TextModel
-from kronk_core.errors import ConfigError
+from kronk_core.contract import ConfigError, TextModel
 
 
 def describe(model: TextModel) -> str:

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from kronk_core.contract.drafts import DraftRequest
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
+from kronk_core.contract.types import SamplingParams
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import SamplingParams
 from kronk_speculative.lookup import NgramIndex, PromptLookup
 from kronk_speculative.settings import SETTINGS
 

@@ -35,13 +35,13 @@ from kronk_core import Kronk, KronkConfig, LoadedModel, ModelConfig, hookimpl
 from kronk_core.contract.backend import Batch
 from kronk_core.contract.cache import PromptScope
 from kronk_core.contract.drafts import Draft, DraftRequest, DraftStrategy
+from kronk_core.contract.errors import ConfigError, KronkError, ModelLoadError
 from kronk_core.contract.registry import Register
-from kronk_core.errors import ConfigError, KronkError, ModelLoadError
+from kronk_core.contract.sampling import Distribution, SamplerStage, TopK
+from kronk_core.contract.tokens import common_prefix
+from kronk_core.contract.types import ChatResult, SamplingParams
 from kronk_core.prompts import prepare_chat
 from kronk_core.runtime.reports import StepRecord
-from kronk_core.sampling import Distribution, SamplerStage, TopK
-from kronk_core.tokens import common_prefix
-from kronk_core.types import ChatResult, SamplingParams
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import default_model_path
 from kronk_sampling.plugin import default_stages

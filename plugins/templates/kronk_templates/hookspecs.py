@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from kronk_core.contract.host import Host
-from kronk_core.contract.registry import Register, RegistryKind
+from kronk_core.contract import Host, Register, RegistryKind
 from kronk_templates.formats.base import ToolFormat
 
 hookspec = pluggy.HookspecMarker("kronk")

@@ -15,9 +15,16 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kronk_core.contract.templates import OutputParser, RenderOptions
-from kronk_core.errors import ConfigError, TemplateError
-from kronk_core.types import ChatMessage, StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.contract import (
+    ChatMessage,
+    ConfigError,
+    OutputParser,
+    RenderOptions,
+    StructuredOutput,
+    TemplateError,
+    ToolChoice,
+    ToolSpec,
+)
 from kronk_templates.formats import ToolFormat, reasoning_opened
 
 log = logging.getLogger(__name__)

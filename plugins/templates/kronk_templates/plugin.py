@@ -10,13 +10,17 @@ from typing import Any
 import pluggy
 
 from kronk_core import hookimpl
-from kronk_core.contract.backend import ModelInfo
-from kronk_core.contract.host import Host
-from kronk_core.contract.registry import Register, Registry
-from kronk_core.contract.templates import TemplateProcessor, TemplateProcessorFactory
-from kronk_core.errors import ConfigError
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import (
+    ConfigError,
+    Host,
+    ModelConfig,
+    ModelInfo,
+    Register,
+    Registry,
+    Section,
+    TemplateProcessor,
+    TemplateProcessorFactory,
+)
 from kronk_templates import hookspecs
 from kronk_templates.formats import FORMATS, ToolFormat, detect_format, uses_think
 from kronk_templates.jinja import BUNDLED, JinjaTemplateProcessor, bundled_source

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from kronk_core.settings.sections import ModelSection
+from kronk_core.contract import ModelSection
 
 
 class TemplateSettings(BaseModel):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kronk_core.contract.templates import RenderOptions
-from kronk_core.types import ChatMessage, ToolCall, ToolSpec
+from kronk_core.contract.types import ChatMessage, ToolCall, ToolSpec
 from kronk_templates.formats import FORMATS, detect_format
 from kronk_templates.jinja import JinjaTemplateProcessor, bundled_source
 

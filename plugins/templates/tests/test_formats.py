@@ -17,9 +17,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from kronk_core.contract.errors import InvalidRequestError
 from kronk_core.contract.templates import OutputParser
-from kronk_core.errors import InvalidRequestError
-from kronk_core.types import (
+from kronk_core.contract.types import (
     ChatDelta,
     JsonSegment,
     StructuredOutput,

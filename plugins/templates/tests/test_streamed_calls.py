@@ -15,7 +15,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kronk_core.types import ChatDelta, ToolSpec
+from kronk_core.contract.types import ChatDelta, ToolSpec
 from kronk_templates.formats import FORMATS
 from kronk_templates.formats.calls import compact_json
 from kronk_testing.streamed_calls import check_streamed_calls

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kronk_core.contract.templates import RenderOptions
-from kronk_core.types import ChatMessage
+from kronk_core.contract.types import ChatMessage
 from kronk_templates.formats import FORMATS
 from kronk_templates.jinja import JinjaTemplateProcessor, bundled_source, merge_system_turns
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from kronk_core.contract.backend import ModelInfo
+from kronk_core.contract.errors import ConfigError, TemplateError
 from kronk_core.contract.registry import Registry
 from kronk_core.contract.templates import RenderOptions
-from kronk_core.errors import ConfigError, TemplateError
+from kronk_core.contract.types import ChatMessage
 from kronk_core.settings.config import ModelConfig
-from kronk_core.types import ChatMessage
 from kronk_templates.formats import FORMATS, ToolFormat
 from kronk_templates.jinja import JinjaTemplateProcessor, bundled_source
 from kronk_templates.plugin import jinja_processor

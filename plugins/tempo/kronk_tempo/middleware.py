@@ -11,9 +11,8 @@ from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from kronk_api.endpoints import route_path
-from kronk_api.response_watch import ResponseWatch
-from kronk_core.records import current_request_id
+from kronk_api.contract import ResponseWatch, route_path
+from kronk_core.contract import current_request_id
 from kronk_tempo.tracing import Tracing, current_tracing
 
 STATE_KEY = "kronk_tempo"

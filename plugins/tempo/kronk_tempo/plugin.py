@@ -12,10 +12,7 @@ from litestar.config.app import AppConfig
 from opentelemetry import trace
 
 from kronk_core import hookimpl
-from kronk_core.contract.host import Host
-from kronk_core.records import ChatRecord
-from kronk_core.settings.config import ModelConfig
-from kronk_core.settings.sections import Section
+from kronk_core.contract import ChatRecord, Host, ModelConfig, Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
 from kronk_tempo.settings import SETTINGS, with_otel_environment
 from kronk_tempo.tracing import Tracing, current_tracing, record_chat, record_load

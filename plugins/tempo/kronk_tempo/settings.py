@@ -11,8 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kronk_core.errors import ConfigError
-from kronk_core.settings.sections import ServerSection
+from kronk_core.contract import ConfigError, ServerSection
 
 
 class TempoSettings(BaseModel):
@@ -60,9 +59,7 @@ def with_otel_environment(settings: TempoSettings, environ: Mapping[str, str]) -
     disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     if "protocol" not in given and protocol:
         if protocol not in _PROTOCOLS:
-            raise ConfigError(
-                protocol_name, f"{protocol!r}: Kronk exports grpc or http/protobuf"
-            )
+            raise ConfigError(protocol_name, f"{protocol!r}: Kronk exports grpc or http/protobuf")
         found["protocol"] = _PROTOCOLS[protocol]
     if "host" not in given and (traces_endpoint or endpoint) and not disabled:
         # The specification's default transport is HTTP; its generic endpoint is a base URL.

@@ -33,8 +33,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.util.types import Attributes
 
-from kronk_core.errors import ConfigError
-from kronk_core.records import ChatRecord, RequestRecord
+from kronk_core.contract import ChatRecord, ConfigError, RequestRecord
 from kronk_tempo.settings import SETTINGS, TempoSettings
 
 # What the `grpc` extra installs, the exporter and grpcio under it: a missing module named so.

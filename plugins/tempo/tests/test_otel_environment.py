@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_tempo.settings import TempoSettings, with_otel_environment
 
 

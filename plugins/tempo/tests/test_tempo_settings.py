@@ -9,7 +9,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 from pydantic import ValidationError
 
-from kronk_core.errors import ConfigError
+from kronk_core.contract.errors import ConfigError
 from kronk_tempo.settings import TempoSettings
 from kronk_tempo.tracing import exporter_for
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from litestar import Request, get
 
-from kronk_api.endpoints import ADMIN, ENDPOINT_OPT
+from kronk_api.contract import ADMIN, ENDPOINT_OPT
 from kronk_core import hookimpl
-from kronk_core.records import ChatRecord
+from kronk_core.contract import ChatRecord
 
 STATE_KEY = "kronk_ui_live"
 

@@ -19,10 +19,9 @@ from litestar.config.app import AppConfig
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 
-from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
-from kronk_api.listening import announce, api_url
+from kronk_api.contract import ENDPOINT_OPT, PUBLIC, announce, api_url
 from kronk_core import hookimpl
-from kronk_core.contract.host import Host
+from kronk_core.contract import Host
 from kronk_ui.live import STATE_KEY, LiveCounts, live
 from kronk_ui.reference import reference
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from litestar import get
 
-from kronk_api.endpoints import ENDPOINT_OPT, PUBLIC
+from kronk_api.contract import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk
 
 
@@ -58,7 +58,7 @@ def _commands(command: click.Command, path: list[str], ctx: click.Context) -> li
 
 @functools.cache
 def cli_reference() -> list[dict[str, Any]]:
-    from kronk_api.cli import main  # the CLI imports the plugins: only when asked
+    from kronk_api.contract import main
 
     return _commands(main, ["kronk"], click.Context(main, info_name="kronk"))
 

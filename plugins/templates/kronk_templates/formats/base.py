@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kronk_core.contract.templates import OutputParser
-from kronk_core.types import (
+from kronk_core.contract import (
     ChatDelta,
+    OutputParser,
     StructuredOutput,
     ToolCall,
     ToolCallDelta,

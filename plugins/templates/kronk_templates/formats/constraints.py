@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from kronk_core.errors import InvalidRequestError
-from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.contract import (
+    InvalidRequestError,
+    JsonSegment,
+    StructuredOutput,
+    ToolChoice,
+    ToolSpec,
+)
 from kronk_templates.formats.calls import compact_json
 
 

@@ -16,10 +16,10 @@ import json
 import re
 from collections.abc import Sequence
 
-from kronk_core.contract.templates import OutputParser
-from kronk_core.types import (
+from kronk_core.contract import (
     ChatDelta,
     JsonSegment,
+    OutputParser,
     StructuredOutput,
     ToolChoice,
     ToolSpec,

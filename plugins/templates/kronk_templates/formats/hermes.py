@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kronk_core.types import JsonSegment, ToolSpec
+from kronk_core.contract import JsonSegment, ToolSpec
 from kronk_templates.formats.base import CallWriter, ParsedCall
 from kronk_templates.formats.calls import CallsReader, calls_from_values
 from kronk_templates.formats.constraints import call_schema

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kronk_core.contract.templates import OutputParser
-from kronk_core.types import (
+from kronk_core.contract import (
     ChatDelta,
     JsonSegment,
+    OutputParser,
     StructuredOutput,
     ToolChoice,
     ToolSpec,

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from kronk_core.types import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.contract import JsonSegment, StructuredOutput, ToolChoice, ToolSpec
 from kronk_templates.formats.base import CallWriter, Deltas, NewId, ParsedCall
 from kronk_templates.formats.calls import (
     ArgumentsReader,

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kronk_core.types import StructuredOutput, ToolChoice, ToolSpec
+from kronk_core.contract import StructuredOutput, ToolChoice, ToolSpec
 from kronk_templates.formats.base import CallWriter, Deltas, ParsedCall
 from kronk_templates.formats.calls import compact_json
 from kronk_templates.formats.constraints import allowed_tools, parameters_schema

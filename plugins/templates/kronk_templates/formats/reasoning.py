@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
-from kronk_core.contract.templates import OutputParser
-from kronk_core.types import ChatDelta
+from kronk_core.contract import ChatDelta, OutputParser
 from kronk_templates.formats.base import Deltas, StepParser
 from kronk_templates.formats.text import held_prefix
 

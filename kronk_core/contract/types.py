@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from kronk_core.media import Media
-from kronk_core.settings.config import SamplingConfig
+from kronk_core.contract.media import Media
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import SamplingConfig
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -304,23 +306,3 @@ class CompletionRequest:
     infill: Infill | None = None
     n_keep: int = 0  # as a ChatRequest's
     lora: Adapters | None = None  # as a ChatRequest's
-
-
-# Moved to kronk_core.generation (what the engine runs and reports), which may import the
-# sampler stages and records that these types never need: the old path works for one release.
-_MOVED = {"GenerationRequest", "TextChunk", "Finished", "EngineEvent"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import warnings
-
-        from kronk_core import generation
-
-        warnings.warn(
-            f"kronk_core.types.{name} moved to kronk_core.generation",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(generation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

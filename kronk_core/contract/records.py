@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from kronk_core.types import Usage
+from kronk_core.contract.types import Usage
 
 # The id of the request being served: the server sets it from X-Request-ID, the
 # engine sets it on its thread while it starts or finishes that request, and

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kronk_core.errors import KronkError
-from kronk_core.media import MediaSpan
-from kronk_core.records import RequestRecord
-from kronk_core.sampling import SamplerStage
-from kronk_core.types import (
+from kronk_core.contract.errors import KronkError
+from kronk_core.contract.media import MediaSpan
+from kronk_core.contract.records import RequestRecord
+from kronk_core.contract.sampling import SamplerStage
+from kronk_core.contract.types import (
     DEFAULT_MAX_TOKENS,
     Adapters,
     FinishReason,

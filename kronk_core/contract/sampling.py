@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
-from kronk_core.settings.config import SamplingConfig
-from kronk_core.types import SamplingParams, StructuredOutput
+from kronk_core.contract.types import SamplingParams, StructuredOutput
+
+if TYPE_CHECKING:
+    from kronk_core.settings.config import SamplingConfig
 
 
 @dataclass(frozen=True, slots=True)

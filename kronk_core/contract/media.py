@@ -29,8 +29,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kronk_core.errors import MediaError, MediaLimitError
-from kronk_core.sound import read_sound_header
+from kronk_core.contract.errors import MediaError, MediaLimitError
+from kronk_core.contract.sound import read_sound_header
 
 # Where a media item goes in a message's text. Random per process: a client cannot write
 # it, so text that looks like a marker stays text.
@@ -256,8 +256,7 @@ def check_media(items: Sequence[Media], limits: MediaConfig) -> None:
     """The request's media against the limits; the error names the limit it passes."""
     if len(items) > limits.max_items:
         raise MediaLimitError(
-            f"{len(items)} images and sounds in one request; media max_items is "
-            f"{limits.max_items}",
+            f"{len(items)} images and sounds in one request; media max_items is {limits.max_items}",
             param="messages",
         )
     for number, item in enumerate(items, start=1):

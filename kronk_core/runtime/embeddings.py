@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kronk_core.contract.backend import Capability, EmbeddingModel, ModelInfo
-from kronk_core.errors import CapabilityError, InvalidRequestError
+from kronk_core.contract.errors import CapabilityError, InvalidRequestError
 from kronk_core.settings.config import ModelConfig
 
 # One input: text, or token ids used as given (no special tokens added).

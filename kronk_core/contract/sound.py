@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from kronk_core.errors import MediaError
+from kronk_core.contract.errors import MediaError
 
 # WAV format codes read: PCM, IEEE float, A-law, mu-law; EXTENSIBLE names one of them.
 _WAV_PCM, _WAV_FLOAT, _WAV_ALAW, _WAV_MULAW, _WAV_EXTENSIBLE = 1, 3, 6, 7, 0xFFFE
@@ -112,8 +112,14 @@ _BITRATES = {
     (False, 3): (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
 }
 _SAMPLE_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
-_SAMPLES = {(True, 1): 384, (True, 2): 1152, (True, 3): 1152, (False, 1): 384, (False, 2): 1152,
-            (False, 3): 576}
+_SAMPLES = {
+    (True, 1): 384,
+    (True, 2): 1152,
+    (True, 3): 1152,
+    (False, 1): 384,
+    (False, 2): 1152,
+    (False, 3): 576,
+}
 
 
 @dataclass(frozen=True, slots=True)
