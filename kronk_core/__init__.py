@@ -1,7 +1,7 @@
 """Kronk core: the SDK facade and the request path; the plugin contract in `contract`, the
 engine, pool and loading in `runtime`, configuration in `settings`."""
 
-from kronk_core import grammars
+from kronk_core import grammar_presets
 from kronk_core.contract.media import Media, MediaConfig
 from kronk_core.contract.plugins import hookimpl
 from kronk_core.contract.types import (
@@ -35,6 +35,6 @@ __all__ = [
     "Transcript",
     "Transcription",
     "Usage",
-    "grammars",
+    "grammar_presets",
     "hookimpl",
 ]

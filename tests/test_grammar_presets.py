@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kronk_core import Kronk, KronkConfig, grammars
+from kronk_core import Kronk, KronkConfig, grammar_presets
 from kronk_core.contract.types import FinishReason
 
 SHAPES = {
@@ -23,7 +23,7 @@ SHAPES = {
 }
 # A model this small rambles on inside an open JSON value: the questions spell the answer out.
 QUESTIONS = {
-    "GrammarJSON": "Reply with the JSON object {\"ok\": true} and nothing else.",
+    "GrammarJSON": 'Reply with the JSON object {"ok": true} and nothing else.',
     "GrammarJSONObject": 'Reply with the JSON object {"name": "Ann", "age": 30} and nothing else.',
     "GrammarJSONArray": 'Reply with the JSON array ["red", "green", "blue"] and nothing else.',
     "GrammarBoolean": "Is the sky blue? Answer true or false.",
@@ -40,15 +40,15 @@ def kronk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kronk]:
 
 
 def test_every_manual_preset_is_there() -> None:
-    assert set(grammars.PRESETS) == set(SHAPES)
-    assert grammars.PRESETS["GrammarJSONObject"] is grammars.JSON_OBJECT
+    assert set(grammar_presets.PRESETS) == set(SHAPES)
+    assert grammar_presets.PRESETS["GrammarJSONObject"] is grammar_presets.JSON_OBJECT
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 async def test_a_preset_holds_the_answer_to_its_shape(kronk: Kronk, name: str) -> None:
     result = await kronk.chat(
         [{"role": "user", "content": QUESTIONS[name]}],
-        grammar=grammars.PRESETS[name],
+        grammar=grammar_presets.PRESETS[name],
         max_tokens=160,
         temperature=0,
     )

@@ -31,7 +31,7 @@ from kronk_llamacpp.adapters import LoraAdapters
 from kronk_llamacpp.compute import runner
 from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
-from kronk_llamacpp.grammars import GrammarCompiler
+from kronk_llamacpp.grammar_compiler import GrammarCompiler
 from kronk_llamacpp.params import context_params
 from kronk_llamacpp.rpc import RpcLinks
 from kronk_llamacpp.sampler import (

@@ -34,7 +34,7 @@ from kronk_core.contract import (
     TypicalP,
     Xtc,
 )
-from kronk_llamacpp.grammars import GrammarCompiler
+from kronk_llamacpp.grammar_compiler import GrammarCompiler
 
 # llama_token_data as numpy sees it: {int32 id; float logit; float p}.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])

@@ -18,7 +18,7 @@ from kronk_core.contract.sampling import (
     Temperature,
 )
 from kronk_core.contract.types import JsonSegment, StructuredOutput
-from kronk_llamacpp.gbnf import GbnfSyntaxError, GrammarTooDeepError, measure
+from kronk_llamacpp.grammar_limits import GbnfSyntaxError, GrammarTooDeepError, measure
 from kronk_llamacpp.model import LlamaTextModel
 from kronk_llamacpp.packaged import DEFAULT_MODEL_ID, default_model_path
 

@@ -23,7 +23,7 @@ from kronk_core.contract import StructuredOutput, ToolChoice, ToolSpec
 from kronk_templates.formats.base import CallWriter, Deltas, ParsedCall
 from kronk_templates.formats.calls import compact_json
 from kronk_templates.formats.constraints import allowed_tools, parameters_schema
-from kronk_templates.formats.gbnf import JSON_RULES, excluding, literal
+from kronk_templates.formats.grammar_pieces import JSON_RULES, excluding, literal
 from kronk_templates.formats.jsonstream import string_body
 from kronk_templates.formats.markup import MarkupFormat, Opener
 from kronk_templates.formats.text import find_first, held_prefix

@@ -22,7 +22,7 @@ from kronk_core.contract import (
     StructuredGrammar,
     StructuredOutput,
 )
-from kronk_llamacpp.gbnf import GbnfSyntaxError, GrammarTooDeepError, measure
+from kronk_llamacpp.grammar_limits import GbnfSyntaxError, GrammarTooDeepError, measure
 from kronk_llamacpp.settings import StructuredOutputLimits
 from kronk_llamacpp.structured import Refusal, to_gbnf
 from kronk_llamacpp.vocab import utf8

@@ -1,8 +1,8 @@
 """GBNF grammar presets for the `grammar` field: the Kronk manual's `GrammarJSON`,
 `GrammarJSONObject`, ... (§9.5), for requests made from Python.
 
-    from kronk_core import grammars
-    await kronk.chat(messages, grammar=grammars.JSON_OBJECT, enable_thinking=False)
+    from kronk_core import grammar_presets
+    await kronk.chat(messages, grammar=grammar_presets.JSON_OBJECT, enable_thinking=False)
 
 Whitespace inside JSON is bounded (as llama.cpp's json.gbnf bounds it), so a small model
 cannot spend its tokens on blank lines; numbers have at most 16 integer digits.
