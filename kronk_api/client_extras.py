@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from litestar import Request
 
@@ -26,6 +26,29 @@ log = logging.getLogger(__name__)
 OMITTED_TOOLS_HEADER = "x-kronk-omitted-tools"
 _NOTICED = "kronk_client_extras_noticed"
 _SERVER_TOOLS = "kronk_server_tools"
+
+
+class ToolPlan(Protocol):
+    """A dialect's plan of a request's tools: the types server tools serve (each with its
+    server tool's name) and the types left out."""
+
+    @property
+    def served(self) -> Mapping[str, str]: ...
+
+    @property
+    def omitted(self) -> Sequence[str]: ...
+
+
+Plan = TypeVar("Plan", bound=ToolPlan, covariant=True)
+
+
+class PlansTools(Protocol[Plan]):
+    """A request body with fields beyond its schema's and a plan of its tools."""
+
+    @property
+    def model_extra(self) -> dict[str, Any] | None: ...
+
+    def tool_plan(self, available: Mapping[str, ServerTool] | None = None) -> Plan: ...
 
 
 @dataclass(frozen=True)
@@ -116,3 +139,15 @@ def served_tools(request: Request[Any, Any, Any], dialect: str, served: Mapping[
             f"{dialect}: tools of type %r are served by Kronk's {name} server tool",
             logging.INFO,
         )
+
+
+def client_extras(
+    request: Request[Any, Any, Any], rules: FieldRules, body: PlansTools[Plan]
+) -> tuple[Plan, dict[str, str]]:
+    """What the request holds beyond what Kronk serves, logged once: its unknown fields,
+    and the plan of its tools with the server tools that serve its built-in ones; with the
+    response headers that name the tools left out."""
+    unknown_fields(request, rules, body.model_extra or {})
+    plan = body.tool_plan(server_tools(request))
+    served_tools(request, rules.dialect, plan.served)
+    return plan, omitted_tools(request, rules.dialect, plan.omitted)

@@ -1,21 +1,23 @@
-"""What plugins use of the server, in one place: dialect bases and server-sent events, route
-access levels, body parsing, auth's token checker, the CLI's server options and settings.
-Plugins import from here (or `kronk_api`, the app); the modules behind it may move between
-releases. The server's own modules never import it (tests/test_layers.py).
+"""What plugins use of the server, in one place: dialect bases, the routes' prologue and
+server-sent events, route access levels, body parsing, auth's token checker, the CLI's server
+options and settings. Plugins import from here (or `kronk_api`, the app); the modules behind
+it may move between releases. The server's own modules never import it (tests/test_layers.py).
 """
 
 from kronk_api.app import SERVER_DIALECT
 from kronk_api.auth import TOKEN_CHECKER, Checked, TokenChecker, expect_token_checker, token_checker
+from kronk_api.bool_flags import BoolValueGroup
 from kronk_api.cli import main
 from kronk_api.client import call_server
 from kronk_api.client_extras import (
     FieldRules,
+    client_extras,
     omitted_tools,
     served_tools,
     server_tools,
     unknown_fields,
 )
-from kronk_api.dialect import SSE_HEADERS, Dialect, KronkDialect, sse_frame
+from kronk_api.dialect import SSE_HEADERS, Dialect, KronkDialect, Received, receive, sse_frame
 from kronk_api.endpoints import (
     ADMIN,
     AUTHENTICATED,
@@ -61,12 +63,14 @@ __all__ = [
     "SSE_HEADERS",
     "SUBJECT_STATE",
     "TOKEN_CHECKER",
+    "BoolValueGroup",
     "Checked",
     "Dialect",
     "FieldRules",
     "HttpTimeouts",
     "KronkDialect",
     "ListenError",
+    "Received",
     "ResponseWatch",
     "ServerSettings",
     "ServerStartCommand",
@@ -80,6 +84,7 @@ __all__ = [
     "call_server",
     "check_host_port",
     "cli_plugins",
+    "client_extras",
     "config_file_option",
     "configure_logging",
     "delete_model_files_of",
@@ -95,6 +100,7 @@ __all__ = [
     "omitted_tools",
     "other_spellings",
     "parse_body",
+    "receive",
     "request_id",
     "route_path",
     "served_tools",

@@ -1,5 +1,5 @@
-"""The plumbing every API dialect shares: error responses, stream start, SSE framing,
-keep-alive and client-disconnect handling.
+"""The plumbing every API dialect shares: the route prologue, error responses, stream start
+and its error tail, SSE framing, keep-alive and client-disconnect handling.
 
 A dialect subclasses `Dialect` and overrides only what differs: its error
 body, its error message, its error event and its keep-alive frame. The base
@@ -14,21 +14,28 @@ import json
 import logging
 import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from litestar.types import ExceptionHandlersMap
+from pydantic import BaseModel
 
 from kronk_api.disconnect import ClientDisconnected, unless_disconnected
+from kronk_api.endpoints import subject_of
 from kronk_api.errors import client_message
+from kronk_api.http import kronk_of, media_sources, parse_body
 from kronk_core.contract.errors import KronkError
+from kronk_core.contract.media import MediaSources
+from kronk_core.sdk import Kronk
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Body = TypeVar("Body", bound=BaseModel)
 
 # nginx's code for "client closed the request"; nobody receives it, the log shows it.
 CLIENT_CLOSED_REQUEST = 499
@@ -42,6 +49,41 @@ def sse_frame(payload: Mapping[str, Any], event: str | None = None) -> bytes:
     """One server-sent event: `data:` with the JSON payload, after `event:` when named."""
     head = f"event: {event}\n" if event is not None else ""
     return f"{head}data: {json.dumps(payload)}\n\n".encode()
+
+
+@runtime_checkable
+class NamesMedia(Protocol):
+    """A request body whose messages may name images by URL, fetched before it is served."""
+
+    @property
+    def model(self) -> str | None: ...
+
+    def media_urls(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Received(Generic[Body]):
+    """A route's request, as the prologue every dialect shares leaves it."""
+
+    body: Body
+    kronk: Kronk
+    # The authenticated caller (None without auth), whose request the model serves.
+    subject: str | None
+    # The media limits, with the images the body's URLs name fetched.
+    sources: MediaSources
+
+
+async def receive(request: Request[Any, Any, Any], schema: type[Body]) -> Received[Body]:
+    """The prologue of a dialect's route: the body parsed as `schema` (a 400 in the dialect's
+    shape when it does not fit), the SDK facade, the caller, and the image URLs a body that
+    `NamesMedia` names fetched (see `media_sources`)."""
+    body = await parse_body(request, schema)
+    kronk = kronk_of(request)
+    if isinstance(body, NamesMedia):
+        sources = await media_sources(request, body.model, body.media_urls())
+    else:
+        sources = MediaSources(kronk.config.media)
+    return Received(body, kronk, subject_of(request), sources)
 
 
 class Dialect:
@@ -144,6 +186,15 @@ class Dialect:
         except ClientDisconnected:
             return Response(None, status_code=CLIENT_CLOSED_REQUEST)
 
+    async def with_stream_errors(self, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The frames of a stream; a KronkError past its start (its 200 already sent) ends
+        them with the dialect's error frame."""
+        try:
+            async for frame in frames:
+                yield frame
+        except KronkError as error:
+            yield self.stream_error(error)
+
     async def open_stream(
         self,
         request: Request[Any, Any, Any],
@@ -152,7 +203,8 @@ class Dialect:
         keepalive_frame: bytes | None = None,
     ) -> Stream | Response[None]:
         """Start a streamed answer (server-sent events, unless the dialect streams another
-        way) with `frames(items)`; `keepalive_frame` replaces the dialect's for this stream.
+        way) with `frames(items)`, ended by the dialect's error frame on an error
+        (`with_stream_errors`); `keepalive_frame` replaces the dialect's for this stream.
 
         It waits for the first item, so that an error at the start (a bad
         grammar, a full queue) still gets its status code, but no longer than
@@ -170,7 +222,8 @@ class Dialect:
             if error is not None and not isinstance(error, StopAsyncIteration):
                 raise error
         frame = keepalive_frame or self.keepalive_frame
-        stream = keepalive(frames(_resume(first, items)), frame, KEEPALIVE_SECONDS)
+        framed = self.with_stream_errors(frames(_resume(first, items)))
+        stream = keepalive(framed, frame, KEEPALIVE_SECONDS)
 
         async def close() -> None:
             # A client that leaves while a frame is being sent leaves every generator of
@@ -230,4 +283,3 @@ class KronkDialect(Dialect):
         "model_not_found": "not_found",
         "invalid_token": "unauthenticated",
     }
-

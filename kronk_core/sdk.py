@@ -28,6 +28,7 @@ from kronk_core.contract.errors import (
     ModelNotFoundError,
 )
 from kronk_core.contract.generation import GenerationRequest
+from kronk_core.contract.host import Subscription
 from kronk_core.contract.media import Media, MediaKind, check_media
 from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
@@ -146,6 +147,16 @@ class Kronk:
             if name not in self._registries:
                 self._registries[name] = fill_registry(self.plugins, name, kronk=self)
             return self._registries[name]
+
+    @property
+    def disabled_plugins(self) -> list[str]:
+        """The plugins configuration left out."""
+        return self.plugins.disabled
+
+    def subscribe(self, observer: object) -> Subscription:
+        """Call `observer`'s hook implementations (`kronk_chat_finished`, ...) too, until
+        the subscription is cancelled: a server's metrics or spans, for as long as it runs."""
+        return Subscription(self.plugins, observer)
 
     # ---- models ------------------------------------------------------------
 

@@ -70,7 +70,7 @@ from kronk_core.contract.errors import (
     UnavailableError,
 )
 from kronk_core.contract.generation import EngineEvent, Finished, GenerationRequest, TextChunk
-from kronk_core.contract.host import Host, PluginManager, PoolView
+from kronk_core.contract.host import Host, PluginManager, PoolView, Subscription
 from kronk_core.contract.media import (
     MEDIA_MARKER,
     Media,
@@ -376,6 +376,7 @@ __all__ = [
     "StepRecord",
     "StructuredGrammar",
     "StructuredOutput",
+    "Subscription",
     "Switch",
     "Task",
     "Temperature",

@@ -31,6 +31,27 @@ class PluginManager(pluggy.PluginManager):
         self.distributions: dict[str, str] = {}
 
 
+class Subscription:
+    """An observer subscribed to the hook calls (`Host.subscribe`) until `cancel()`, or the
+    end of its `with` block."""
+
+    def __init__(self, plugins: PluginManager, observer: object) -> None:
+        self._plugins = plugins
+        self._name = plugins.register(observer)
+
+    def cancel(self) -> None:
+        """Unsubscribe the observer; once is enough, again does nothing."""
+        if self._name is not None:
+            self._plugins.unregister(name=self._name)
+            self._name = None
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cancel()
+
+
 class PoolView(Protocol):
     """The model pool, read-only: what is loaded now."""
 
@@ -38,8 +59,9 @@ class PoolView(Protocol):
 
 
 class Host(Protocol):
-    """The hook caller, the plugins, typed registry lookup, the configuration (with the
-    model sections the plugins declare) and a read-only view of the pool."""
+    """The hook caller, observers' subscriptions, the plugins configuration disabled, typed
+    registry lookup, the configuration (with the model sections the plugins declare) and a
+    read-only view of the pool."""
 
     @property
     def config(self) -> KronkConfig: ...
@@ -48,7 +70,12 @@ class Host(Protocol):
     def hook(self) -> pluggy.HookRelay: ...
 
     @property
-    def plugins(self) -> PluginManager: ...
+    def disabled_plugins(self) -> Sequence[str]: ...
+
+    def subscribe(self, observer: object) -> Subscription:
+        """Call `observer`'s hook implementations (`kronk_chat_finished`, ...) too, until
+        the subscription is cancelled."""
+        ...
 
     @property
     def model_sections(self) -> Sequence[ModelSection[Any]]: ...

@@ -167,7 +167,7 @@ def model_sections(manager: PluginManager) -> list[ModelSection[Any]]:
 def bind_model_settings(host: Host, config: ModelConfig) -> ModelConfig:
     """`config` with every plugin section validated (ConfigError naming the key)."""
     explicit = {key: getattr(config, key) for key in config.model_fields_set}
-    bound = bind(config, host.model_sections, host.plugins.disabled, explicit)
+    bound = bind(config, host.model_sections, host.disabled_plugins, explicit)
     return config.model_copy(update={"sections": bound.sections, **bound.chosen})
 
 

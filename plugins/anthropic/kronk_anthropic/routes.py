@@ -9,55 +9,30 @@ from typing import Any
 from litestar import Request, Response, Router, post
 from litestar.response import Stream
 
+from kronk_anthropic.answers import ContentBlocks, message_dict, usage_dict
 from kronk_anthropic.errors import ANTHROPIC
-from kronk_anthropic.responses import ContentBlocks, message_dict, usage_dict
-from kronk_anthropic.schemas import (
-    FIELDS,
-    Conversation,
-    CountTokensRequest,
-    MessagesRequest,
-    ToolPlan,
-)
+from kronk_anthropic.schemas import FIELDS, CountTokensRequest, MessagesRequest
 from kronk_anthropic.stream import sse
-from kronk_api.contract import (
-    kronk_of,
-    media_sources,
-    omitted_tools,
-    parse_body,
-    served_tools,
-    server_tools,
-    subject_of,
-    unknown_fields,
-)
+from kronk_api.contract import client_extras, receive
 from kronk_core.contract import ChatDelta, ChatStream, ToolLoop, start_tool_loop, tool_spec
 
 # Grants of the auth guard are per endpoint; both routes belong to "messages".
 _OPT = {"kronk_endpoint": "messages"}
 
 
-def _extras(request: Request[Any, Any, Any], body: Conversation) -> tuple[ToolPlan, dict[str, str]]:
-    """What the request holds beyond what Kronk serves, logged once: the server tools that
-    serve its defined tools, and the response headers that name the tools left out."""
-    unknown_fields(request, FIELDS, body.model_extra or {})
-    plan = body.tool_plan(server_tools(request))
-    served_tools(request, "anthropic", plan.served)
-    return plan, omitted_tools(request, "anthropic", plan.omitted)
-
-
 @post("/v1/messages", status_code=200, opt=_OPT)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body = await parse_body(request, MessagesRequest)
-    plan, headers = _extras(request, body)
-    kronk = kronk_of(request)
-    sources = await media_sources(request, body.model, body.media_urls())
-    chat = body.to_core(sources)
+    received = await receive(request, MessagesRequest)
+    body = received.body
+    plan, headers = client_extras(request, FIELDS, body)
+    chat = body.to_core(received.sources)
     stream: ChatStream | ToolLoop
     if plan.server:
         stream = await start_tool_loop(
-            kronk, chat, plan.server, max_uses=plan.max_uses, subject=subject_of(request)
+            received.kronk, chat, plan.server, max_uses=plan.max_uses, subject=received.subject
         )
     else:
-        stream = await kronk.start_chat(chat, subject=subject_of(request))
+        stream = await received.kronk.start_chat(chat, subject=received.subject)
     message_id = f"msg_{uuid.uuid4().hex}"
     web_search = bool(plan.server)
     if body.stream:
@@ -92,15 +67,13 @@ async def _answer(
 
 @post("/v1/messages/count_tokens", status_code=200, opt=_OPT)
 async def count_tokens(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    body = await parse_body(request, CountTokensRequest)
-    plan, headers = _extras(request, body)
-    kronk = kronk_of(request)
-    sources = await media_sources(request, body.model, body.media_urls())
-    chat = body.to_core(sources)
+    received = await receive(request, CountTokensRequest)
+    plan, headers = client_extras(request, FIELDS, received.body)
+    chat = received.body.to_core(received.sources)
     # The prompt as /v1/messages starts it: with the server tools offered.
     chat = replace(chat, tools=(*chat.tools, *(tool_spec(tool) for tool in plan.server)))
-    count = await kronk.count_prompt_tokens(
-        chat, add_generation_prompt=True, subject=subject_of(request)
+    count = await received.kronk.count_prompt_tokens(
+        chat, add_generation_prompt=True, subject=received.subject
     )
     return Response({"input_tokens": count}, headers=headers)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from kronk_anthropic.answers import ContentBlocks, Event, message_dict, stop_reason, usage_dict
 from kronk_anthropic.errors import ANTHROPIC
-from kronk_anthropic.responses import ContentBlocks, Event, message_dict, stop_reason, usage_dict
 from kronk_api.contract import sse_frame
-from kronk_core.contract import ChatDelta, KronkError, ToolLoopEvent, Usage
+from kronk_core.contract import ChatDelta, ToolLoopEvent, Usage
 
 
 def encode(event: Event) -> bytes:
@@ -22,7 +22,8 @@ async def sse(
     deltas: AsyncIterator[ToolLoopEvent],
     web_search: bool = False,
 ) -> AsyncIterator[bytes]:
-    """message_start, ping, the content blocks, message_delta, message_stop.
+    """message_start, ping, the content blocks, message_delta, message_stop (an error past
+    the start is the dialect's stream tail: `Dialect.with_stream_errors`).
 
     The cache split of the prompt is known only at the end: message_start
     counts the whole prompt as input, message_delta carries the final counts (with
@@ -33,30 +34,25 @@ async def sse(
     yield encode(("message_start", {"type": "message_start", "message": skeleton}))
     yield ANTHROPIC.keepalive_frame
     blocks = ContentBlocks()
-    try:
-        async for delta in deltas:
-            for event in blocks.feed(delta):
-                yield encode(event)
-            if not isinstance(delta, ChatDelta) or delta.finish_reason is None:
-                continue
-            for event in blocks.close():
-                yield encode(event)
-            assert delta.usage is not None
-            yield encode(
-                (
-                    "message_delta",
-                    {
-                        "type": "message_delta",
-                        "delta": {
-                            "stop_reason": stop_reason(delta),
-                            "stop_sequence": delta.stop_sequence,
-                        },
-                        "usage": usage_dict(
-                            delta.usage, blocks.web_searches if web_search else None
-                        ),
+    async for delta in deltas:
+        for event in blocks.feed(delta):
+            yield encode(event)
+        if not isinstance(delta, ChatDelta) or delta.finish_reason is None:
+            continue
+        for event in blocks.close():
+            yield encode(event)
+        assert delta.usage is not None
+        yield encode(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": stop_reason(delta),
+                        "stop_sequence": delta.stop_sequence,
                     },
-                )
+                    "usage": usage_dict(delta.usage, blocks.web_searches if web_search else None),
+                },
             )
-            yield encode(("message_stop", {"type": "message_stop"}))
-    except KronkError as exc:
-        yield ANTHROPIC.stream_error(exc)
+        )
+        yield encode(("message_stop", {"type": "message_stop"}))

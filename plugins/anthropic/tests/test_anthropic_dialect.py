@@ -16,8 +16,8 @@ from litestar.connection import ASGIConnection
 from litestar.testing import TestClient
 from pydantic import ValidationError
 
+from kronk_anthropic.answers import ContentBlocks, signature
 from kronk_anthropic.errors import ANTHROPIC
-from kronk_anthropic.responses import ContentBlocks, signature
 from kronk_anthropic.schemas import BLOCK_SEPARATOR, FIELDS, MessagesRequest
 from kronk_anthropic.stream import sse
 from kronk_api import ServerSettings, create_app
@@ -350,7 +350,8 @@ async def test_error_mid_stream() -> None:
         yield ChatDelta(content="partial")
         raise EngineClosedError("model unloaded")
 
-    chunks = [chunk async for chunk in sse("msg_1", "m", 30, failing())]
+    frames = ANTHROPIC.with_stream_errors(sse("msg_1", "m", 30, failing()))
+    chunks = [chunk async for chunk in frames]
     name, data = _decode(chunks)[-1]
     assert name == "error"
     assert data["error"]["type"] == "overloaded_error"

@@ -15,7 +15,14 @@ from litestar.config.app import AppConfig
 
 from kronk_api.contract import ADMIN, ENDPOINT_OPT, announce
 from kronk_core import Kronk, hookimpl
-from kronk_core.contract import ChatRecord, Host, ModelConfig, NotFoundError, Section
+from kronk_core.contract import (
+    ChatRecord,
+    Host,
+    ModelConfig,
+    NotFoundError,
+    Section,
+    Subscription,
+)
 from kronk_debug import hookspecs
 from kronk_debug.metrics import Metrics, current_labels
 from kronk_debug.middleware import STATE_KEY, count_requests
@@ -51,7 +58,8 @@ class MetricsObserver:
 @dataclass
 class DebugState:
     metrics: Metrics
-    observer: MetricsObserver
+    # The MetricsObserver, subscribed to the hook calls while the server runs.
+    observer: Subscription
     monitor: LagMonitor
     server: DebugServer
 
@@ -82,7 +90,7 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
             if state is not None:
                 state.monitor.stop()
                 state.server.stop()
-                kronk.plugins.unregister(state.observer)
+                state.observer.cancel()
 
     app_config.lifespan.append(debug_server)
 
@@ -124,8 +132,7 @@ def _start(kronk: Host, app: Litestar) -> DebugState | None:
         )
     loop = asyncio.get_running_loop()
     server = DebugServer(debug_app(metrics, loop, app.state, guards), host, int(port))
-    observer = MetricsObserver(metrics)
-    kronk.plugins.register(observer, name=f"debug-metrics-{id(app)}")
+    observer = kronk.subscribe(MetricsObserver(metrics))
     monitor = LagMonitor(metrics.event_loop_lag.observe)
     monitor.start()
     if server.start():

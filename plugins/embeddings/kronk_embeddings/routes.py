@@ -8,7 +8,7 @@ from typing import Any
 
 from litestar import Request, Router, post
 
-from kronk_api.contract import Dialect, kronk_of, parse_body
+from kronk_api.contract import Dialect, receive
 from kronk_embeddings.schemas import EmbeddingsRequest, RerankRequest
 
 
@@ -25,9 +25,9 @@ def _usage(prompt_tokens: int) -> dict[str, int]:
 
 @post("/v1/embeddings", status_code=200, opt={"kronk_endpoint": "embeddings"})
 async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body = await parse_body(request, EmbeddingsRequest)
-    kronk = kronk_of(request)
-    result = await kronk.embed(
+    received = await receive(request, EmbeddingsRequest)
+    body = received.body
+    result = await received.kronk.embed(
         body.input, model=body.model, dimensions=body.dimensions, truncate=body.truncate
     )
     return {
@@ -47,9 +47,11 @@ async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @post(["/v1/rerank", "/v1/reranking"], status_code=200, opt={"kronk_endpoint": "rerank"})
 async def rerank(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body = await parse_body(request, RerankRequest)
-    kronk = kronk_of(request)
-    result = await kronk.rerank(body.query, body.texts(), model=body.model, top_n=body.top_n)
+    received = await receive(request, RerankRequest)
+    body = received.body
+    result = await received.kronk.rerank(
+        body.query, body.texts(), model=body.model, top_n=body.top_n
+    )
     results = []
     for ranked in result.results:
         item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.relevance_score}

@@ -16,15 +16,14 @@ from kronk_core.contract import (
     ChatDelta,
     ChatStream,
     FinishReason,
-    KronkError,
     TokenLogprob,
     ToolCall,
     Usage,
     collect,
 )
-from kronk_ollama.errors import OLLAMA, ndjson_line
+from kronk_ollama.errors import ndjson_line
 from kronk_ollama.models import clock
-from kronk_openai.objects import logprobs_dict
+from kronk_openai.answers import logprobs_dict
 
 # A tool call ends Ollama's answer as any other stop does.
 _DONE_REASONS = {FinishReason.length: "length"}
@@ -112,18 +111,15 @@ class Answer:
         self, stream: ChatStream, deltas: AsyncIterator[ChatDelta]
     ) -> AsyncIterator[bytes]:
         """The streamed answer: a line per delta, then the final line."""
-        try:
-            async for delta in deltas:
-                if delta.finish_reason is not None:
-                    assert delta.usage is not None
-                    final = self.done(self.piece(""), stream, delta.finish_reason, delta.usage)
-                    yield ndjson_line(final)
-                elif delta.content or delta.reasoning or delta.tool_calls or delta.logprobs:
-                    yield ndjson_line(
-                        self.piece(delta.content, delta.reasoning, delta.tool_calls, delta.logprobs)
-                    )
-        except KronkError as exc:
-            yield OLLAMA.stream_error(exc)
+        async for delta in deltas:
+            if delta.finish_reason is not None:
+                assert delta.usage is not None
+                final = self.done(self.piece(""), stream, delta.finish_reason, delta.usage)
+                yield ndjson_line(final)
+            elif delta.content or delta.reasoning or delta.tool_calls or delta.logprobs:
+                yield ndjson_line(
+                    self.piece(delta.content, delta.reasoning, delta.tool_calls, delta.logprobs)
+                )
 
     async def whole(self, stream: ChatStream) -> dict[str, Any]:
         """The answer as one object."""

@@ -19,9 +19,8 @@ from kronk_api.contract import (
     PUBLIC,
     delete_model_files_of,
     kronk_of,
-    media_sources,
     parse_body,
-    subject_of,
+    receive,
 )
 from kronk_core.contract import ChatStream, Kronk, KronkError
 from kronk_ollama.answers import Answer, nanoseconds
@@ -94,29 +93,29 @@ async def _load_only(
 @post("/api/chat", status_code=200, opt={ENDPOINT_OPT: "ollama-chat"})
 async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     started = time.monotonic()
-    body = await parse_body(request, ChatBody)
+    received = await receive(request, ChatBody)
+    body = received.body
     answer = Answer(body.model, chat=True, started=started, logprobs=body.wants_logprobs)
     if not body.messages:
         return Response(await _load_only(request, body, answer))
-    kronk = kronk_of(request)
-    sources = await media_sources(request, body.model, [])
-    stream = await kronk.start_chat(body.to_core(sources), subject=subject_of(request))
+    chat = body.to_core(received.sources)
+    stream = await received.kronk.start_chat(chat, subject=received.subject)
     return await _answer(request, body, stream, answer)
 
 
 @post("/api/generate", status_code=200, opt={ENDPOINT_OPT: "ollama-generate"})
 async def generate(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
     started = time.monotonic()
-    body = await parse_body(request, GenerateBody)
+    received = await receive(request, GenerateBody)
+    body, kronk = received.body, received.kronk
     answer = Answer(body.model, chat=False, started=started, logprobs=body.wants_logprobs)
     if not body.prompt and not body.images:
         return Response(await _load_only(request, body, answer))
-    kronk = kronk_of(request)
     if body.raw:
         stream = await kronk.start_completion(body.to_completion())
     else:
-        sources = await media_sources(request, body.model, [])
-        stream = await kronk.start_chat(body.to_chat(sources), subject=subject_of(request))
+        chat = body.to_chat(received.sources)
+        stream = await kronk.start_chat(chat, subject=received.subject)
     return await _answer(request, body, stream, answer)
 
 

@@ -17,7 +17,6 @@ from kronk_api.contract import ENDPOINT_OPT, invalid_body, kronk_of, sse_frame, 
 from kronk_core.contract import (
     ChatDelta,
     InvalidRequestError,
-    KronkError,
     Media,
     Task,
     TokenLogprob,
@@ -174,23 +173,20 @@ def formatted(transcript: Transcript, response_format: ResponseFormat, logprobs:
 
 async def _events(deltas: AsyncIterator[ChatDelta], logprobs: bool) -> AsyncIterator[bytes]:
     text: list[str] = []
-    try:
-        async for delta in deltas:
-            if delta.content:
-                text.append(delta.content)
-                event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta.content}
-                if logprobs:
-                    event["logprobs"] = _logprobs(list(delta.logprobs))
-                yield sse_frame(event)
-            if delta.finish_reason is not None:
-                done = {
-                    "type": "transcript.text.done",
-                    "text": "".join(text).strip(),
-                    "usage": _usage(delta.usage or Usage()),
-                }
-                yield sse_frame(done)
-    except KronkError as exc:
-        yield OPENAI.stream_error(exc)
+    async for delta in deltas:
+        if delta.content:
+            text.append(delta.content)
+            event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta.content}
+            if logprobs:
+                event["logprobs"] = _logprobs(list(delta.logprobs))
+            yield sse_frame(event)
+        if delta.finish_reason is not None:
+            done = {
+                "type": "transcript.text.done",
+                "text": "".join(text).strip(),
+                "usage": _usage(delta.usage or Usage()),
+            }
+            yield sse_frame(done)
 
 
 async def _answer(

@@ -9,27 +9,27 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from kronk_api.contract import ENDPOINT_OPT, kronk_of, parse_body, sse_frame
+from kronk_api.contract import ENDPOINT_OPT, receive, sse_frame
 from kronk_core.contract import (
     ChatDelta,
     ChatResult,
     InvalidRequestError,
-    KronkError,
     TokenLogprob,
     Usage,
     collect_choices,
 )
+from kronk_openai.answers import FINISH_REASONS, usage_dict
 from kronk_openai.choices import merged, total_usage
 from kronk_openai.errors import OPENAI
-from kronk_openai.objects import FINISH_REASONS, usage_dict
 from kronk_openai.schemas import TextCompletionRequest, UsageInStream
 
 
 @post("/v1/completions", status_code=200, opt={ENDPOINT_OPT: "completions"})
 async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body: TextCompletionRequest = await parse_body(request, TextCompletionRequest)
+    received = await receive(request, TextCompletionRequest)
+    body = received.body
     try:
-        streams = await kronk_of(request).start_choices(body.to_core())
+        streams = await received.kronk.start_choices(body.to_core())
     except InvalidRequestError as exc:
         if exc.param == "n" and body.candidates > body.n:  # the slots bound best_of
             raise InvalidRequestError(
@@ -120,31 +120,28 @@ async def _sse(
             offsets[index] = len(echoed)
     usages: dict[int, Usage] = {}
     running = n
-    try:
-        async for index, delta in deltas:
-            if delta.finish_reason is not None:
-                running -= 1
-                if delta.usage is not None:
-                    usages[index] = delta.usage
-                finish = FINISH_REASONS[delta.finish_reason]
-                if running:
-                    yield chunk(index, "", (), finish)
-                    continue
-                # The last choice to finish carries what belongs to the whole request.
-                usage = usage_dict(total_usage(usages)) if usages else None
-                extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
-                if usage_in is UsageInStream.finish_chunk:
-                    extra["usage"] = usage
-                yield chunk(index, "", (), finish, **extra)
-                if usage_in is UsageInStream.own_chunk and usage is not None:
-                    yield sse_frame({**base, "choices": [], "usage": usage})
+    async for index, delta in deltas:
+        if delta.finish_reason is not None:
+            running -= 1
+            if delta.usage is not None:
+                usages[index] = delta.usage
+            finish = FINISH_REASONS[delta.finish_reason]
+            if running:
+                yield chunk(index, "", (), finish)
                 continue
-            if delta.content or delta.logprobs:
-                yield chunk(index, delta.content, delta.logprobs, None)
-                offsets[index] += len(delta.content)
-    except KronkError as exc:
-        yield OPENAI.stream_error(exc)
-        return
+            # The last choice to finish carries what belongs to the whole request.
+            usage = usage_dict(total_usage(usages)) if usages else None
+            extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+            if usage_in is UsageInStream.finish_chunk:
+                extra["usage"] = usage
+            yield chunk(index, "", (), finish, **extra)
+            if usage_in is UsageInStream.own_chunk and usage is not None:
+                yield sse_frame({**base, "choices": [], "usage": usage})
+            continue
+        if delta.content or delta.logprobs:
+            yield chunk(index, delta.content, delta.logprobs, None)
+            offsets[index] += len(delta.content)
+    # Not after an error: the dialect's stream tail ends the stream with its error frame.
     yield b"data: [DONE]\n\n"
 
 

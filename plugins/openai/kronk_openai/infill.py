@@ -10,7 +10,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from kronk_api.contract import ENDPOINT_OPT, kronk_of, parse_body, sse_frame
+from kronk_api.contract import ENDPOINT_OPT, receive, sse_frame
 from kronk_core.contract import (
     ChatDelta,
     ChatResult,
@@ -59,8 +59,9 @@ async def _lines(stream: ChatStream, deltas: AsyncIterator[ChatDelta]) -> AsyncI
 
 @post("/infill", status_code=200, opt={ENDPOINT_OPT: "completions"})
 async def infill(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body: InfillRequest = await parse_body(request, InfillRequest)
-    (stream,) = await kronk_of(request).start_choices(body.to_core())
+    received = await receive(request, InfillRequest)
+    body = received.body
+    (stream,) = await received.kronk.start_choices(body.to_core())
     if body.stream:
         return await OPENAI.open_stream(
             request, aiter(stream), lambda deltas: _lines(stream, deltas)

@@ -19,8 +19,8 @@ from kronk_api.contract import (
     AUTHENTICATED,
     ENDPOINT_OPT,
     kronk_of,
-    media_sources,
     parse_body,
+    receive,
     sse_frame,
     subject_of,
 )
@@ -29,10 +29,16 @@ from kronk_core.contract import (
     ChatResult,
     ChatStream,
     Kronk,
-    KronkError,
     MediaKind,
     Usage,
     collect_choices,
+)
+from kronk_openai.answers import (
+    FINISH_REASONS,
+    delta_dicts,
+    logprobs_dict,
+    tool_call_dict,
+    usage_dict,
 )
 from kronk_openai.audio import AUDIO_ROUTES
 from kronk_openai.choices import merged, total_usage
@@ -40,14 +46,7 @@ from kronk_openai.completions import completions
 from kronk_openai.errors import OPENAI
 from kronk_openai.infill import infill
 from kronk_openai.lora import LORA_ROUTES
-from kronk_openai.objects import (
-    FINISH_REASONS,
-    delta_dicts,
-    logprobs_dict,
-    tool_call_dict,
-    usage_dict,
-)
-from kronk_openai.responses_routes import RESPONSES_ROUTES
+from kronk_openai.responses.routes import RESPONSES_ROUTES
 from kronk_openai.schemas import (
     ChatCompletionRequest,
     DetokenizeRequest,
@@ -58,10 +57,11 @@ from kronk_openai.schemas import (
 
 @post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
-    kronk = kronk_of(request)
-    sources = await media_sources(request, body.model, body.media_urls())
-    streams = await kronk.start_choices(body.to_core(sources), subject=subject_of(request))
+    received = await receive(request, ChatCompletionRequest)
+    body = received.body
+    streams = await received.kronk.start_choices(
+        body.to_core(received.sources), subject=received.subject
+    )
     stream = streams[0]
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
@@ -136,37 +136,34 @@ async def _sse(
     call_indexes: list[dict[str, int]] = [{} for _ in range(n)]
     usages: dict[int, Usage] = {}
     running = n
-    try:
-        async for index, delta in deltas:
-            if delta.finish_reason is not None:
-                finish = {
-                    "index": index,
-                    "delta": {},
-                    "finish_reason": FINISH_REASONS[delta.finish_reason],
-                }
-                running -= 1
-                if delta.usage is not None:
-                    usages[index] = delta.usage
-                if running:
-                    yield chunk(finish)
-                    continue
-                # The last choice to finish carries what belongs to the whole request.
-                extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
-                usage = usage_dict(total_usage(usages)) if usages else None
-                if usage_in is UsageInStream.finish_chunk and usage is not None:
-                    extra["usage"] = usage
-                yield chunk(finish, **extra)
-                if usage_in is UsageInStream.own_chunk and usage is not None:
-                    yield chunk(None, usage=usage)
+    async for index, delta in deltas:
+        if delta.finish_reason is not None:
+            finish = {
+                "index": index,
+                "delta": {},
+                "finish_reason": FINISH_REASONS[delta.finish_reason],
+            }
+            running -= 1
+            if delta.usage is not None:
+                usages[index] = delta.usage
+            if running:
+                yield chunk(finish)
                 continue
-            for position, piece in enumerate(delta_dicts(delta, call_indexes[index])):
-                choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": None}
-                if delta.logprobs and position == 0:
-                    choice["logprobs"] = logprobs_dict(delta.logprobs)
-                yield chunk(choice)
-    except KronkError as exc:
-        yield OPENAI.stream_error(exc)
-        return
+            # The last choice to finish carries what belongs to the whole request.
+            extra: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+            usage = usage_dict(total_usage(usages)) if usages else None
+            if usage_in is UsageInStream.finish_chunk and usage is not None:
+                extra["usage"] = usage
+            yield chunk(finish, **extra)
+            if usage_in is UsageInStream.own_chunk and usage is not None:
+                yield chunk(None, usage=usage)
+            continue
+        for position, piece in enumerate(delta_dicts(delta, call_indexes[index])):
+            choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": None}
+            if delta.logprobs and position == 0:
+                choice["logprobs"] = logprobs_dict(delta.logprobs)
+            yield chunk(choice)
+    # Not after an error: the dialect's stream tail ends the stream with its error frame.
     yield b"data: [DONE]\n\n"
 
 

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from kronk_core.contract.errors import ContextOverflowError
 from kronk_core.contract.types import ChatDelta, ChatMessage, ToolCall, ToolCallDelta
-from kronk_openai.responses_builder import ResponseBuilder
-from kronk_openai.responses_schemas import FIELDS, ResponsesRequest, ToolTarget
+from kronk_openai.responses.answers import ResponseBuilder
+from kronk_openai.responses.schemas import FIELDS, ResponsesRequest, ToolTarget
 
 NAMESPACE = {
     "type": "namespace",

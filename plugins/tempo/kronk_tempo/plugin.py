@@ -62,12 +62,10 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
             yield
             return
         found = app.state[STATE_KEY] = Tracing.create(settings)
-        name = f"tempo-spans-{id(app)}"
-        kronk.plugins.register(SpanWriter(found), name=name)
         try:
-            yield
+            with kronk.subscribe(SpanWriter(found)):
+                yield
         finally:
-            kronk.plugins.unregister(name=name)
             found.shutdown()
 
     app_config.lifespan.append(tracing)

@@ -87,11 +87,8 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     async def live_counts(app: Litestar) -> AsyncIterator[None]:
         """The dashboard's live counters, fed by the hooks while the server runs."""
         counts = app.state[STATE_KEY] = LiveCounts()
-        kronk.plugins.register(counts, name=f"ui-live-{id(app)}")
-        announce(app, "UI", f"{api_url(app)}/")
-        try:
+        with kronk.subscribe(counts):
+            announce(app, "UI", f"{api_url(app)}/")
             yield
-        finally:
-            kronk.plugins.unregister(counts)
 
     app_config.lifespan.append(live_counts)

@@ -10,18 +10,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from kronk_api.contract import (
-    SSE_HEADERS,
-    kronk_of,
-    media_sources,
-    omitted_tools,
-    parse_body,
-    served_tools,
-    server_tools,
-    sse_frame,
-    subject_of,
-    unknown_fields,
-)
+from kronk_api.contract import SSE_HEADERS, client_extras, receive, sse_frame, subject_of
 from kronk_core.contract import (
     ChatMessage,
     ChatRequest,
@@ -32,10 +21,10 @@ from kronk_core.contract import (
     ToolLoopEvent,
     start_tool_loop,
 )
-from kronk_openai.response_store import ResponseStore, StoredResponse
-from kronk_openai.responses_builder import Event, ResponseBuilder
-from kronk_openai.responses_errors import RESPONSES_ERRORS
-from kronk_openai.responses_schemas import FIELDS, ResponsesRequest, TextFormat
+from kronk_openai.responses.answers import Event, ResponseBuilder
+from kronk_openai.responses.errors import RESPONSES_ERRORS
+from kronk_openai.responses.schemas import FIELDS, ResponsesRequest, TextFormat
+from kronk_openai.responses.store import ResponseStore, StoredResponse
 
 RESPONSES = {"kronk_endpoint": "responses"}
 
@@ -78,19 +67,14 @@ def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[s
     exception_handlers=RESPONSES_ERRORS.exception_handlers(),
 )
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
-    body = await parse_body(request, ResponsesRequest)
-    unknown_fields(request, FIELDS, body.model_extra or {})
-    tools = body.tool_plan(server_tools(request))
-    served_tools(request, "responses", tools.served)
-    headers = omitted_tools(request, "responses", tools.omitted)
-    kronk = kronk_of(request)
+    received = await receive(request, ResponsesRequest)
+    body, kronk, owner = received.body, received.kronk, received.subject
+    tools, headers = client_extras(request, FIELDS, body)
     store = _store(request)
-    owner = subject_of(request)
     history: tuple[ChatMessage, ...] = ()
     if body.previous_response_id is not None:
         history = store.get(body.previous_response_id, owner).conversation
-    sources = await media_sources(request, body.model, body.media_urls())
-    conversation = (*history, *body.input_messages(sources))
+    conversation = (*history, *body.input_messages(received.sources))
     instructions = (
         (ChatMessage(role="system", content=body.instructions),) if body.instructions else ()
     )

@@ -20,8 +20,8 @@ from kronk_core.contract import (
     ToolLoopEvent,
     Usage,
 )
-from kronk_openai.responses_errors import RESPONSES_ERRORS
-from kronk_openai.responses_schemas import ToolTarget
+from kronk_openai.responses.errors import RESPONSES_ERRORS
+from kronk_openai.responses.schemas import ToolTarget
 
 Event = tuple[str, dict[str, Any]]
 
