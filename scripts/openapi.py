@@ -6,9 +6,10 @@ loaded. Litestar writes the paths, methods, parameters and declared response typ
 
 - a handler's docstring is its operation's description, the docstring's first sentence its
   summary (without a docstring, the handler's name is);
-- a handler that reads its JSON body as a pydantic model (`parse_body(request, Model)`, or
-  `Model.model_validate` of `request.body()`) gets the model's JSON schema as its
-  requestBody: found in the handler's code, so a new route needs no table entry;
+- a handler that reads its JSON body as a pydantic model (`parse_body(request, Model)` or
+  `receive(request, Model)`, or `Model.model_validate` of `request.body()`) gets the model's
+  JSON schema as its requestBody: found in the handler's code, so a new route needs no table
+  entry;
 - each operation is tagged with the plugin that serves it (`server`: kronk_api itself);
 - errors are described once, as each API's error shape (docs/api.md#errors), not as
   Litestar's validation error, which Kronk never sends.
@@ -178,16 +179,17 @@ def _describe(operation: dict[str, Any], function: Callable[..., Any]) -> None:
 
 def body_model(function: Callable[..., Any]) -> type[BaseModel] | None:
     """The model the handler reads its JSON body as, found in its code: the second argument
-    of `parse_body(request, Model)` (kronk_api.http), or `Model.model_validate(...)` of what
+    of `parse_body(request, Model)` (kronk_api.http) or of `receive(request, Model)` (the
+    dialects' prologue, kronk_api.dialect), or `Model.model_validate(...)` of what
     `request.body()` returned; looked up in the handler's module."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     models: set[type[BaseModel]] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        if _callee(node) == "parse_body":
+        if _callee(node) in ("parse_body", "receive"):
             if len(node.args) != 2:
-                raise ValueError(f"{function.__qualname__}: parse_body without a model")
+                raise ValueError(f"{function.__qualname__}: {_callee(node)} without a model")
             models.add(_model(node.args[1], function))
         elif (
             _callee(node) == "model_validate"
