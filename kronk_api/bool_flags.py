@@ -4,7 +4,8 @@ The Kronk manual writes its switches both ways (`--insecure-logging=true`, `-d`)
 flags take no value. `BoolValueGroup` rewrites `--flag=VALUE` into the flag's own switch
 (`--flag`, `--no-flag`, or nothing for a plain flag set false) before the command parses
 its arguments, so every boolean flag of every command takes a value, a plugin's included:
-the plugins' groups are made from the main group (`group_class`).
+the sub-groups of one are BoolValueGroups too (`group_class`), and a plugin makes its own
+groups with `cls=BoolValueGroup` (kronk_api.contract).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   waits) for that long loses its connection, as if the client had left: the app's
   disconnect handling cancels the generation and frees its slot.
 
-The idle (keep-alive) and shutdown timeouts are uvicorn's own settings (kronk_api.cli).
+The idle (keep-alive) and shutdown timeouts are uvicorn's own settings (kronk_api.cli.serve).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel
 
 from kronk_api import ServerSettings, create_app
-from kronk_api.cli import KronkGroup
+from kronk_api.cli.group import KronkGroup
 from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.plugin import sqlite_store
 from kronk_caching.plugin import no_cache

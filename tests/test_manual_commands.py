@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kronk_api import cli
+import kronk_api.cli.server
 from kronk_api.cli import main
 from kronk_api.settings import ServerSettings
 
@@ -112,10 +112,8 @@ def test_unsupported_options_are_the_manuals_and_documented() -> None:
 def _settings(monkeypatch: pytest.MonkeyPatch, *args: str, **env: str) -> ServerSettings:
     """What `kronk server start ARGS` would serve with: the stub stops before serving."""
     seen: list[ServerSettings] = []
-    monkeypatch.setattr(cli, "_serve", seen.append)
-    result = CliRunner().invoke(
-        main, ["server", "start", *args], env={**PROCESS_VARIABLES, **env}
-    )
+    monkeypatch.setattr(kronk_api.cli.server, "serve", seen.append)
+    result = CliRunner().invoke(main, ["server", "start", *args], env={**PROCESS_VARIABLES, **env})
     assert result.exit_code == 0, result.output
     return seen[0]
 

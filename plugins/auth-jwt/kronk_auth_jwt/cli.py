@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from kronk_api.contract import call_server, other_spellings, setting_option
+from kronk_api.contract import BoolValueGroup, call_server, other_spellings, setting_option
 from kronk_auth_jwt.keys import KeyStore
 from kronk_auth_jwt.settings import SETTINGS, AuthSettings
 from kronk_auth_jwt.tokens import issue, open_key_store, parse_duration, parse_endpoints
@@ -89,62 +89,72 @@ def _echo_keys(keys: list[dict[str, str]]) -> None:
         click.echo(f"{key['id']:<40}{key['created']}")
 
 
+@click.group("security", cls=BoolValueGroup)
+def security() -> None:
+    """Authentication keys and tokens (servers started with --auth-enabled)."""
+
+
+@security.group("key")
+def key() -> None:
+    """Signing keys: list, create, delete."""
+
+
+@key.command("list")
+@_on_target
+def key_list(target: _Target) -> None:
+    """List signing keys."""
+    if target.local:
+        _echo_keys([info.as_dict() for info in target.keys().list()])
+    else:
+        _echo_keys(target.call("GET", "keys")["data"])
+
+
+@key.command("create")
+@_on_target
+def key_create(target: _Target) -> None:
+    """Create a signing key; new tokens are signed with the newest key."""
+    if target.local:
+        click.echo(target.keys().create().id)
+    else:
+        click.echo(target.call("POST", "keys")["id"])
+
+
+@key.command("delete")
+@click.option("--keyid", required=True, help="The key to delete")
+@_on_target
+def key_delete(target: _Target, keyid: str) -> None:
+    """Delete a key: every token it signed stops working. The master key stays."""
+    if target.local:
+        target.keys().delete(keyid)
+    else:
+        target.call("DELETE", f"keys/{keyid}")
+    click.echo(f"deleted {keyid}")
+
+
+@security.group("token")
+def token() -> None:
+    """User tokens."""
+
+
+@token.command("create")
+@click.option("--duration", required=True, help="Lifetime, e.g. 1h, 24h, 720h, 8760h")
+@click.option(
+    "--endpoints",
+    required=True,
+    help='Grants, e.g. "chat-completions:1000/day,embeddings:unlimited,rerank"',
+)
+@_on_target
+def token_create(target: _Target, duration: str, endpoints: str) -> None:
+    """Create a user token; prints it alone on stdout."""
+    if target.local:
+        grants = parse_endpoints(endpoints)
+        value = issue(target.keys(), target.issuer, parse_duration(duration), grants)
+    else:
+        body = {"duration": duration, "endpoints": endpoints}
+        value = target.call("POST", "tokens", body)["token"]
+    click.echo(value)
+
+
 def add_commands(group: click.Group) -> None:
-    @group.group("security")
-    def security() -> None:
-        """Authentication keys and tokens (servers started with --auth-enabled)."""
-
-    @security.group("key")
-    def key() -> None:
-        """Signing keys: list, create, delete."""
-
-    @key.command("list")
-    @_on_target
-    def key_list(target: _Target) -> None:
-        """List signing keys."""
-        if target.local:
-            _echo_keys([info.as_dict() for info in target.keys().list()])
-        else:
-            _echo_keys(target.call("GET", "keys")["data"])
-
-    @key.command("create")
-    @_on_target
-    def key_create(target: _Target) -> None:
-        """Create a signing key; new tokens are signed with the newest key."""
-        if target.local:
-            click.echo(target.keys().create().id)
-        else:
-            click.echo(target.call("POST", "keys")["id"])
-
-    @key.command("delete")
-    @click.option("--keyid", required=True, help="The key to delete")
-    @_on_target
-    def key_delete(target: _Target, keyid: str) -> None:
-        """Delete a key: every token it signed stops working. The master key stays."""
-        if target.local:
-            target.keys().delete(keyid)
-        else:
-            target.call("DELETE", f"keys/{keyid}")
-        click.echo(f"deleted {keyid}")
-
-    @security.group("token")
-    def token() -> None:
-        """User tokens."""
-
-    @token.command("create")
-    @click.option("--duration", required=True, help="Lifetime, e.g. 1h, 24h, 720h, 8760h")
-    @click.option(
-        "--endpoints",
-        required=True,
-        help='Grants, e.g. "chat-completions:1000/day,embeddings:unlimited,rerank"',
-    )
-    @_on_target
-    def token_create(target: _Target, duration: str, endpoints: str) -> None:
-        """Create a user token; prints it alone on stdout."""
-        if target.local:
-            grants = parse_endpoints(endpoints)
-            value = issue(target.keys(), target.issuer, parse_duration(duration), grants)
-        else:
-            body = {"duration": duration, "endpoints": endpoints}
-            value = target.call("POST", "tokens", body)["token"]
-        click.echo(value)
+    """The kronk_cli hook's work: `kronk security`."""
+    group.add_command(security)

@@ -20,7 +20,7 @@ import click
 import yaml
 from rich.console import Console
 
-from kronk_api.contract import add_server_start_option, setting_option
+from kronk_api.contract import BoolValueGroup, add_server_start_option, setting_option
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.download import Downloader, FileSpec
 from kronk_catalog.plans import catalog_files, reference_files
@@ -220,238 +220,248 @@ def _export_integrity(ctx: click.Context, param: click.Parameter, value: bool | 
         os.environ.setdefault(INTEGRITY_VARIABLE, "false" if value else "true")
 
 
-def add_commands(group: click.Group) -> None:
-    add_server_start_option(
-        group,
+# The Kronk manual's flags of `kronk server start` this plugin reads: each sets a variable
+# of the process.
+SERVER_START_OPTIONS = (
+    click.Option(
+        ["--ignore-integrity-check"],
+        type=click.BOOL,
+        is_flag=False,
+        flag_value=True,
+        envvar="KRONK_CACHE_IGNORE_INTEGRITY_CHECK",
+        expose_value=False,
+        callback=_export_integrity,
+        metavar="BOOL",
+        help="The manual's switch: =false checks every pulled catalog model's files "
+        f"against their sha256 at the start ({INTEGRITY_VARIABLE} beats it)",
+    ),
+    click.Option(
+        ["--hf-token"],
+        expose_value=False,
+        callback=_export_token,
+        help=f"Hugging Face token for the server's pulls (env {HF_TOKEN_VARIABLE}; "
+        "--catalog-hf-token beats it)",
+    ),
+    *(
         click.Option(
-            ["--ignore-integrity-check"],
-            type=click.BOOL,
-            is_flag=False,
-            flag_value=True,
-            envvar="KRONK_CACHE_IGNORE_INTEGRITY_CHECK",
+            [flag],
             expose_value=False,
-            callback=_export_integrity,
-            metavar="BOOL",
-            help="The manual's switch: =false checks every pulled catalog model's files "
-            f"against their sha256 at the start ({INTEGRITY_VARIABLE} beats it)",
-        ),
-    )
-    add_server_start_option(
-        group,
-        click.Option(
-            ["--hf-token"],
-            expose_value=False,
-            callback=_export_token,
-            help=f"Hugging Face token for the server's pulls (env {HF_TOKEN_VARIABLE}; "
-            "--catalog-hf-token beats it)",
-        ),
-    )
-    for flag, variable, folder in (
-        ("--catalog-github-repo", "KRONK_CATALOG_SOURCE", "catalogs"),
-        ("--templates-github-repo", "KRONK_CATALOG_TEMPLATES_SOURCE", "templates"),
-    ):
-        add_server_start_option(
-            group,
-            click.Option(
-                [flag],
-                expose_value=False,
-                callback=_export_source(variable, folder),
-                metavar="URL",
-                help=f"The manual's GitHub repository of the {folder} (its {folder}/ folder "
-                f"becomes {variable})",
-            ),
+            callback=_export_source(variable, folder),
+            metavar="URL",
+            help=f"The manual's GitHub repository of the {folder} (its {folder}/ folder "
+            f"becomes {variable})",
         )
+        for flag, variable, folder in (
+            ("--catalog-github-repo", "KRONK_CATALOG_SOURCE", "catalogs"),
+            ("--templates-github-repo", "KRONK_CATALOG_TEMPLATES_SOURCE", "templates"),
+        )
+    ),
+)
 
-    @group.group("catalog")
-    def catalog() -> None:
-        """The catalog of verified models: list, show, pull, update."""
 
-    @catalog.command("list")
-    @click.option("--filter-category", help="Only categories starting with this (any case)")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
-    @_base_path
-    @_server_or_local
-    @_cli_errors
-    def catalog_list(
-        filter_category: str | None, as_json: bool, base_path: Path | None, server: Server | None
-    ) -> None:
-        """List the catalog's models and whether each is pulled."""
-        if server is not None:
-            query = f"?{urllib.parse.urlencode({'category': filter_category})}"
-            listed = server.call("GET", "/v1/kronk/catalog" + (query if filter_category else ""))
-            problems = [(problem["file"], problem["message"]) for problem in listed["problems"]]
-            entries = listed["data"]
-        else:
-            base = _base(base_path)
-            found = Catalog(base)
-            problems = found.problems
-            packaged = _packaged()
-            entries = [
-                describe(entry, base, DEFAULT_HF_ENDPOINT, packaged)
-                for entry in found.list(filter_category)
-            ]
-        for where, why in problems:
-            click.echo(f"warning: {where} skipped: {why}", err=True)
-        if as_json:
-            click.echo(json.dumps(entries, indent=2))
-            return
-        rows = [("CATALOG", "MODEL ID", "PULLED", "ENDPOINT")]
-        rows += [
-            (entry["category"], entry["id"], _pulled(entry), entry["endpoint"]) for entry in entries
-        ]
-        _echo_table(rows)
+@click.group("catalog", cls=BoolValueGroup)
+def catalog() -> None:
+    """The catalog of verified models: list, show, pull, update."""
 
-    @catalog.command("show")
-    @click.argument("model_id")
-    @_base_path
-    @_server_or_local
-    @_cli_errors
-    def catalog_show(model_id: str, base_path: Path | None, server: Server | None) -> None:
-        """Show a catalog model: files, checksums, settings, where it is stored."""
-        if server is not None:
-            entry = server.call("GET", f"/v1/kronk/catalog/{urllib.parse.quote(model_id)}")
-        else:
-            base = _base(base_path)
-            entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT, _packaged())
-        for key in ("id", "category", "endpoint", "owned_by", "web_page", "description"):
-            if entry[key]:
-                click.echo(f"{key + ':':<14}{entry[key]}")
-        click.echo(f"{'pulled:':<14}{_pulled(entry)}")
-        click.echo(f"{'model path:':<14}{entry['model_path']}")
-        if entry["projector_path"]:
-            click.echo(f"{'projector:':<14}{entry['projector_path']}")
-        click.echo("files:")
-        if entry["template"]:
-            used = entry["template_used"] or "not fetched (kronk catalog update); the GGUF's own"
-            click.echo(f"{'template:':<14}{entry['template']}: {used}")
-        for file in entry["files"]:
-            size = "size unknown" if file["size"] is None else f"{file['size']} bytes"
-            size = size if file["size_exact"] or file["size"] is None else f"about {size}"
-            click.echo(f"  {file['url']}\n    {size}, sha256 {file['sha256'] or 'not given'}")
-        if entry["config"]:
-            click.echo("settings:")
-            click.echo(
-                yaml.safe_dump(entry["config"], sort_keys=False)
-                .rstrip()
-                .replace("\n", "\n  ")
-                .join(["  ", ""])
-            )
-        click.echo(f"{'catalog file:':<14}{entry['catalog_file']}")
 
-    @catalog.command("pull")
-    @click.argument("model_id")
-    @_base_path
-    @_hf_endpoint
-    @_hf_token
-    @_catalog_source
-    @_templates_source
-    @_server_or_local
-    @_cli_errors
-    def catalog_pull(
-        model_id: str,
-        base_path: Path | None,
-        catalog_hf_endpoint: str | None,
-        hf_token: str | None,
-        catalog_source: str | None,
-        catalog_templates_source: str | None,
-        server: Server | None,
-    ) -> None:
-        """Download a catalog model (resumes an interrupted pull; checks every sha256). A
-        model the catalogs lack is looked for in the catalog source first, as
-        `kronk catalog update` fetches it."""
-        if server is not None:
-            listed = server.call("GET", "/v1/kronk/catalog")["data"]
-            if model_id not in {entry["id"] for entry in listed}:
-                click.echo(f"{model_id} is not in the server's catalogs: updating them", err=True)
-                for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
-                    click.echo(f"updated {name}", err=True)
-            pulled = pull_on(server, {"model": model_id})
-            click.echo(f"pulled {model_id}: {pulled['files'][0]['path']}")
-            return
+@catalog.command("list")
+@click.option("--filter-category", help="Only categories starting with this (any case)")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table")
+@_base_path
+@_server_or_local
+@_cli_errors
+def catalog_list(
+    filter_category: str | None, as_json: bool, base_path: Path | None, server: Server | None
+) -> None:
+    """List the catalog's models and whether each is pulled."""
+    if server is not None:
+        query = f"?{urllib.parse.urlencode({'category': filter_category})}"
+        listed = server.call("GET", "/v1/kronk/catalog" + (query if filter_category else ""))
+        problems = [(problem["file"], problem["message"]) for problem in listed["problems"]]
+        entries = listed["data"]
+    else:
         base = _base(base_path)
-        endpoint = hub_endpoint(catalog_hf_endpoint)
         found = Catalog(base)
-        if model_id not in found.entries:
-            found = _refreshed(base, model_id, catalog_source, catalog_templates_source)
-        files = catalog_files(found, model_id, base, endpoint)
-        _pull(model_id, files, "catalog", endpoint, hub_token(hf_token))
-
-    @catalog.command("pull-templates")
-    @_base_path
-    @_templates_source
-    @_server_or_local
-    @_cli_errors
-    def catalog_pull_templates(
-        base_path: Path | None, catalog_templates_source: str | None, server: Server | None
-    ) -> None:
-        """Fetch the chat templates alone (into <base>/templates), as `catalog update` does
-        with the catalogs: what a catalog model's `template` names."""
-        if server is not None:
-            for name in server.call("POST", "/v1/kronk/catalog/templates/update")["updated"]:
-                click.echo(f"updated {name}")
-            return
-        source = catalog_templates_source or default_source("templates")
-        written: list[Path] = []
-
-        async def run() -> None:
-            written.extend(await update_templates(source, _base(base_path)))
-
-        _run(run())
-        for path in written:
-            click.echo(f"updated {path}")
-
-    @catalog.command("update")
-    @_base_path
-    @_catalog_source
-    @_templates_source
-    @_server_or_local
-    @_cli_errors
-    def catalog_update(
-        base_path: Path | None,
-        catalog_source: str | None,
-        catalog_templates_source: str | None,
-        server: Server | None,
-    ) -> None:
-        """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
-        <base>/templates) from the catalog source."""
-        if server is not None:
-            for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
-                click.echo(f"updated {name}")
-            return
-        for path in _update(_base(base_path), catalog_source, catalog_templates_source):
-            click.echo(f"updated {path}")
-
-    model = group.commands.get("model")
-    if not isinstance(model, click.Group):
+        problems = found.problems
+        packaged = _packaged()
+        entries = [
+            describe(entry, base, DEFAULT_HF_ENDPOINT, packaged)
+            for entry in found.list(filter_category)
+        ]
+    for where, why in problems:
+        click.echo(f"warning: {where} skipped: {why}", err=True)
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
         return
+    rows = [("CATALOG", "MODEL ID", "PULLED", "ENDPOINT")]
+    rows += [
+        (entry["category"], entry["id"], _pulled(entry), entry["endpoint"]) for entry in entries
+    ]
+    _echo_table(rows)
 
-    @model.command("pull")
-    @click.argument("reference", metavar="REFERENCE")
-    @click.option("--proj", help="A file model's projector (mmproj) file, URL or HF-REPO/FILE")
-    @_base_path
-    @_hf_endpoint
-    @_hf_token
-    @_server_or_local
-    @_cli_errors
-    def model_pull(
-        reference: str,
-        proj: str | None,
-        base_path: Path | None,
-        catalog_hf_endpoint: str | None,
-        hf_token: str | None,
-        server: Server | None,
-    ) -> None:
-        """Download a GGUF model by its Hugging Face name or its URL.
 
-        REFERENCE is a repository, `org/repo` or `org/repo:QUANT` (also `hf.co/org/repo:QUANT`
-        or its page URL): the quantization's file (Q4_K_M when none is named), all its parts,
-        and a projector beside it. Or one file: `org/repo/file.gguf`, or any http(s) URL.
-        """
-        if server is not None:
-            pulled = pull_on(server, {"url": reference, "proj": proj})
-            click.echo(f"pulled {pulled['model']}: {pulled['files'][0]['path']}")
-            return
+@catalog.command("show")
+@click.argument("model_id")
+@_base_path
+@_server_or_local
+@_cli_errors
+def catalog_show(model_id: str, base_path: Path | None, server: Server | None) -> None:
+    """Show a catalog model: files, checksums, settings, where it is stored."""
+    if server is not None:
+        entry = server.call("GET", f"/v1/kronk/catalog/{urllib.parse.quote(model_id)}")
+    else:
         base = _base(base_path)
-        endpoint, token = hub_endpoint(catalog_hf_endpoint), hub_token(hf_token)
-        model_id, files = reference_files(reference, proj, base, endpoint, token)
-        _pull(model_id, files, "url", endpoint, token)
+        entry = describe(Catalog(base).get(model_id), base, DEFAULT_HF_ENDPOINT, _packaged())
+    for key in ("id", "category", "endpoint", "owned_by", "web_page", "description"):
+        if entry[key]:
+            click.echo(f"{key + ':':<14}{entry[key]}")
+    click.echo(f"{'pulled:':<14}{_pulled(entry)}")
+    click.echo(f"{'model path:':<14}{entry['model_path']}")
+    if entry["projector_path"]:
+        click.echo(f"{'projector:':<14}{entry['projector_path']}")
+    click.echo("files:")
+    if entry["template"]:
+        used = entry["template_used"] or "not fetched (kronk catalog update); the GGUF's own"
+        click.echo(f"{'template:':<14}{entry['template']}: {used}")
+    for file in entry["files"]:
+        size = "size unknown" if file["size"] is None else f"{file['size']} bytes"
+        size = size if file["size_exact"] or file["size"] is None else f"about {size}"
+        click.echo(f"  {file['url']}\n    {size}, sha256 {file['sha256'] or 'not given'}")
+    if entry["config"]:
+        click.echo("settings:")
+        click.echo(
+            yaml.safe_dump(entry["config"], sort_keys=False)
+            .rstrip()
+            .replace("\n", "\n  ")
+            .join(["  ", ""])
+        )
+    click.echo(f"{'catalog file:':<14}{entry['catalog_file']}")
+
+
+@catalog.command("pull")
+@click.argument("model_id")
+@_base_path
+@_hf_endpoint
+@_hf_token
+@_catalog_source
+@_templates_source
+@_server_or_local
+@_cli_errors
+def catalog_pull(
+    model_id: str,
+    base_path: Path | None,
+    catalog_hf_endpoint: str | None,
+    hf_token: str | None,
+    catalog_source: str | None,
+    catalog_templates_source: str | None,
+    server: Server | None,
+) -> None:
+    """Download a catalog model (resumes an interrupted pull; checks every sha256). A
+    model the catalogs lack is looked for in the catalog source first, as
+    `kronk catalog update` fetches it."""
+    if server is not None:
+        listed = server.call("GET", "/v1/kronk/catalog")["data"]
+        if model_id not in {entry["id"] for entry in listed}:
+            click.echo(f"{model_id} is not in the server's catalogs: updating them", err=True)
+            for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
+                click.echo(f"updated {name}", err=True)
+        pulled = pull_on(server, {"model": model_id})
+        click.echo(f"pulled {model_id}: {pulled['files'][0]['path']}")
+        return
+    base = _base(base_path)
+    endpoint = hub_endpoint(catalog_hf_endpoint)
+    found = Catalog(base)
+    if model_id not in found.entries:
+        found = _refreshed(base, model_id, catalog_source, catalog_templates_source)
+    files = catalog_files(found, model_id, base, endpoint)
+    _pull(model_id, files, "catalog", endpoint, hub_token(hf_token))
+
+
+@catalog.command("pull-templates")
+@_base_path
+@_templates_source
+@_server_or_local
+@_cli_errors
+def catalog_pull_templates(
+    base_path: Path | None, catalog_templates_source: str | None, server: Server | None
+) -> None:
+    """Fetch the chat templates alone (into <base>/templates), as `catalog update` does
+    with the catalogs: what a catalog model's `template` names."""
+    if server is not None:
+        for name in server.call("POST", "/v1/kronk/catalog/templates/update")["updated"]:
+            click.echo(f"updated {name}")
+        return
+    source = catalog_templates_source or default_source("templates")
+    written: list[Path] = []
+
+    async def run() -> None:
+        written.extend(await update_templates(source, _base(base_path)))
+
+    _run(run())
+    for path in written:
+        click.echo(f"updated {path}")
+
+
+@catalog.command("update")
+@_base_path
+@_catalog_source
+@_templates_source
+@_server_or_local
+@_cli_errors
+def catalog_update(
+    base_path: Path | None,
+    catalog_source: str | None,
+    catalog_templates_source: str | None,
+    server: Server | None,
+) -> None:
+    """Fetch the catalogs (into <base>/catalogs) and their chat templates (into
+    <base>/templates) from the catalog source."""
+    if server is not None:
+        for name in server.call("POST", "/v1/kronk/catalog/update")["updated"]:
+            click.echo(f"updated {name}")
+        return
+    for path in _update(_base(base_path), catalog_source, catalog_templates_source):
+        click.echo(f"updated {path}")
+
+
+@click.command("pull")
+@click.argument("reference", metavar="REFERENCE")
+@click.option("--proj", help="A file model's projector (mmproj) file, URL or HF-REPO/FILE")
+@_base_path
+@_hf_endpoint
+@_hf_token
+@_server_or_local
+@_cli_errors
+def model_pull(
+    reference: str,
+    proj: str | None,
+    base_path: Path | None,
+    catalog_hf_endpoint: str | None,
+    hf_token: str | None,
+    server: Server | None,
+) -> None:
+    """Download a GGUF model by its Hugging Face name or its URL.
+
+    REFERENCE is a repository, `org/repo` or `org/repo:QUANT` (also `hf.co/org/repo:QUANT`
+    or its page URL): the quantization's file (Q4_K_M when none is named), all its parts,
+    and a projector beside it. Or one file: `org/repo/file.gguf`, or any http(s) URL.
+    """
+    if server is not None:
+        pulled = pull_on(server, {"url": reference, "proj": proj})
+        click.echo(f"pulled {pulled['model']}: {pulled['files'][0]['path']}")
+        return
+    base = _base(base_path)
+    endpoint, token = hub_endpoint(catalog_hf_endpoint), hub_token(hf_token)
+    model_id, files = reference_files(reference, proj, base, endpoint, token)
+    _pull(model_id, files, "url", endpoint, token)
+
+
+def add_commands(group: click.Group) -> None:
+    """The kronk_cli hook's work: `kronk server start`'s flags of this plugin, `kronk catalog`,
+    and `kronk model pull` in the core's `model` group."""
+    for option in SERVER_START_OPTIONS:
+        add_server_start_option(group, option)
+    group.add_command(catalog)
+    model = group.commands.get("model")
+    if isinstance(model, click.Group):
+        model.add_command(model_pull)

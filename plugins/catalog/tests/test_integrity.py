@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 from litestar.testing import TestClient
 
-from kronk_api import ServerSettings, cli, create_app
+import kronk_api.cli.server
+from kronk_api import ServerSettings, create_app
 from kronk_api.cli import main
 from kronk_catalog.catalog import Catalog
 from kronk_catalog.cli import INTEGRITY_VARIABLE
@@ -97,7 +98,7 @@ def test_the_manual_s_switch_sets_the_setting_unless_it_is_set(
 ) -> None:
     """What `kronk server start ARGS` would serve with (stopped before serving)."""
     seen: list[ServerSettings] = []
-    monkeypatch.setattr(cli, "_serve", seen.append)
+    monkeypatch.setattr(kronk_api.cli.server, "serve", seen.append)
     # Unset, then restored, by the runner: what the switch sets does not outlive the test.
     env = {INTEGRITY_VARIABLE: None, "KRONK_CACHE_IGNORE_INTEGRITY_CHECK": None, **environ}
     env["KRONK_BASE_PATH"] = str(tmp_path)

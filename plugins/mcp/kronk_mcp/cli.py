@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from kronk_api.contract import (
+    BoolValueGroup,
     ListenError,
     ServerStartCommand,
     Setting,
@@ -54,40 +55,45 @@ def standalone_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {**environ, **manual}
 
 
+@click.group("mcp", cls=BoolValueGroup)
+def mcp() -> None:
+    """The MCP service (the web_search tool) on its own."""
+
+
+@mcp.command("start", cls=StandaloneCommand)
+@config_file_option
+@click.pass_context
+def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
+    """Run the MCP service in the foreground, without the model server.
+
+    It serves what the service of `kronk server start` serves, on
+    mcp.listen (MCP_MCP_HOST), with the key in mcp.braveapikey
+    (MCP_MCP_BRAVEAPIKEY), but checks no tokens: keep it on loopback.
+    """
+    command = ctx.command
+    assert isinstance(command, StandaloneCommand)
+    try:
+        overrides = command.overrides(ctx.params, standalone_environment(os.environ))
+        sections = server_sections(cli_plugins())
+        settings = bind_sections(load_settings(config_file, overrides, sections), cli_plugins())
+        mcp_settings = SETTINGS.of(settings)
+    except KronkError as exc:
+        raise click.ClickException(exc.message) from None
+    configure_logging(settings.log_level)
+    host = split_host_port(mcp_settings.listen)[0]
+    if host not in LOOPBACK:
+        log.warning("mcp: listening on %s without authentication", mcp_settings.listen)
+    # Here, not at the top: the MCP SDK takes most of a second to import, and every
+    # `kronk` command loads this module.
+    from kronk_mcp.service import mcp_app, serve_foreground
+
+    app = mcp_app(mcp_settings, gate=None)
+    try:
+        serve_foreground(app, mcp_settings.listen, settings.log_level)
+    except ListenError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def add_commands(group: click.Group) -> None:
-    @group.group("mcp")
-    def mcp() -> None:
-        """The MCP service (the web_search tool) on its own."""
-
-    @mcp.command("start", cls=StandaloneCommand)
-    @config_file_option
-    @click.pass_context
-    def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
-        """Run the MCP service in the foreground, without the model server.
-
-        It serves what the service of `kronk server start` serves, on
-        mcp.listen (MCP_MCP_HOST), with the key in mcp.braveapikey
-        (MCP_MCP_BRAVEAPIKEY), but checks no tokens: keep it on loopback.
-        """
-        command = ctx.command
-        assert isinstance(command, StandaloneCommand)
-        try:
-            overrides = command.overrides(ctx.params, standalone_environment(os.environ))
-            sections = server_sections(cli_plugins())
-            settings = bind_sections(load_settings(config_file, overrides, sections), cli_plugins())
-            mcp_settings = SETTINGS.of(settings)
-        except KronkError as exc:
-            raise click.ClickException(exc.message) from None
-        configure_logging(settings.log_level)
-        host = split_host_port(mcp_settings.listen)[0]
-        if host not in LOOPBACK:
-            log.warning("mcp: listening on %s without authentication", mcp_settings.listen)
-        # Here, not at the top: the MCP SDK takes most of a second to import, and every
-        # `kronk` command loads this module.
-        from kronk_mcp.service import mcp_app, serve_foreground
-
-        app = mcp_app(mcp_settings, gate=None)
-        try:
-            serve_foreground(app, mcp_settings.listen, settings.log_level)
-        except ListenError as exc:
-            raise click.ClickException(str(exc)) from None
+    """The kronk_cli hook's work: `kronk mcp`."""
+    group.add_command(mcp)
