@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
-from kronk_core.contract.backend import AdapterInfo, ModelFacts
+from kronk_core.contract.backend import BACKENDS, AdapterInfo, ModelFacts, ModelFile
 from kronk_core.contract.cache import PromptScope
 from kronk_core.contract.errors import (
     ConfigError,
@@ -74,8 +74,8 @@ from kronk_core.runtime.loading import (
 from kronk_core.runtime.pool import Lease, ModelPool
 from kronk_core.settings.config import KronkConfig, alias_map, names_a_file
 from kronk_core.settings.model_files import (
-    ModelFile,
     ModelSources,
+    backend_for,
     known_model_ids,
     model_file,
     model_sources,
@@ -168,7 +168,7 @@ class Kronk:
     @property
     def default_model(self) -> str:
         """The model a request that names none gets: the configured one, else the one a
-        plugin's package ships as the default (`kronk_packaged_models`)."""
+        backend's package ships as the default (`Backend.packaged_models`)."""
         if self.config.default_model is not None:
             return self.config.default_model
         packaged = self.model_sources(installed=False).default()
@@ -179,8 +179,9 @@ class Kronk:
         return packaged.id
 
     def model_sources(self, *, installed: bool = True) -> ModelSources:
-        """The models under <base>/models the backends recognise (`kronk_model_file`;
-        skipped with `installed=False`) and those PyPI packages ship (`kronk_packaged_models`)."""
+        """The models under <base>/models the backends recognise (`Backend.model_file`;
+        skipped with `installed=False`) and those PyPI packages ship
+        (`Backend.packaged_models`)."""
         return model_sources(self, installed=installed)
 
     def unknown_model(self, model_id: str) -> ModelNotFoundError:
@@ -188,7 +189,8 @@ class Kronk:
         return unknown_model(model_id, self.model_ids(), self.model_sources(installed=False).hints)
 
     def model_file(self, path: Path) -> ModelFile | None:
-        """What a backend says the file at `path` is (`kronk_model_file`)."""
+        """What the backend that recognises the file at `path` says it is
+        (`Backend.model_file`)."""
         return model_file(self, path)
 
     def model_parts(self, path: Path) -> tuple[Path, ...]:
@@ -255,7 +257,8 @@ class Kronk:
 
     def devices(self) -> list[Device]:
         """Every device the backends can place models on, with free and total memory."""
-        return [device for answer in self.hook.kronk_devices() for device in answer]
+        backends = self.registry(BACKENDS).items()
+        return [device for _, backend in backends for device in backend.devices()]
 
     def memory_estimate(self, model_id: str | None = None) -> MemoryEstimate | None:
         """What loading the model would take and where (None: its backend cannot say)."""
@@ -263,8 +266,7 @@ class Kronk:
 
     def _estimate(self, model_id: str) -> MemoryEstimate | None:
         config = model_config_for(self, model_id)
-        estimate: MemoryEstimate | None = self.hook.kronk_memory_estimate(model_config=config)
-        return estimate
+        return backend_for(self, config)[1].memory_estimate(config)
 
     def context_length(self, model_id: str) -> int | None:
         """Tokens of context a request to the model gets (per slot): the loaded model's, else
@@ -281,8 +283,7 @@ class Kronk:
     def model_facts(self, model_id: str | None = None) -> ModelFacts | None:
         """What the model's file says about it (None: its backend cannot say)."""
         config = model_config_for(self, model_id or self.default_model)
-        facts: ModelFacts | None = self.hook.kronk_model_facts(model_config=config)
-        return facts
+        return backend_for(self, config)[1].model_facts(config)
 
     def model_error(self, model_id: str) -> str | None:
         """Why the model cannot be served as it is now (its file unreadable or not pulled, its

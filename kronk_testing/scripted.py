@@ -1,10 +1,11 @@
 """A scripted stand-in for a text model, so the engine runs in tests without llama.cpp.
 
-It implements the core's `TextModel` protocol (kronk_core/contract/backend.py) and is loaded
-through the public `kronk_backend` hook like any backend: this module is the plugin,
-registered in-process (`Kronk(plugins={"scripted": kronk_testing.scripted})`), and
-it claims the models whose entry says `backend: scripted`. Their `model_path` is a
-script file (JSON, `write_script`).
+It implements the core's `StrategyModel` protocol (kronk_core/contract/backend.py) and is
+registered as a backend like any (`kronk_register_backends`): this module is the plugin,
+registered in-process (`Kronk(plugins={"scripted": kronk_testing.scripted})`), and it
+loads the models whose entry says `backend: scripted`. Their `model_path` is a script
+file (JSON, `write_script`); it recognises no files, ships no models, lists no devices and
+estimates nothing.
 
 - Vocabulary: four special tokens (`<s>`, `</s>`, `<|im_start|>`, `<|im_end|>`), the
   256 bytes, then five fill-in-the-middle tokens (`<|fim_prefix|>`, `<|fim_suffix|>`,
@@ -44,12 +45,18 @@ from kronk_core.contract import (
     Backend,
     BackendLostError,
     Batch,
+    Device,
     FimTokens,
     InvalidRequestError,
     KronkError,
+    MemoryEstimate,
     ModelConfig,
+    ModelFacts,
+    ModelFile,
     ModelInfo,
     ModelLoadError,
+    PackagedModel,
+    Register,
     SamplerStage,
     TokenDistribution,
     TokenLogprob,
@@ -202,7 +209,7 @@ class ScriptedSampler:
 
 @dataclass
 class ScriptedModel:
-    """The TextModel (see the module docstring)."""
+    """The StrategyModel (see the module docstring)."""
 
     config: ModelConfig
     script: Script
@@ -273,7 +280,7 @@ class ScriptedModel:
             if self._allowed:
                 self._allowed -= 1
 
-    # ---- TextModel ------------------------------------------------------------------
+    # ---- TextModel and StrategyModel -----------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         return tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -359,11 +366,6 @@ class ScriptedModel:
             )
         target.extend(source[start:end])
 
-    def seq_keep(self, seq_id: int) -> None:
-        for seq, tokens in self._kv.items():
-            if seq != seq_id:
-                tokens.clear()
-
     def seq_state(self, seq_id: int) -> bytes:
         return json.dumps(self._kv[seq_id]).encode()
 
@@ -393,13 +395,26 @@ class ScriptedModel:
 
 
 class ScriptedBackend:
-    name = BACKEND
-
     def load_model(self, config: ModelConfig) -> ScriptedModel:
         assert config.model_path is not None
         return ScriptedModel(config, Script.read(config.model_path))
 
+    def model_file(self, path: Path) -> ModelFile | None:
+        return None
+
+    def packaged_models(self) -> Sequence[PackagedModel]:
+        return ()
+
+    def devices(self) -> Sequence[Device]:
+        return ()
+
+    def memory_estimate(self, config: ModelConfig) -> MemoryEstimate | None:
+        return None
+
+    def model_facts(self, config: ModelConfig) -> ModelFacts | None:
+        return None
+
 
 @hookimpl
-def kronk_backend(model_config: ModelConfig) -> Backend | None:
-    return ScriptedBackend() if model_config.backend == BACKEND else None
+def kronk_register_backends(register: Register[Backend]) -> None:
+    register(BACKEND, ScriptedBackend())

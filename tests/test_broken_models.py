@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kronk_api.cli import main
 from kronk_core import hookimpl
-from kronk_core.settings.model_files import PackagedModel
+from kronk_core.contract import Backend, PackagedModel, Register
 from kronk_testing import scripted
 from kronk_testing.plugin import MakeKronk, MakeServer
 
@@ -25,11 +25,10 @@ def _needs_a_missing_module() -> Path:
     raise AssertionError("that module does not exist")
 
 
-class ShipsABrokenModel:
-    """A model package installed with `--no-deps`: importing it fails."""
+class ShipsABrokenModel(scripted.ScriptedBackend):
+    """A backend whose model package is installed with `--no-deps`: importing it fails."""
 
-    @hookimpl
-    def kronk_packaged_models(self) -> list[PackagedModel]:
+    def packaged_models(self) -> list[PackagedModel]:
         return [
             PackagedModel(
                 id="no-deps",
@@ -39,6 +38,12 @@ class ShipsABrokenModel:
                 assemble=_needs_a_missing_module,
             )
         ]
+
+
+class RegistersIt:
+    @hookimpl
+    def kronk_register_backends(self, register: Register[Backend]) -> None:
+        register("broken", ShipsABrokenModel())
 
 
 def broken_files(models: Path, tiny_llama_path: Path) -> None:
@@ -54,7 +59,7 @@ async def test_the_listings_show_what_is_broken_and_serve_the_rest(
     script = scripted.write_script(tmp_path / "working.json", scripted.Script(default="fine"))
     kronk = make_kronk(
         {"working": {"backend": scripted.BACKEND, "model_path": script}},
-        plugins={"scripted": scripted, "broken": ShipsABrokenModel()},
+        plugins={"scripted": scripted, "broken": RegistersIt()},
         base_path=tmp_path,
         default_model="working",
     )

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from kronk_core import Kronk, KronkConfig
+from kronk_core.contract.backend import ModelFile, PackagedModel
 from kronk_core.contract.errors import ConfigError
 from kronk_core.contract.selection import PluginSelection
 from kronk_core.settings.config import (
@@ -18,9 +19,7 @@ from kronk_core.settings.config import (
     parse_model_config,
 )
 from kronk_core.settings.model_files import (
-    ModelFile,
     ModelSources,
-    PackagedModel,
     find_model_files,
     known_model_ids,
     resolve_model_config,

@@ -24,7 +24,7 @@ import pytest
 from kronk_api import ServerSettings, create_app
 from kronk_caching.plugin import incremental_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.contract.backend import Batch, ModelInfo, TextModel
+from kronk_core.contract.backend import Backend, Batch, ModelInfo, TextModel
 from kronk_core.contract.cache import CachePlan, CacheStrategy, CacheStrategyFactory, Slot
 from kronk_core.contract.errors import KronkError, KVCacheFullError
 from kronk_core.contract.generation import GenerationRequest
@@ -148,15 +148,15 @@ class FaultyCache:
         return getattr(self._inner, name)
 
 
-class FaultyBackend:
-    name = "faulty"
+class FaultyBackend(LlamaCppBackend):
+    """llama.cpp's backend, its text models wrapped to fail on demand."""
 
     def __init__(self, faults: Faults) -> None:
         self.faults = faults
         self.models: list[FaultyModel] = []
 
     def load_model(self, config: ModelConfig) -> Any:
-        model = FaultyModel(LlamaCppBackend().load_model(config), self.faults)  # type: ignore[arg-type]
+        model = FaultyModel(super().load_model(config), self.faults)  # type: ignore[arg-type]
         self.models.append(model)
         return model
 
@@ -166,9 +166,9 @@ class FaultyPlugin:
         self.faults = Faults()
         self.backend = FaultyBackend(self.faults)
 
-    @hookimpl(tryfirst=True)
-    def kronk_backend(self, model_config: ModelConfig) -> FaultyBackend:
-        return self.backend
+    @hookimpl
+    def kronk_register_backends(self, register: Register[Backend]) -> None:
+        register("llamacpp", self.backend)  # called before the llamacpp plugin: its name
 
     @hookimpl
     def kronk_register_cache_strategies(self, register: Register[CacheStrategyFactory]) -> None:

@@ -30,7 +30,14 @@ from kronk_auth_jwt.limits import LimitStore, LimitStoreFactory
 from kronk_auth_jwt.plugin import sqlite_store
 from kronk_caching.plugin import no_cache
 from kronk_core import Kronk, KronkConfig, ModelConfig, hookimpl
-from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
+from kronk_core.contract.backend import (
+    BACKENDS,
+    Backend,
+    ModelFacts,
+    ModelFile,
+    ModelInfo,
+    PackagedModel,
+)
 from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategy, DraftStrategyFactory
 from kronk_core.contract.errors import ConfigError, ModelNotFoundError
@@ -46,7 +53,6 @@ from kronk_core.contract.templates import (
     TemplateProcessorFactory,
 )
 from kronk_core.contract.types import SamplingParams, ToolSpec
-from kronk_core.settings.model_files import ModelFile, PackagedModel
 from kronk_core.settings.sections import ModelSection
 from kronk_llamacpp.packaged import GEMMA_MODEL_ID, GEMMA_MODEL_SETTINGS
 from kronk_speculative.plugin import prompt_lookup
@@ -295,99 +301,96 @@ async def test_hook_kronk_resolve_model(scripted_kronk: ScriptedKronk) -> None:
     assert (await kronk.chat(HI, model="toy-org/toy-repo:Q4_0")).content
 
 
-async def test_hook_kronk_model_file(make_kronk: MakeKronk, tmp_path: Path) -> None:
+class ToyBackend(scripted.ScriptedBackend):
+    """A backend of its own: `.toy` files (scripts) are its models, one package ships one,
+    it has a device, and it reads facts and estimates from nothing."""
+
+    DEVICE = Device(0, "TOY0", "a toy accelerator", "accel", 1 << 30, 2 << 30)
+    ESTIMATE = MemoryEstimate(1 << 20, 256, 2, "f16", "f16", 4, 2048)
+    FACTS = ModelFacts("toy", 7_000_000, "Q4_0", 2048)
+
+    def __init__(self, shipped: Path) -> None:
+        self.shipped = shipped
+        self.loaded: list[str] = []
+
+    def load_model(self, config: ModelConfig) -> scripted.ScriptedModel:
+        self.loaded.append(config.id)
+        return super().load_model(config)
+
+    def model_file(self, path: Path) -> ModelFile | None:
+        return ModelFile(path.stem, path, (path,)) if path.suffix == ".toy" else None
+
+    def packaged_models(self) -> list[PackagedModel]:
+        return [
+            PackagedModel(
+                id="boxed",
+                install="pip install boxed-model",
+                settings={},
+                installed=lambda: True,
+                assemble=lambda: self.shipped,
+            )
+        ]
+
+    def devices(self) -> list[Device]:
+        return [self.DEVICE]
+
+    def memory_estimate(self, config: ModelConfig) -> MemoryEstimate | None:
+        return self.ESTIMATE
+
+    def model_facts(self, config: ModelConfig) -> ModelFacts | None:
+        return self.FACTS
+
+
+def _toy_file(path: Path, reply: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(Script(default=reply).to_json(), encoding="utf-8")
+    return path
+
+
+async def test_hook_kronk_register_backends(make_kronk: MakeKronk, tmp_path: Path) -> None:
     base = tmp_path / "home"
-    found = base / "models" / "found.toy"
-    found.parent.mkdir(parents=True)
-    found.write_text(Script(default="from a .toy file").to_json(), encoding="utf-8")
+    _toy_file(base / "models" / "found.toy", "from a .toy file")
+    toy = ToyBackend(_toy_file(tmp_path / "package" / "boxed.toy", "shipped in a package"))
 
-    class ClaimsToyFiles:
+    class RegistersABackend:
         @hookimpl
-        def kronk_model_file(self, path: Path) -> ModelFile | None:
-            return ModelFile(path.stem, path, (path,)) if path.suffix == ".toy" else None
+        def kronk_register_backends(self, register: Register[Backend], kronk: Host) -> None:
+            register("toy", toy)
 
-    class ServesThem:  # the backend for the claimed files (test_hook_kronk_backend's)
-        @hookimpl
-        def kronk_backend(self, model_config: ModelConfig) -> Backend | None:
-            return scripted.ScriptedBackend() if model_config.model_path.suffix == ".toy" else None
-
-    plugins = {"claims": ClaimsToyFiles(), "serves": ServesThem()}
-    kronk = make_kronk(plugins=plugins, base_path=base)
-    assert "found" in kronk.model_ids()
+    script = _script_file(tmp_path, "named", "its backend named")
+    models = {"named": {"backend": "toy", "model_path": str(script)}}
+    kronk = make_kronk(models, plugins={"toy": RegistersABackend()}, base_path=base)
+    # Its files under <base>/models and its package's model: served by id, loaded by it.
+    assert {"found", "boxed"} <= set(kronk.model_ids())
     assert (await kronk.chat(HI, model="found")).content == "from a .toy file"
-
-
-async def test_hook_kronk_packaged_models(make_kronk: MakeKronk, tmp_path: Path) -> None:
-    script = _script_file(tmp_path, "boxed", "shipped in a package")
-
-    class ShipsAModel:
-        @hookimpl
-        def kronk_packaged_models(self) -> list[PackagedModel]:
-            return [
-                PackagedModel(
-                    id="boxed",
-                    install="pip install boxed-model",
-                    settings={"backend": scripted.BACKEND},
-                    installed=lambda: True,
-                    assemble=lambda: script,
-                )
-            ]
-
-    kronk = make_kronk(plugins={"scripted": scripted, "ships": ShipsAModel()})
     assert (await kronk.chat(HI, model="boxed")).content == "shipped in a package"
+    # A model whose `backend:` names it, whatever its file.
+    assert (await kronk.chat(HI, model="named")).content == "its backend named"
+    assert toy.loaded == ["found", "boxed", "named"]
+    assert ToyBackend.DEVICE in kronk.devices()
+    assert kronk.memory_estimate("found") == ToyBackend.ESTIMATE
+    assert kronk.model_facts("named") == ToyBackend.FACTS
 
 
-async def test_hook_kronk_backend(make_kronk: MakeKronk, tmp_path: Path) -> None:
-    script = _script_file(tmp_path, "toy", "a backend of its own")
-    toy = script.rename(script.with_suffix(".toy"))
-    claimed: list[str] = []
+async def test_a_default_backend_loads_what_no_backend_recognises(
+    make_kronk: MakeKronk, tmp_path: Path
+) -> None:
+    script = _script_file(tmp_path, "m", "the default backend's")
 
-    class ToyBackend:
-        @hookimpl(tryfirst=True)
-        def kronk_backend(self, model_config: ModelConfig) -> Backend | None:
-            if model_config.model_path.suffix != ".toy":
-                return None
-            claimed.append(model_config.id)
-            return scripted.ScriptedBackend()
-
-    kronk = make_kronk({"m": {"model_path": str(toy)}}, plugins={"toy": ToyBackend()})
-    assert (await kronk.chat(HI, model="m")).content == "a backend of its own"
-    assert claimed == ["m"]
-
-
-def test_hook_kronk_devices(make_kronk: MakeKronk) -> None:
-    toy = Device(0, "TOY0", "a toy accelerator", "accel", 1 << 30, 2 << 30)
-
-    class ListsADevice:
+    class RegistersADefault:
         @hookimpl
-        def kronk_devices(self) -> list[Device]:
-            return [toy]
+        def kronk_register_backends(self, register: Register[Backend]) -> None:
+            register("mine", scripted.ScriptedBackend(), default=True)
 
-    assert toy in make_kronk(plugins={"lists": ListsADevice()}).devices()
-
-
-def test_hook_kronk_memory_estimate(scripted_kronk: ScriptedKronk) -> None:
-    estimate = MemoryEstimate(1 << 20, 256, 2, "f16", "f16", 4, 2048)
-
-    class Estimates:
-        @hookimpl(tryfirst=True)
-        def kronk_memory_estimate(self, model_config: ModelConfig) -> MemoryEstimate | None:
-            return estimate if model_config.id == "m" else None
-
-    kronk = scripted_kronk({"m": {}}, plugins={"estimates": Estimates()})
-    assert kronk.memory_estimate("m") == estimate
+    kronk = make_kronk({"m": {"model_path": str(script)}}, plugins={"mine": RegistersADefault()})
+    assert kronk.registry(BACKENDS).default == "mine"
+    assert (await kronk.chat(HI, model="m")).content == "the default backend's"
 
 
-def test_hook_kronk_model_facts(scripted_kronk: ScriptedKronk) -> None:
-    facts = ModelFacts("toy", 7_000_000, "Q4_0", 2048)
-
-    class Reads:
-        @hookimpl(tryfirst=True)
-        def kronk_model_facts(self, model_config: ModelConfig) -> ModelFacts | None:
-            return facts if model_config.id == "m" else None
-
-    kronk = scripted_kronk({"m": {}}, plugins={"reads": Reads()})
-    assert kronk.model_facts("m") == facts
+def test_a_backend_no_plugin_registers_is_a_config_error(make_kronk: MakeKronk) -> None:
+    kronk = make_kronk({"m": {"backend": "nowhere", "model_path": __file__}})
+    with pytest.raises(ConfigError, match=r"models\.m\.backend: no active plugin registers"):
+        kronk.load("m")
 
 
 def test_hook_kronk_register_cache_strategies(scripted_kronk: ScriptedKronk) -> None:

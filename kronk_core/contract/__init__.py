@@ -25,10 +25,13 @@ from kronk_core.contract.backend import (
     FimTokens,
     MediaModel,
     ModelFacts,
+    ModelFile,
     ModelInfo,
+    PackagedModel,
     Pooling,
     Sampler,
     ShiftableModel,
+    StrategyModel,
     TextModel,
 )
 from kronk_core.contract.cache import (
@@ -173,7 +176,7 @@ if TYPE_CHECKING:
         parse_duration,
         parse_model_config,
     )
-    from kronk_core.settings.model_files import ModelFile, PackagedModel, cache_dir
+    from kronk_core.settings.model_files import backend_for, cache_dir
     from kronk_core.settings.sections import (
         ModelSection,
         Section,
@@ -197,8 +200,7 @@ ABOVE: dict[str, tuple[str, ...]] = {
         "parse_model_config",
     ),
     "kronk_core.settings.model_files": (
-        "ModelFile",
-        "PackagedModel",
+        "backend_for",
         "cache_dir",
     ),
     "kronk_core.settings.sections": (
@@ -374,6 +376,7 @@ __all__ = [
     "Slot",
     "Source",
     "StepRecord",
+    "StrategyModel",
     "StructuredGrammar",
     "StructuredOutput",
     "Subscription",
@@ -407,6 +410,7 @@ __all__ = [
     "Wish",
     "Xtc",
     "available_ram",
+    "backend_for",
     "bare_base64",
     "cache_dir",
     "collect",

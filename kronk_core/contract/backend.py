@@ -1,4 +1,5 @@
-"""What a backend plugin provides: a loaded text model the engine can drive, or an embedding model.
+"""What a backend plugin provides: a Backend registered by name, which finds, describes and
+loads models, into a text model the engine can drive or an embedding model.
 
 The engine is backend-neutral; everything llama.cpp-specific lives in the
 llamacpp plugin, which implements these protocols.
@@ -6,12 +7,16 @@ llamacpp plugin, which implements these protocols.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kronk_core.contract.errors import ModelLoadError
 from kronk_core.contract.media import Media, MediaKind, MediaPrompt, MediaSpan
+from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.registry import RegistryKind
 from kronk_core.contract.sampling import SamplerStage
 from kronk_core.contract.types import Adapters, TokenDistribution, TokenLogprob
 
@@ -124,6 +129,46 @@ class ModelFacts:
     context_length: int
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """A file a backend loads as a model (`Backend.model_file`)."""
+
+    id: str  # what it is served under when it lies under <base>/models
+    path: Path  # what a load reads: a split model's first part
+    parts: tuple[Path, ...]  # every file it is made of (sizes, `kronk model rm`)
+    # Vision and audio projectors lying beside it: one is taken, several are ambiguous.
+    projectors: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped as a PyPI package: served by its id without any configuration."""
+
+    id: str
+    install: str  # the command that installs its package
+    settings: Mapping[str, Any]
+    installed: Callable[[], bool]
+    assemble: Callable[[], Path]  # its file; built on first use where the package splits it
+    # The model a request that names none gets (unless the configuration names one).
+    default: bool = False
+
+    def path(self) -> Path:
+        if not self.installed():
+            raise ModelLoadError(
+                f"the model {self.id} comes from a PyPI package that is not installed; "
+                f"install it with `{self.install}`"
+            )
+        try:
+            return self.assemble()
+        except (ImportError, OSError) as exc:
+            # A package installed without its dependencies, or with its file gone: this
+            # model cannot be served, and it must not take the listing of the others down.
+            raise ModelLoadError(
+                f"the model {self.id} comes from a PyPI package that cannot be used "
+                f"({type(exc).__name__}: {exc}); reinstall it with `{self.install}`"
+            ) from None
+
+
 @dataclass(slots=True)
 class Batch:
     """One decode call's worth of tokens: parallel lists, one entry per token."""
@@ -168,7 +213,9 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class TextModel(Protocol):
-    """A loaded model plus its context, driven by exactly one engine thread."""
+    """A loaded model plus its context, driven by exactly one engine thread: what every
+    caller needs (the engine, loading, prompts). What only cache and draft strategies
+    call besides is a StrategyModel's."""
 
     info: ModelInfo
 
@@ -181,9 +228,6 @@ class TextModel(Protocol):
         Control tokens render as empty unless `special`, when their text is
         kept for an output parser that reads markup such as <|channel|>.
         """
-
-    def token_text(self, token: int) -> str:
-        """The token as shown in logprobs (special tokens rendered, invalid UTF-8 replaced)."""
 
     def is_end_of_generation(self, token: int) -> bool: ...
 
@@ -223,15 +267,8 @@ class TextModel(Protocol):
     def seq_remove(self, seq_id: int, start: int, end: int) -> bool:
         """Remove positions [start, end) of seq_id (end -1 = to the end)."""
 
-    def seq_copy(self, src: int, dst: int, start: int, end: int) -> None: ...
-
-    def seq_keep(self, seq_id: int) -> None: ...
-
-    def seq_state(self, seq_id: int) -> bytes:
-        """Export one sequence's KV state."""
-
-    def set_seq_state(self, seq_id: int, state: bytes) -> int:
-        """Import a state exported by seq_state; returns bytes read (0 = failure)."""
+    def seq_copy(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy positions [start, end) of src into dst (end -1 = to the end)."""
 
     def trim_floor(self, seq_id: int) -> int:
         """The shortest length seq_id can be cut back to exactly with seq_remove.
@@ -242,6 +279,24 @@ class TextModel(Protocol):
         floor is the sequence's length).
         """
 
+    def close(self) -> None: ...
+
+
+class StrategyModel(TextModel, Protocol):
+    """A TextModel with what only cache and draft strategies call: a sequence's state
+    exported and imported, checkpoints of what cannot be cut back, a token's text. A
+    backend's text models are StrategyModels; the engine hands its model to its cache
+    strategy, and loading to the draft strategy."""
+
+    def token_text(self, token: int) -> str:
+        """The token as shown in logprobs (special tokens rendered, invalid UTF-8 replaced)."""
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """Export one sequence's KV state."""
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> int:
+        """Import a state exported by seq_state; returns bytes read (0 = failure)."""
+
     def checkpoint(self, seq_id: int) -> bytes:
         """The part of seq_id's state that cannot be cut back (sliding-window
         cells, recurrent state), for `restore_checkpoint` at this length."""
@@ -251,8 +306,6 @@ class TextModel(Protocol):
 
         False when the backend refused the state (the sequence must then be cleared).
         """
-
-    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -336,9 +389,33 @@ class EmbeddingModel(Protocol):
 
 
 class Backend(Protocol):
-    """Loads models of the kinds it claims (the llamacpp plugin claims `.gguf`)."""
+    """A backend, registered by name (`kronk_register_backends`): the model files it
+    recognises, the models PyPI packages ship for it, its devices, and for a model whose
+    `backend:` names it (unset: the first backend that recognises the model's file, else
+    the default one), its facts, memory estimate and load.
 
-    name: str
+    `config` is the validated config a load gets: plugin sections included, `model_path`
+    resolved to an existing file.
+    """
 
-    def load_model(self, config: ModelConfig) -> TextModel | EmbeddingModel:
+    def load_model(self, config: ModelConfig) -> StrategyModel | EmbeddingModel:
         """Load the model; its metadata decides whether it is a text or an embedding model."""
+
+    def model_file(self, path: Path) -> ModelFile | None:
+        """The model the file at `path` is, or None for files that are not a model's own (a
+        projector, a split model's later parts). Answer from the file's name, quickly."""
+
+    def packaged_models(self) -> Sequence[PackagedModel]:
+        """Models that PyPI packages ship for this backend, served by id without configuration."""
+
+    def devices(self) -> Sequence[Device]:
+        """The devices this backend places models on, with their free and total memory."""
+
+    def memory_estimate(self, config: ModelConfig) -> MemoryEstimate | None:
+        """What loading the model would take, and where, without loading it (None: cannot say)."""
+
+    def model_facts(self, config: ModelConfig) -> ModelFacts | None:
+        """What the model's file holds, read without loading it (None: cannot say)."""
+
+
+BACKENDS: RegistryKind[Backend] = RegistryKind("backends")

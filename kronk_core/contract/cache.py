@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from kronk_core.contract.backend import ModelInfo, TextModel
+from kronk_core.contract.backend import ModelInfo, StrategyModel
 from kronk_core.contract.generation import GenerationRequest
 from kronk_core.contract.registry import RegistryKind
 from kronk_core.contract.types import Adapters, ChatMessage
@@ -95,7 +95,7 @@ class CacheStrategy(Protocol):
         """
 
     def select_slot(
-        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+        self, free: Sequence[Slot], request: GenerationRequest, model: StrategyModel
     ) -> Slot:
         """Pick one of the free slots (never empty) for this request."""
 
@@ -112,7 +112,7 @@ class CacheStrategy(Protocol):
         """
 
     def prepare(
-        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+        self, slot: Slot, request: GenerationRequest, model: StrategyModel, slots: Sequence[Slot]
     ) -> CachePlan:
         """Make the slot's sequence hold a prefix of the prompt; say how long it is.
 
@@ -123,15 +123,15 @@ class CacheStrategy(Protocol):
         changed.
         """
 
-    def prefilled(self, slot: Slot, model: TextModel) -> None:
+    def prefilled(self, slot: Slot, model: StrategyModel) -> None:
         """The whole prompt is in the slot and its first token was sampled, not yet decoded."""
 
-    def evict(self, slot: Slot, model: TextModel) -> None:
+    def evict(self, slot: Slot, model: StrategyModel) -> None:
         """Empty this free slot: the engine gives it to a request its KV cannot serve (one
         under other LoRA adapters). Keep what is worth keeping first, as at any eviction; on
         return `slot.tokens` is empty."""
 
-    def release(self, slot: Slot, model: TextModel) -> None:
+    def release(self, slot: Slot, model: StrategyModel) -> None:
         """The request in this slot finished; keep or drop its KV."""
 
     def counters(self) -> CacheCounters:

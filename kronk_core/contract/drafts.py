@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from kronk_core.contract.backend import ModelInfo, TextModel
+from kronk_core.contract.backend import ModelInfo, StrategyModel
 from kronk_core.contract.registry import RegistryKind
 from kronk_core.contract.types import SamplingParams, TokenDistribution
 
@@ -75,7 +75,7 @@ class DraftStrategyFactory(Protocol):
     """What `kronk_register_draft_strategies` registers: one strategy per model load."""
 
     def __call__(
-        self, *, model_config: ModelConfig, model_info: ModelInfo, model: TextModel
+        self, *, model_config: ModelConfig, model_info: ModelInfo, model: StrategyModel
     ) -> DraftStrategy: ...
 
 

@@ -11,16 +11,14 @@ the pool), `model_config` a model's settings, `model_info` what the backend foun
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from kronk_core.contract.backend import Backend, ModelFacts, ModelInfo
+from kronk_core.contract.backend import Backend, ModelInfo
 from kronk_core.contract.cache import CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategyFactory
 from kronk_core.contract.host import Host
-from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.records import ChatRecord, RequestRecord
 from kronk_core.contract.registry import Register
 from kronk_core.contract.sampling import SamplerStage
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
     from litestar.config.app import AppConfig
 
     from kronk_core.settings.config import ModelConfig
-    from kronk_core.settings.model_files import ModelFile, PackagedModel
     from kronk_core.settings.sections import Section, Sectioned
 
 
@@ -97,71 +94,15 @@ def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
     """
 
 
-@hookspec(firstresult=True)
-def kronk_model_file(path: Path) -> ModelFile | None:
-    """Say whether the file at `path` is a model your backend loads, or return None to pass.
-
-    Answer with the id it is served under when it lies under <base>/models, the file a
-    load reads, every file it is made of (the parts of a split model) and the media
-    projectors beside it; None for files that are not a model's own (a projector, a
-    split model's later parts). Kronk asks for each file under <base>/models whenever the
-    models are listed or one is resolved: answer from the file's name, quickly. The
-    built-in llamacpp backend answers for GGUF files.
-    """
-
-
 @hookspec
-def kronk_packaged_models() -> Sequence[PackagedModel]:
-    """Models that PyPI packages ship, served by id without any configuration.
+def kronk_register_backends(register: Register[Backend], kronk: Host) -> None:
+    """Register backends by name: `register("toy", ToyBackend())` (kronk_core.contract.backend).
 
-    Each says how to install its package and finds its file once it is installed. The
-    one marked `default` is the model a request that names none gets, unless the
-    configuration names one (`default_model`, the server's `--model`). The built-in
-    llamacpp backend ships the default model this way.
-    """
-
-
-@hookspec(firstresult=True)
-def kronk_backend(model_config: ModelConfig) -> Backend | None:
-    """Claim a model: return a Backend that can load it, or None to pass.
-
-    Called once per model load with the validated model config (its
-    `model_path` is resolved). The first non-None answer wins; use
-    `tryfirst=True` on your hookimpl to claim files another backend would also
-    claim. The built-in llamacpp backend claims `.gguf` files.
-    """
-
-
-@hookspec
-def kronk_devices() -> Sequence[Device]:
-    """Return the devices your backend can place models on, with their free and total memory.
-
-    Called by `Kronk.devices()` (`kronk devices`, `GET /v1/kronk/devices`); every
-    backend's answer is listed. The built-in llamacpp backend lists llama.cpp's
-    backend devices (CPU, CUDA0, ...).
-    """
-
-
-@hookspec(firstresult=True)
-def kronk_memory_estimate(model_config: ModelConfig) -> MemoryEstimate | None:
-    """Estimate what loading this model would take, and where, or return None to pass.
-
-    Called by `Kronk.memory_estimate()` (`kronk model show`, the model-pool endpoint)
-    with the config a load would get: validated, plugin sections included, and
-    `model_path` resolved. It must not load the model. The built-in llamacpp backend
-    answers for `.gguf` files from the GGUF header (weights + KV cache per slot x
-    slots, by cache type).
-    """
-
-
-@hookspec(firstresult=True)
-def kronk_model_facts(model_config: ModelConfig) -> ModelFacts | None:
-    """Say what a model's file holds (architecture, parameters, quantization, training
-    context length) without loading it, or return None to pass.
-
-    Called by `Kronk.model_facts()` (`kronk model list` and `kronk model show`) with the
-    config a load would get, `model_path` resolved. The built-in llamacpp backend answers
-    for `.gguf` files from the GGUF header (every part of a split model).
+    A model's `backend:` key selects one by name; unset, the first backend whose
+    `model_file` recognises the model's file, else the default (the llamacpp plugin
+    registers "llamacpp" with `default=True`). Every registered backend is asked for its
+    model files, the models PyPI packages ship for it and its devices; a model's own
+    backend for its facts, its memory estimate and its load.
     """
 
 

@@ -1,6 +1,6 @@
 """Devices a backend can run models on, and a model's memory estimate (the manual's chapter 3.7).
 
-Plain dataclasses: backends fill them (hooks `kronk_devices`, `kronk_memory_estimate`),
+Plain dataclasses: backends fill them (`Backend.devices`, `Backend.memory_estimate`),
 the CLI and the admin endpoints show them.
 """
 

@@ -70,6 +70,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def items(self) -> list[tuple[str, T]]:
+        """Every item by name, in the order their plugins were called (that of `add`)."""
+        return list(self._items.items())
+
     def get(self, name: str | None, key: str) -> T:
         """The item called `name` (None: the default); a ConfigError naming `key` (what
         selected it) if none is."""

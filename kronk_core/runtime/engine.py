@@ -33,7 +33,7 @@ from kronk_core.contract.backend import (
     Batch,
     MediaModel,
     ShiftableModel,
-    TextModel,
+    StrategyModel,
 )
 from kronk_core.contract.cache import CacheCounters, CacheStrategy, Slot
 from kronk_core.contract.drafts import Draft, DraftStrategy
@@ -104,11 +104,12 @@ class GenerationStream:
 
 
 class Engine:
-    """Owns a TextModel and runs every request for it on one worker thread."""
+    """Owns a text model and runs every request for it on one worker thread; its cache
+    strategy is handed the model (a StrategyModel)."""
 
     def __init__(
         self,
-        model: TextModel,
+        model: StrategyModel,
         *,
         n_batch: int,
         queue_depth: int,

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any
 
-from kronk_core.contract.backend import MediaModel, ModelInfo, ShiftableModel, TextModel
+from kronk_core.contract.backend import (
+    MediaModel,
+    ModelInfo,
+    ShiftableModel,
+    StrategyModel,
+    TextModel,
+)
 from kronk_core.contract.cache import CACHE_STRATEGIES, CacheStrategy
 from kronk_core.contract.drafts import DRAFT_STRATEGIES, DraftStrategy
 from kronk_core.contract.errors import (
@@ -31,6 +37,7 @@ from kronk_core.runtime.engine import Engine
 from kronk_core.runtime.pool import Lease
 from kronk_core.settings.config import ModelConfig
 from kronk_core.settings.model_files import (
+    backend_for,
     model_sources,
     provided_models,
     resolve_model_config,
@@ -200,9 +207,7 @@ def load_model(
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
     config = model_config_for(host, model_id, pull=True)
-    backend = host.hook.kronk_backend(model_config=config)
-    if backend is None:
-        raise ModelLoadError(f"no backend plugin can load {config.model_path}")
+    backend_name, backend = backend_for(host, config)
     started = time.monotonic()
     model = backend.load_model(config)
     if not isinstance(model, TextModel):
@@ -210,7 +215,7 @@ def load_model(
             "loaded %s in %.2fs: backend=%s %s contexts=%d ctx=%d",
             model_id,
             time.monotonic() - started,
-            backend.name,
+            backend_name,
             describe_capabilities(model_id, model.info),
             model.info.n_seq_max,
             model.info.n_ctx_per_seq,
@@ -262,7 +267,7 @@ def load_model(
         "loaded %s in %.2fs: backend=%s template=%s cache=%s slots=%d ctx/slot=%d",
         model_id,
         time.monotonic() - started,
-        backend.name,
+        backend_name,
         template.name,
         cache.name,
         info.n_seq_max,
@@ -271,7 +276,7 @@ def load_model(
     return LoadedModel(config=config, model=model, engine=engine, template=template, cache=cache)
 
 
-def draft_strategy(host: Host, config: ModelConfig, model: TextModel) -> DraftStrategy | None:
+def draft_strategy(host: Host, config: ModelConfig, model: StrategyModel) -> DraftStrategy | None:
     """The model's draft strategy for speculative decoding: the one `draft_strategy` names,
     none for "none", and where it is unset the default one if this model can use it."""
     name, key = config.draft_strategy, config.section_key("draft_strategy")

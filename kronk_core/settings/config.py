@@ -109,6 +109,8 @@ class ModelConfig(BaseModel):
     lora: list[Annotated[LoraAdapterConfig, BeforeValidator(_adapter_entry)]] = Field(
         default_factory=list
     )
+    # A registered backend's name (`kronk_register_backends`); unset: the backend that
+    # recognises the file, else the default one.
     backend: str | None = None
     # Unset: the backend chooses (llamacpp: the training length, lowered to what fits).
     context_window: Annotated[int, Field(gt=0)] | None = None
@@ -211,7 +213,7 @@ class KronkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_path: Path = Field(default_factory=default_base_path)
-    # Unset: the default model a plugin's package ships (`kronk_packaged_models`).
+    # Unset: the default model a backend's package ships (`Backend.packaged_models`).
     default_model: str | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     plugins: PluginSelection = Field(default_factory=PluginSelection)

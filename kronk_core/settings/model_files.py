@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kronk_core.contract.backend import BACKENDS, Backend, ModelFile, PackagedModel
 from kronk_core.contract.errors import (
     ConfigError,
     InvalidRequestError,
-    ModelLoadError,
     ModelNotFoundError,
 )
 from kronk_core.contract.host import Host
@@ -29,46 +29,6 @@ def cache_dir() -> Path:
     """The user's cache directory for Kronk (XDG_CACHE_HOME respected)."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root).expanduser() / "kronk"
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    """A file a backend loads as a model (`kronk_model_file`)."""
-
-    id: str  # what it is served under when it lies under <base>/models
-    path: Path  # what a load reads: a split model's first part
-    parts: tuple[Path, ...]  # every file it is made of (sizes, `kronk model rm`)
-    # Vision and audio projectors lying beside it: one is taken, several are ambiguous.
-    projectors: tuple[Path, ...] = ()
-
-
-@dataclass(frozen=True)
-class PackagedModel:
-    """A model shipped as a PyPI package: served by its id without any configuration."""
-
-    id: str
-    install: str  # the command that installs its package
-    settings: Mapping[str, Any]
-    installed: Callable[[], bool]
-    assemble: Callable[[], Path]  # its file; built on first use where the package splits it
-    # The model a request that names none gets (unless the configuration names one).
-    default: bool = False
-
-    def path(self) -> Path:
-        if not self.installed():
-            raise ModelLoadError(
-                f"the model {self.id} comes from a PyPI package that is not installed; "
-                f"install it with `{self.install}`"
-            )
-        try:
-            return self.assemble()
-        except (ImportError, OSError) as exc:
-            # A package installed without its dependencies, or with its file gone: this
-            # model cannot be served, and it must not take the listing of the others down.
-            raise ModelLoadError(
-                f"the model {self.id} comes from a PyPI package that cannot be used "
-                f"({type(exc).__name__}: {exc}); reinstall it with `{self.install}`"
-            ) from None
 
 
 @dataclass(frozen=True)
@@ -274,15 +234,40 @@ def projector_beside(model: ModelFile) -> Path | None:
 
 
 def model_file(host: Host, path: Path) -> ModelFile | None:
-    """What a backend says the file at `path` is (`kronk_model_file`)."""
-    found: ModelFile | None = host.hook.kronk_model_file(path=path)
-    return found
+    """What the first backend that recognises the file at `path` says it is
+    (`Backend.model_file`)."""
+    return next((found for _, found in _recognised(host, path)), None)
+
+
+def _recognised(host: Host, path: Path) -> Iterator[tuple[str, ModelFile]]:
+    for name, backend in host.registry(BACKENDS).items():
+        found = backend.model_file(path)
+        if found is not None:
+            yield name, found
+
+
+def backend_for(host: Host, config: ModelConfig) -> tuple[str, Backend]:
+    """A model's backend, by name: the one its `backend:` names; unset, the first that
+    recognises its file (`Backend.model_file`), else the default one. A ConfigError
+    naming the key where none is."""
+    name = config.backend
+    if name is None and config.model_path is not None:
+        name = next((found for found, _ in _recognised(host, config.model_path)), None)
+    registry = host.registry(BACKENDS)
+    backend = registry.get(name, config.section_key("backend"))
+    return name or registry.default or "", backend
+
+
+def packaged_models(host: Host) -> dict[str, PackagedModel]:
+    """The models PyPI packages ship for the backends (`Backend.packaged_models`), by id."""
+    backends = host.registry(BACKENDS).items()
+    return {model.id: model for _, backend in backends for model in backend.packaged_models()}
 
 
 def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
     """The models under <base>/models and the `model_dirs` the backends recognise
-    (`kronk_model_file`; skipped with `installed=False`), those PyPI packages ship
-    (`kronk_packaged_models`), and how to get others (`kronk_pull_hint`)."""
+    (`Backend.model_file`; skipped with `installed=False`), those PyPI packages ship
+    (`Backend.packaged_models`), and how to get others (`kronk_pull_hint`)."""
     found: dict[str, ModelFile] = {}
     if installed:
         describe = partial(model_file, host)
@@ -290,7 +275,7 @@ def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
         for root in (models_dir(host.config), *host.config.model_dirs):
             for model_id, model in find_model_files(root, describe).items():
                 found.setdefault(model_id, model)
-    packaged = {m.id: m for answer in host.hook.kronk_packaged_models() for m in answer}
+    packaged = packaged_models(host)
     hints = tuple(hint for hint in host.hook.kronk_pull_hint() if hint)
     return ModelSources(installed=found, packaged=packaged, hints=hints)
 

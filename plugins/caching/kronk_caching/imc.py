@@ -30,7 +30,7 @@ from kronk_core.contract import (
     CachePlan,
     GenerationRequest,
     Slot,
-    TextModel,
+    StrategyModel,
     common_prefix,
     cut_point,
 )
@@ -96,7 +96,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
 
     # ---- how much of a sequence a prompt can keep ----------------------------
 
-    def _reuse(self, slot: Slot, request: GenerationRequest, model: TextModel) -> Reuse:
+    def _reuse(self, slot: Slot, request: GenerationRequest, model: StrategyModel) -> Reuse:
         shared = _shared(slot.tokens, request)
         if shared < self._min_tokens:
             return Reuse()
@@ -110,7 +110,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         return Reuse(keep, best) if keep >= self._min_tokens else Reuse()
 
     def _donor(
-        self, slots: Sequence[Slot], target: Slot, request: GenerationRequest, model: TextModel
+        self, slots: Sequence[Slot], target: Slot, request: GenerationRequest, model: StrategyModel
     ) -> tuple[Slot | None, int]:
         """Another slot whose sequence starts with a longer prefix of the prompt."""
         best: tuple[Slot | None, int] = (None, 0)
@@ -138,7 +138,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
     # ---- CacheStrategy -------------------------------------------------------
 
     def select_slot(
-        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+        self, free: Sequence[Slot], request: GenerationRequest, model: StrategyModel
     ) -> Slot:
         """The slot whose conversation the prompt continues, else an empty one, else the LRU.
 
@@ -177,7 +177,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         return False
 
     def prepare(
-        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+        self, slot: Slot, request: GenerationRequest, model: StrategyModel, slots: Sequence[Slot]
     ) -> CachePlan:
         """Reuse the slot's own prefix, another slot's (copied) or a stored one (restored).
 
@@ -234,7 +234,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         )
         return CachePlan(reused=keep)
 
-    def prefilled(self, slot: Slot, model: TextModel) -> None:
+    def prefilled(self, slot: Slot, model: StrategyModel) -> None:
         """The whole prompt is in the slot: remember where it ends, checkpoint if needed."""
         self._prompt_end[slot.id] = len(slot.tokens)
         if not self._max_checkpoints:
@@ -245,18 +245,18 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if len(kept) > EARLIEST_CHECKPOINTS + self._max_checkpoints:
             del kept[EARLIEST_CHECKPOINTS]
 
-    def evict(self, slot: Slot, model: TextModel) -> None:
+    def evict(self, slot: Slot, model: StrategyModel) -> None:
         """To the host tier, whence a request under the slot's adapters restores it."""
         self._evict(slot, model)
 
-    def release(self, slot: Slot, model: TextModel) -> None:
+    def release(self, slot: Slot, model: StrategyModel) -> None:
         """Keep the conversation: slot.tokens already lists exactly what is in the KV."""
         if self._write_through:
             self._save(slot, model)
 
     # ---- moving state ----------------------------------------------------------
 
-    def _cut(self, slot: Slot, reuse: Reuse, model: TextModel) -> bool:
+    def _cut(self, slot: Slot, reuse: Reuse, model: StrategyModel) -> bool:
         keep = reuse.keep
         if reuse.checkpoint is not None:
             done = model.restore_checkpoint(slot.seq_id, keep, reuse.checkpoint.state)
@@ -269,7 +269,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         return done
 
     def _copy(
-        self, donor: Slot, shared: int, slot: Slot, prompt: Sequence[int], model: TextModel
+        self, donor: Slot, shared: int, slot: Slot, prompt: Sequence[int], model: StrategyModel
     ) -> CachePlan:
         if slot.tokens:
             self._evict(slot, model)
@@ -281,7 +281,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         self._count(shared_prefixes=1, tokens_saved=shared)
         return CachePlan(reused=shared)
 
-    def _clear(self, slot: Slot, model: TextModel) -> None:
+    def _clear(self, slot: Slot, model: StrategyModel) -> None:
         clear(slot, model)
         self._checkpoints.pop(slot.id, None)
         self._prompt_end.pop(slot.id, None)
@@ -291,12 +291,12 @@ class IncrementalCache(Counted, PromptsAsGiven):
         if kept:
             kept[:] = [c for c in kept if c.length <= length]
 
-    def _evict(self, slot: Slot, model: TextModel) -> None:
+    def _evict(self, slot: Slot, model: StrategyModel) -> None:
         self._count(evictions=1)
         self._save(slot, model)
         self._clear(slot, model)
 
-    def _save(self, slot: Slot, model: TextModel) -> None:
+    def _save(self, slot: Slot, model: StrategyModel) -> None:
         if self.store is not None and len(slot.tokens) >= self._min_tokens:
             floor = model.trim_floor(slot.seq_id)
             checkpoints = self._checkpoints.get(slot.id, ())
@@ -322,7 +322,7 @@ class IncrementalCache(Counted, PromptsAsGiven):
         keep, entry = self.store.best(prompt, usable, request.adapters)
         return (keep, entry) if keep >= at_least else (0, None)
 
-    def _load(self, slot: Slot, entry: StoredConversation, keep: int, model: TextModel) -> int:
+    def _load(self, slot: Slot, entry: StoredConversation, keep: int, model: StrategyModel) -> int:
         """Restore a stored conversation into the (empty) slot, cut to `keep` (through the
         checkpoint taken there when the trim floor is above it); 0 on failure."""
         assert self.store is not None

@@ -11,6 +11,7 @@ from kronk_core.contract import (
     GenerationRequest,
     PromptScope,
     Slot,
+    StrategyModel,
     TextModel,
 )
 
@@ -30,7 +31,7 @@ class NoCache(PromptsAsGiven):
     name = "none"
 
     def select_slot(
-        self, free: Sequence[Slot], request: GenerationRequest, model: TextModel
+        self, free: Sequence[Slot], request: GenerationRequest, model: StrategyModel
     ) -> Slot:
         return min(free, key=lambda slot: slot.last_used)
 
@@ -40,18 +41,18 @@ class NoCache(PromptsAsGiven):
         return False
 
     def prepare(
-        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+        self, slot: Slot, request: GenerationRequest, model: StrategyModel, slots: Sequence[Slot]
     ) -> CachePlan:
         clear(slot, model)
         return CachePlan(reused=0)
 
-    def prefilled(self, slot: Slot, model: TextModel) -> None:
+    def prefilled(self, slot: Slot, model: StrategyModel) -> None:
         pass
 
-    def evict(self, slot: Slot, model: TextModel) -> None:
+    def evict(self, slot: Slot, model: StrategyModel) -> None:
         clear(slot, model)
 
-    def release(self, slot: Slot, model: TextModel) -> None:
+    def release(self, slot: Slot, model: StrategyModel) -> None:
         clear(slot, model)
 
     def counters(self) -> CacheCounters:

@@ -29,7 +29,7 @@ from kronk_core.contract import (
     GenerationRequest,
     PromptScope,
     Slot,
-    TextModel,
+    StrategyModel,
 )
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class SystemPromptCache(Counted, NoCache):
         return [ChatMessage(role="system", content=known), *messages]
 
     def prepare(
-        self, slot: Slot, request: GenerationRequest, model: TextModel, slots: Sequence[Slot]
+        self, slot: Slot, request: GenerationRequest, model: StrategyModel, slots: Sequence[Slot]
     ) -> CachePlan:
         clear(slot, model)
         size = request.system_tokens
@@ -111,7 +111,7 @@ class SystemPromptCache(Counted, NoCache):
         self._count(rebuilds=1)
         return CachePlan(reused=0)
 
-    def release(self, slot: Slot, model: TextModel) -> None:
+    def release(self, slot: Slot, model: StrategyModel) -> None:
         size = self._to_export.pop(slot.id, 0)
         exact = size >= model.trim_floor(slot.seq_id)  # cutting there keeps the window whole
         if size and len(slot.tokens) >= size and exact and model.seq_remove(slot.seq_id, size, -1):

@@ -40,7 +40,7 @@ from kronk_catalog.settings import (
     hub_token,
 )
 from kronk_catalog.update import update_catalogs, update_templates
-from kronk_core.contract import KronkError, create_plugin_manager, default_base_path
+from kronk_core.contract import Kronk, KronkConfig, KronkError, default_base_path
 
 _base_path = setting_option(
     "base_path", type=click.Path(path_type=Path), help="Base directory for Kronk data [~/.kronk]"
@@ -175,7 +175,7 @@ def _run(work: Coroutine[Any, Any, None]) -> None:
 
 def _packaged() -> set[str]:
     """The model ids installed PyPI packages serve, as the plugins say."""
-    return installed_packages(create_plugin_manager().hook.kronk_packaged_models())
+    return installed_packages(Kronk(KronkConfig()))
 
 
 def _pulled(entry: dict[str, Any]) -> str:

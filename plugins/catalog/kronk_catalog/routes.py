@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from kronk_catalog.plans import catalog_files, models_dir, reference_files
 from kronk_catalog.pulls import Pull, Pulls
 from kronk_catalog.settings import SETTINGS, CatalogSettings
 from kronk_catalog.update import update_catalogs, update_templates
-from kronk_core.contract import InvalidRequestError, PackagedModel
+from kronk_core.contract import InvalidRequestError, Kronk
 
 _ADMIN = {ENDPOINT_OPT: ADMIN}
 STATE_KEY = "kronk_pulls"
@@ -112,7 +112,7 @@ async def list_catalog(
     """Every catalog model (`?category=` filters by a prefix), with whether it is pulled."""
     base, endpoint = _base(request), _settings(request).endpoint()
     catalog = Catalog(base)
-    packaged = installed_packages(kronk_of(request).hook.kronk_packaged_models())
+    packaged = installed_packages(kronk_of(request))
     return {
         "object": "list",
         "data": [describe(entry, base, endpoint, packaged) for entry in catalog.list(category)],
@@ -124,15 +124,16 @@ async def list_catalog(
 async def show_catalog_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> dict[str, Any]:
-    packaged = installed_packages(kronk_of(request).hook.kronk_packaged_models())
+    packaged = installed_packages(kronk_of(request))
     base = _base(request)
     return describe(Catalog(base).get(model_id), base, _settings(request).endpoint(), packaged)
 
 
-def installed_packages(answers: Iterable[Sequence[PackagedModel]]) -> set[str]:
-    """The model ids installed PyPI packages serve: from the answers of
-    `kronk_packaged_models`."""
-    return {model.id for answer in answers for model in answer if model.installed()}
+def installed_packages(kronk: Kronk) -> set[str]:
+    """The model ids installed PyPI packages serve, as the backends say
+    (`Backend.packaged_models`)."""
+    packaged = kronk.model_sources(installed=False).packaged.values()
+    return {model.id for model in packaged if model.installed()}
 
 
 @post("/v1/kronk/catalog/update", opt=_ADMIN, status_code=200)

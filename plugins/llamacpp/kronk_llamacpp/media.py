@@ -387,11 +387,6 @@ class LlamaMediaModel(LlamaTextModel):
             self._cut(dst, end)
 
     @while_open
-    def seq_keep(self, seq_id: int) -> None:
-        super().seq_keep(seq_id)
-        self._places = {seq_id: self._places.get(seq_id, [])}
-
-    @while_open
     def trim_floor(self, seq_id: int) -> int:
         return self._index(seq_id, super().trim_floor(seq_id))
 

@@ -360,10 +360,6 @@ class LlamaTextModel:
                 raise KronkError(f"could not copy the window cache of sequence {src} to {dst}")
 
     @while_open
-    def seq_keep(self, seq_id: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self._memory, seq_id)
-
-    @while_open
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
         first, last = self._position(seq_id, start), self._position(seq_id, end)
         llama_cpp.llama_memory_seq_add(self._memory, seq_id, first, last, delta)

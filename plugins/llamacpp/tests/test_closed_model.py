@@ -36,7 +36,6 @@ def calls(model: LlamaMediaModel) -> dict[str, Callable[[], Any]]:
         "new_sampler": lambda: model.new_sampler([Greedy()]),
         "seq_remove": lambda: model.seq_remove(0, 0, -1),
         "seq_copy": lambda: model.seq_copy(0, 1, 0, -1),
-        "seq_keep": lambda: model.seq_keep(0),
         "seq_shift": lambda: model.seq_shift(0, 0, -1, -1),
         "seq_state": lambda: model.seq_state(0),
         "set_seq_state": lambda: model.set_seq_state(0, b"state"),

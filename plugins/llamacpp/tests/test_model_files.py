@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kronk_core import Kronk, KronkConfig
+from kronk_core.contract import ModelFile
 from kronk_core.runtime.loading import model_config_for
-from kronk_core.settings.model_files import ModelFile
 
 
 def test_split_parts_and_projectors_are_not_models(tmp_path: Path) -> None:

@@ -30,9 +30,11 @@ from kronk_core.contract import (
     Sampler,
     SamplerStage,
     SamplingParams,
+    StrategyModel,
     Temperature,
     TextModel,
     TokenDistribution,
+    backend_for,
     common_prefix,
     draw,
     model_config_for,
@@ -59,8 +61,8 @@ _SUPPORT_LIMIT = 512
 
 
 def load_draft_model(
-    kronk: Host, model_config: ModelConfig, target: TextModel, settings: SpeculativeSettings
-) -> TextModel:
+    kronk: Host, model_config: ModelConfig, target: StrategyModel, settings: SpeculativeSettings
+) -> StrategyModel:
     """The draft model for `target`: one sequence per target slot, the same context length.
 
     Its own model config is used (what `kronk model show` would load), with the
@@ -86,9 +88,10 @@ def load_draft_model(
             "sections": _backend_sections(base, settings, key),
         }
     )
-    backend = kronk.hook.kronk_backend(model_config=config)
-    if backend is None:
-        raise ConfigError(key, f"no backend plugin can load the draft model {config.model_path}")
+    try:
+        _, backend = backend_for(kronk, config)
+    except ConfigError as exc:
+        raise ConfigError(key, f"draft model {model_id!r}: {exc.message}") from None
     try:
         draft = backend.load_model(config)
     except KronkError as exc:

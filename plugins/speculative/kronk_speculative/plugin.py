@@ -15,6 +15,7 @@ from kronk_core.contract import (
     ModelInfo,
     Register,
     Section,
+    StrategyModel,
     TextModel,
 )
 from kronk_speculative.draft_model import DraftModel, load_draft_model
@@ -56,7 +57,7 @@ def draft_model_factory(kronk: Host) -> DraftStrategyFactory:
     """The `draft` factory: it loads the draft model through `kronk`'s backends."""
 
     def draft_model(
-        *, model_config: ModelConfig, model_info: ModelInfo, model: TextModel
+        *, model_config: ModelConfig, model_info: ModelInfo, model: StrategyModel
     ) -> DraftStrategy:
         settings = _settings(model_config, "draft", _LOOKUP_ONLY)
         draft = load_draft_model(kronk, model_config, model, settings)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kronk_core.contract import ConfigError, TextModel
+from kronk_core.contract import ConfigError, StrategyModel
 
 
-def describe(model: TextModel) -> str:
+def describe(model: StrategyModel) -> str:
     """A vocabulary as a person recognises it: tokenizer kind, pre-tokenizer, size."""
     meta = model.info.metadata
     kind = meta.get("tokenizer.ggml.model", "unknown")
@@ -13,7 +13,7 @@ def describe(model: TextModel) -> str:
     return f"{kind} tokenizer{f' ({pre})' if pre else ''}, {model.info.n_vocab} tokens"
 
 
-def first_difference(target: TextModel, draft: TextModel) -> int | None:
+def first_difference(target: StrategyModel, draft: StrategyModel) -> int | None:
     """The first token id whose text differs, or None when every token is the same."""
     for token in range(min(target.info.n_vocab, draft.info.n_vocab)):
         if target.token_text(token) != draft.token_text(token):
@@ -21,7 +21,7 @@ def first_difference(target: TextModel, draft: TextModel) -> int | None:
     return None
 
 
-def check_vocabulary(target: TextModel, draft: TextModel, key: str) -> None:
+def check_vocabulary(target: StrategyModel, draft: StrategyModel, key: str) -> None:
     """ConfigError naming both vocabularies unless every token id means the same in both."""
     mismatch = target.info.n_vocab != draft.info.n_vocab
     token = None if mismatch else first_difference(target, draft)
