@@ -276,9 +276,18 @@ def run_kronk(
 ) -> Results:
     port = free_port()
     command = [
-        sys.executable, "-m", "kronk_api.cli", "server", "start",
-        "--api-host", f"127.0.0.1:{port}", "--preload", "--base-path", str(log_dir / "kronk"),
-        "--model", GEMMA_MODEL_ID,
+        sys.executable,
+        "-m",
+        "kronk_api.cli",
+        "server",
+        "start",
+        "--api-host",
+        f"127.0.0.1:{port}",
+        "--preload",
+        "--base-path",
+        str(log_dir / "kronk"),
+        "--model",
+        GEMMA_MODEL_ID,
     ]
     if model_config is not None:
         command += ["--model-config-file", str(model_config)]
@@ -341,7 +350,7 @@ def kronk_references(w1: list[tuple[Messages, Turn]]) -> tuple[float, list[tuple
         request = kronk.chat_request(messages)
         prompts.append(loaded.render(request.messages, kronk.render_options(request)))
         replies.append(loaded.tokenize_prompt(turn.reply))
-    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID, {}, kronk.model_sources())
+    config = resolve_model_config(kronk.config, GEMMA_MODEL_ID, {}, kronk.models.sources())
     kronk.close()
     model = LlamaTextModel(config)
     try:
@@ -416,8 +425,10 @@ def _errors(runs: list[list[tuple[Messages, Turn]]]) -> int:
 
 def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, float]]) -> None:
     print("\nW1: one agent, 12 turns (seconds)")
-    print(f"{'turn':<6}{'new tok':>8}{'llama TTFT':>12}{'kronk TTFT':>12}{'kronk cached':>14}"
-          f"{'prefill new':>13}{'TTFT/prefill':>14}")
+    print(
+        f"{'turn':<6}{'new tok':>8}{'llama TTFT':>12}{'kronk TTFT':>12}{'kronk cached':>14}"
+        f"{'prefill new':>13}{'TTFT/prefill':>14}"
+    )
     worst = 0.0
     for number, ((_, ls), (_, ks)) in enumerate(zip(llama.w1, kronk.w1, strict=True)):
         if number == 0:
@@ -425,29 +436,50 @@ def report(llama: Results, kronk: Results, cold: float, refs: list[tuple[int, fl
         else:
             new, reference = refs[number - 1]
             worst = max(worst, ks.ttft / reference)
-        print(f"{number + 1:<6}{new:>8}{ls.ttft:>12.3f}{ks.ttft:>12.3f}{ks.cached_tokens:>14}"
-              f"{reference:>13.3f}{ks.ttft / reference:>13.2f}x")
+        print(
+            f"{number + 1:<6}{new:>8}{ls.ttft:>12.3f}{ks.ttft:>12.3f}{ks.cached_tokens:>14}"
+            f"{reference:>13.3f}{ks.ttft / reference:>13.2f}x"
+        )
     print(f"\n{'figure':<44}{'llama-srv':>12}{'kronk':>12}{'ratio':>9}  target")
     _row("W1 wall", llama.w1_wall, kronk.w1_wall, "<= 0.90x")
-    _row("W1 TTFT summed", sum(t.ttft for _, t in llama.w1), sum(t.ttft for _, t in kronk.w1),
-         "<= 0.80x")
+    _row(
+        "W1 TTFT summed",
+        sum(t.ttft for _, t in llama.w1),
+        sum(t.ttft for _, t in kronk.w1),
+        "<= 0.80x",
+    )
     _row("W1 turn 1 TTFT", llama.w1[0][1].ttft, kronk.w1[0][1].ttft, "-")
-    print(f"{'W1 turn 1 TTFT / kronk cold prefill':<44}{'':>12}{kronk.w1[0][1].ttft / cold:>12.2f}"
-          f"{'':>9}  <= 1.05")
-    print(f"{'W1 turns 2-12: worst TTFT / new-token prefill':<44}{'':>12}{worst:>12.2f}{'':>9}"
-          "  <= 1.10")
-    _row(f"cold prefill, {kronk.cold.prompt_tokens}-token prompt",
-         llama.cold.prompt_tokens / llama.cold.ttft, kronk.cold.prompt_tokens / kronk.cold.ttft,
-         ">= 0.97x", "tok/s")
-    _row("decode at ~4k context, one stream", _decode_rate(llama.decode),
-         _decode_rate(kronk.decode), ">= 0.97x", "tok/s")
+    print(
+        f"{'W1 turn 1 TTFT / kronk cold prefill':<44}{'':>12}{kronk.w1[0][1].ttft / cold:>12.2f}"
+        f"{'':>9}  <= 1.05"
+    )
+    print(
+        f"{'W1 turns 2-12: worst TTFT / new-token prefill':<44}{'':>12}{worst:>12.2f}{'':>9}"
+        "  <= 1.10"
+    )
+    _row(
+        f"cold prefill, {kronk.cold.prompt_tokens}-token prompt",
+        llama.cold.prompt_tokens / llama.cold.ttft,
+        kronk.cold.prompt_tokens / kronk.cold.ttft,
+        ">= 0.97x",
+        "tok/s",
+    )
+    _row(
+        "decode at ~4k context, one stream",
+        _decode_rate(llama.decode),
+        _decode_rate(kronk.decode),
+        ">= 0.97x",
+        "tok/s",
+    )
     _row("W2 wall (4 agents x 8 turns)", llama.w2_wall, kronk.w2_wall, "<= 0.95x")
     _row("W2 TTFT summed", sum(_ttfts(llama.w2)), sum(_ttfts(kronk.w2)), "<= 0.80x")
     if kronk.w3:
         _row("W3 wall (16 agents x 4 turns)", llama.w3_wall, kronk.w3_wall, "-")
         _row("W3 TTFT summed", sum(_ttfts(llama.w3)), sum(_ttfts(kronk.w3)), "<= 0.50x")
-        print(f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
-              f"{'':>9}  kronk: 0")
+        print(
+            f"{'W3 requests refused or failed':<44}{_errors(llama.w3):>12}{_errors(kronk.w3):>12}"
+            f"{'':>9}  kronk: 0"
+        )
     report_fleets(llama, kronk)
     report_sampled(llama, kronk)
     failed = _errors([llama.w1, *llama.w2]) + _errors([kronk.w1, *kronk.w2])
@@ -465,10 +497,18 @@ def report_sampled(llama: Results, kronk: Results) -> None:
         ("without / without (nothing differs)", kronk.sampled_control, kronk.sampled_plain),
     ):
         ratios = [rate([a]) / rate([b]) for a, b in zip(ours, theirs, strict=True)]
-        print(f"S, Kronk {name}, each round: " + ", ".join(f"{r:.2f}" for r in ratios)
-              + f" (worst {min(ratios):.2f}x)")
-    _row("S: speculation, all rounds (without | with)", rate(kronk.sampled_plain),
-         rate(kronk.sampled), ">= 0.97x", "tok/s")
+        print(
+            f"S, Kronk {name}, each round: "
+            + ", ".join(f"{r:.2f}" for r in ratios)
+            + f" (worst {min(ratios):.2f}x)"
+        )
+    _row(
+        "S: speculation, all rounds (without | with)",
+        rate(kronk.sampled_plain),
+        rate(kronk.sampled),
+        ">= 0.97x",
+        "tok/s",
+    )
 
 
 def report_fleets(llama: Results, kronk: Results) -> None:
@@ -485,10 +525,14 @@ def report_fleets(llama: Results, kronk: Results) -> None:
         # The fleet's wall time is mostly prefill: the same work on both is a fair race.
         prefilled = _prefilled(theirs), _prefilled(ours)
         _row(f"{name}: prompt tokens prefilled", *prefilled, "-", "tokens")
-        print(f"{name + ': later turns with nothing cached':<44}{_uncached(theirs):>12}"
-              f"{_uncached(ours):>12}{'':>9}  kronk: 0")
-        print(f"{name + ': requests refused or failed':<44}{_errors(theirs):>12}"
-              f"{_errors(ours):>12}{'':>9}  kronk: 0")
+        print(
+            f"{name + ': later turns with nothing cached':<44}{_uncached(theirs):>12}"
+            f"{_uncached(ours):>12}{'':>9}  kronk: 0"
+        )
+        print(
+            f"{name + ': requests refused or failed':<44}{_errors(theirs):>12}"
+            f"{_errors(ours):>12}{'':>9}  kronk: 0"
+        )
 
 
 def main() -> None:

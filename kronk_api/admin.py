@@ -42,12 +42,12 @@ async def slots(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def devices(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The backends' devices with their free and total memory (llama.cpp: CPU, CUDA0, ...)."""
     kronk: Kronk = request.app.state.kronk
-    found = await asyncio.to_thread(kronk.devices)
+    found = await asyncio.to_thread(kronk.models.devices)
     return {"object": "list", "data": [asdict(device) for device in found]}
 
 
 def _estimates(kronk: Kronk, model_ids: list[str]) -> dict[str, dict[str, object] | None]:
-    found = {model_id: kronk.memory_estimate(model_id) for model_id in model_ids}
+    found = {model_id: kronk.models.memory_estimate(model_id) for model_id in model_ids}
     return {key: None if value is None else estimate_summary(value) for key, value in found.items()}
 
 
@@ -85,8 +85,8 @@ async def loaded_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def unload_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> dict[str, Any]:
     """Unload a model now; requests still running on it end with an error."""
     kronk: Kronk = request.app.state.kronk
-    if model_id not in kronk.model_ids():
-        raise kronk.unknown_model(model_id)
+    if model_id not in kronk.models.ids():
+        raise kronk.models.unknown(model_id)
     return {"id": model_id, "unloaded": await kronk.aunload(model_id)}
 
 
@@ -124,7 +124,7 @@ async def models_ps(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
                 "id": entry.model_id,
                 "owned_by": "kronk",
                 "model_family": info.architecture,
-                "size": sum(part.stat().st_size for part in kronk.model_parts(Path(info.path))),
+                "size": sum(part.stat().st_size for part in kronk.models.parts(Path(info.path))),
                 "vram_total": info.memory_bytes,
                 "kv_cache": estimate["kv_bytes"] if estimate else None,
                 "slots": info.n_seq_max,
@@ -168,7 +168,7 @@ async def pool_budget(request: Request[Any, Any, Any]) -> dict[str, Any]:
     there (their estimates' placement), and each model's share (its reservation)."""
     kronk: Kronk = request.app.state.kronk
     entries = kronk.pool.entries()
-    found = await asyncio.to_thread(kronk.devices)
+    found = await asyncio.to_thread(kronk.models.devices)
     estimates = await asyncio.to_thread(_estimates, kronk, [e.model_id for e in entries])
     reservations: list[dict[str, Any]] = []
     for entry in entries:

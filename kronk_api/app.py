@@ -75,7 +75,7 @@ def _readiness(request: Request[Any, Any, Any]) -> tuple[dict[str, Any], Load]:
     kronk: Kronk = request.app.state.kronk
     drain: Drain = request.app.state.drain
     settings: ServerSettings = request.app.state.settings
-    model_id = kronk.canonical(kronk.default_model)
+    model_id = kronk.models.canonical(kronk.models.default)
     state, failure = kronk.pool.state(model_id)
     load = load_of(kronk)
     stuck = _stuck_engine(kronk, settings.engine_step_deadline)

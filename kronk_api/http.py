@@ -39,7 +39,7 @@ async def media_sources(
         return MediaSources(limits)
     # Loaded first, as the request would be: its projector is then known for certain.
     model_id = (await kronk.aload(model)).id
-    reads = kronk.model_media(model_id)
+    reads = kronk.models.media(model_id)
     if not reads:
         raise CapabilityError(
             f"{model_id} has no projector: it does not read images or sounds, so the "
@@ -69,9 +69,7 @@ def _is_branch_label(part: str | int) -> bool:
     Field names in the dialects' schemas are snake_case, never capitalised.
     """
     text = str(part)
-    return (
-        text.startswith("function-") or "[" in text or text in _TYPE_LABELS or text[:1].isupper()
-    )
+    return text.startswith("function-") or "[" in text or text in _TYPE_LABELS or text[:1].isupper()
 
 
 _TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})

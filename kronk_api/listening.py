@@ -39,7 +39,7 @@ def summary(app: Litestar) -> str:
     models = (
         "loaded: " + ", ".join(loaded)
         if loaded
-        else f"no model loaded yet (the default, {kronk.default_model}, loads on first use)"
+        else f"no model loaded yet (the default, {kronk.models.default}, loads on first use)"
     )
     return "ready: " + ", ".join(f"{what} {url}" for what, url in places) + "; " + models
 

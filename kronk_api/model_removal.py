@@ -17,10 +17,10 @@ async def delete_model_files_of(kronk: Kronk, model_id: str, *, force: bool) -> 
     (a packaged model, a file the configuration names, a model folder's) is refused.
     While loaded from these files it is refused (ModelLoadedError) unless `force`, which
     unloads it first."""
-    if model_id not in kronk.model_ids():
-        raise kronk.unknown_model(model_id)
-    sources = kronk.model_sources()
-    removed = removable_files(kronk.config, model_id, kronk.provided_models(), sources)
+    if model_id not in kronk.models.ids():
+        raise kronk.models.unknown(model_id)
+    sources = kronk.models.sources()
+    removed = removable_files(kronk.config, model_id, kronk.models.provided(), sources)
     ours = {path.resolve() for path in removed.parts}
     entries = kronk.pool.entries()
     loaded = [e.model_id for e in entries if Path(e.model.info.path).resolve() in ours]

@@ -27,7 +27,7 @@ from kronk_api.settings import (
     server_sections,
     split_list,
 )
-from kronk_core.contract.host import PluginManager
+from kronk_core.contract.kronk_view import PluginManager
 from kronk_core.contract.plugins import create_plugin_manager
 from kronk_core.settings import spellings
 from kronk_core.settings.sections import warn_deprecated

@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from kronk_api.logs import LogFormat
 from kronk_core.contract.errors import ConfigError
-from kronk_core.contract.host import PluginManager
+from kronk_core.contract.kronk_view import PluginManager
 from kronk_core.contract.media import MediaConfig, allowed_host
 from kronk_core.settings import spellings
 from kronk_core.settings.config import (

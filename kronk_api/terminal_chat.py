@@ -160,7 +160,7 @@ class TerminalChat:
     def content_of(self, text: str) -> str | list[Any]:
         """The message's content: its text, and the image and sound files it names by path
         when the model reads them (each said as it is added)."""
-        media = self.kronk.model_media(self.model_id)
+        media = self.kronk.models.media(self.model_id)
         if not media:
             return text
         words, files = [], []
@@ -212,8 +212,10 @@ class TerminalChat:
             self.think = what == "think"
             self._write(f"Set '{what}' mode.\n")
         else:
-            self._write("Usage: /set parameter NAME VALUE | system TEXT | think | nothink | "
-                        "verbose | quiet\n")
+            self._write(
+                "Usage: /set parameter NAME VALUE | system TEXT | think | nothink | "
+                "verbose | quiet\n"
+            )
 
     def _set_parameter(self, text: str) -> None:
         name, _, raw = text.partition(" ")
@@ -239,8 +241,11 @@ class TerminalChat:
     def _show(self, what: str) -> None:
         if what == "parameters":
             lines = [f"{name:<20}{value}" for name, value in self.parameters.items()]
-            self._write("\n".join(["Parameters set in this session:", *lines]) + "\n"
-                        if lines else "No parameters set in this session.\n")
+            self._write(
+                "\n".join(["Parameters set in this session:", *lines]) + "\n"
+                if lines
+                else "No parameters set in this session.\n"
+            )
         elif what == "system":
             self._write((self.system or "No system message was specified.") + "\n")
         elif what == "info":
@@ -254,7 +259,7 @@ class TerminalChat:
 
     def _info(self) -> str:
         rows = [("model", self.model_id)]
-        facts = self.kronk.model_facts(self.model_id)
+        facts = self.kronk.models.facts(self.model_id)
         if facts is not None:
             rows += [
                 ("architecture", facts.architecture),
@@ -265,7 +270,7 @@ class TerminalChat:
         loaded = self.kronk.get_loaded(self.model_id)
         if loaded is not None:
             rows.append(("context window", f"{loaded.info.n_ctx_per_seq} tokens per slot"))
-        media = self.kronk.model_media(self.model_id)
+        media = self.kronk.models.media(self.model_id)
         rows.append(("input", ", ".join(["text", *sorted(kind.value for kind in media)])))
         return "\n".join(f"  {name:<16}{value}" for name, value in rows)
 
@@ -274,7 +279,7 @@ class TerminalChat:
             self._write("Usage: /load MODEL\n")
             return
         try:
-            model_id = self.kronk.resolve(name, pull=True)
+            model_id = self.kronk.models.resolve(name, pull=True)
             self.kronk.load(model_id)
         except KronkError as exc:
             self._write(f"Couldn't load {name}: {exc.message}\n")

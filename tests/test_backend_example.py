@@ -35,7 +35,7 @@ async def test_its_files_are_models_it_loads(
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "hello.echo").write_text(HELLO, encoding="utf-8")
     kronk = make_kronk(plugins={"echo": kronk_echo}, base_path=tmp_path)
-    assert "hello" in kronk.model_ids()
+    assert "hello" in kronk.models.ids()
     first = await kronk.chat(HI, model="hello")
     assert first.content == HELLO
     assert first.finish_reason == "stop"
@@ -44,8 +44,8 @@ async def test_its_files_are_models_it_loads(
     second = await kronk.chat(messages, model="hello")
     assert second.content == HELLO
     assert second.usage.cached_tokens > 0
-    assert kronk.model_facts("hello") == ModelFacts("echo", len(HELLO), "bytes", 4096)
-    assert kronk.memory_estimate("hello") is None
+    assert kronk.models.facts("hello") == ModelFacts("echo", len(HELLO), "bytes", 4096)
+    assert kronk.models.memory_estimate("hello") is None
 
 
 async def test_an_entry_names_it_for_a_file_of_another_kind(

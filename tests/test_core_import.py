@@ -18,9 +18,9 @@ def test_core_imports_without_llama_cpp() -> None:
         from kronk_core.contract.errors import ConfigError
         models = {"m": ModelConfig(model_path="/m.gguf")}
         kronk = Kronk(KronkConfig(plugins=PluginSelection(disabled=["llamacpp"]), models=models))
-        assert kronk.model_ids() == ["m"]
+        assert kronk.models.ids() == ["m"]
         try:
-            kronk.default_model
+            kronk.models.default
         except ConfigError as exc:  # the default model is a backend plugin's
             assert "no active plugin ships a default model" in str(exc), exc
         else:

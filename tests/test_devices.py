@@ -46,7 +46,7 @@ def _manual_example(path: Path) -> Path:
 
 
 def test_devices_list_the_cpu_with_its_memory(kronk: Kronk) -> None:
-    devices = kronk.devices()
+    devices = kronk.models.devices()
     cpu = next(device for device in devices if device.type == "cpu")
     assert cpu.name == "CPU"
     ram = Path("/proc/meminfo").read_text().split()
@@ -59,7 +59,7 @@ def test_estimate_of_the_default_model_matches_llama_cpp(kronk: Kronk, gemma_pat
     """Same bytes per token as the loaded model reports; weights = the file."""
     loaded = kronk.get_loaded()
     assert loaded is not None
-    found = kronk.memory_estimate(GEMMA_MODEL_ID)
+    found = kronk.models.memory_estimate(GEMMA_MODEL_ID)
     assert found is not None
     assert found.kv_bytes_per_token == loaded.info.kv_bytes_per_token
     assert found.weights_bytes == Path(gemma_path).stat().st_size
@@ -80,8 +80,8 @@ def test_estimate_follows_the_manuals_formula(tmp_path: Path) -> None:
         q8={"model_path": path, "context_window": 131072, "n_seq_max": 2,
             "llamacpp": {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}},
     )  # fmt: skip
-    f16 = kronk.memory_estimate("f16")
-    q8 = kronk.memory_estimate("q8")
+    f16 = kronk.models.memory_estimate("f16")
+    q8 = kronk.models.memory_estimate("q8")
     assert f16 is not None and q8 is not None
     assert f16.n_layer == 48
     assert f16.kv_bytes_per_token == 48 * 4 * (128 + 128) * 2

@@ -42,7 +42,7 @@ from kronk_core.contract.cache import CacheStrategy, CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategy, DraftStrategyFactory
 from kronk_core.contract.errors import ConfigError, ModelNotFoundError
 from kronk_core.contract.hookspecs import hookspec
-from kronk_core.contract.host import Host
+from kronk_core.contract.kronk_view import KronkView
 from kronk_core.contract.memory import Device, MemoryEstimate
 from kronk_core.contract.records import ChatRecord, RequestRecord, current_request_id
 from kronk_core.contract.registry import Register
@@ -270,11 +270,11 @@ async def test_hook_kronk_models(make_kronk: MakeKronk, tmp_path: Path) -> None:
 
     class OffersAModel:
         @hookimpl
-        def kronk_models(self, kronk: Host) -> dict[str, dict[str, Any]]:
+        def kronk_models(self, kronk: KronkView) -> dict[str, dict[str, Any]]:
             return {"offered": {"backend": scripted.BACKEND, "model_path": str(script)}}
 
     kronk = make_kronk(plugins={"scripted": scripted, "offers": OffersAModel()})
-    assert "offered" in kronk.model_ids()
+    assert "offered" in kronk.models.ids()
     assert (await kronk.chat(HI, model="offered")).content == "offered by a plugin"
 
 
@@ -293,11 +293,11 @@ def test_hook_kronk_pull_hint(make_kronk: MakeKronk) -> None:
 async def test_hook_kronk_resolve_model(scripted_kronk: ScriptedKronk) -> None:
     class Resolves:
         @hookimpl
-        def kronk_resolve_model(self, kronk: Host, reference: str, pull: bool) -> str | None:
+        def kronk_resolve_model(self, kronk: KronkView, reference: str, pull: bool) -> str | None:
             return "m" if reference == "toy-org/toy-repo:Q4_0" else None
 
     kronk = scripted_kronk({"m": {}}, plugins={"resolves": Resolves()})
-    assert kronk.resolve("toy-org/toy-repo:Q4_0") == "m"
+    assert kronk.models.resolve("toy-org/toy-repo:Q4_0") == "m"
     assert (await kronk.chat(HI, model="toy-org/toy-repo:Q4_0")).content
 
 
@@ -354,22 +354,22 @@ async def test_hook_kronk_register_backends(make_kronk: MakeKronk, tmp_path: Pat
 
     class RegistersABackend:
         @hookimpl
-        def kronk_register_backends(self, register: Register[Backend], kronk: Host) -> None:
+        def kronk_register_backends(self, register: Register[Backend], kronk: KronkView) -> None:
             register("toy", toy)
 
     script = _script_file(tmp_path, "named", "its backend named")
     models = {"named": {"backend": "toy", "model_path": str(script)}}
     kronk = make_kronk(models, plugins={"toy": RegistersABackend()}, base_path=base)
     # Its files under <base>/models and its package's model: served by id, loaded by it.
-    assert {"found", "boxed"} <= set(kronk.model_ids())
+    assert {"found", "boxed"} <= set(kronk.models.ids())
     assert (await kronk.chat(HI, model="found")).content == "from a .toy file"
     assert (await kronk.chat(HI, model="boxed")).content == "shipped in a package"
     # A model whose `backend:` names it, whatever its file.
     assert (await kronk.chat(HI, model="named")).content == "its backend named"
     assert toy.loaded == ["found", "boxed", "named"]
-    assert ToyBackend.DEVICE in kronk.devices()
-    assert kronk.memory_estimate("found") == ToyBackend.ESTIMATE
-    assert kronk.model_facts("named") == ToyBackend.FACTS
+    assert ToyBackend.DEVICE in kronk.models.devices()
+    assert kronk.models.memory_estimate("found") == ToyBackend.ESTIMATE
+    assert kronk.models.facts("named") == ToyBackend.FACTS
 
 
 async def test_a_default_backend_loads_what_no_backend_recognises(
@@ -399,7 +399,7 @@ def test_hook_kronk_register_cache_strategies(scripted_kronk: ScriptedKronk) -> 
     class RegistersACache:
         @hookimpl
         def kronk_register_cache_strategies(
-            self, register: Register[CacheStrategyFactory], kronk: Host
+            self, register: Register[CacheStrategyFactory], kronk: KronkView
         ) -> None:
             def forgetful(*, model_config: ModelConfig, model_info: ModelInfo) -> CacheStrategy:
                 made.append(model_config.id)
@@ -419,7 +419,7 @@ def test_hook_kronk_register_draft_strategies(scripted_kronk: ScriptedKronk) -> 
     class RegistersADrafter:
         @hookimpl
         def kronk_register_draft_strategies(
-            self, register: Register[DraftStrategyFactory], kronk: Host
+            self, register: Register[DraftStrategyFactory], kronk: KronkView
         ) -> None:
             def echo(**arguments: Any) -> DraftStrategy:
                 made.append(arguments["model_config"].id)
@@ -454,7 +454,7 @@ async def test_hook_kronk_register_template_processors(scripted_kronk: ScriptedK
     class RegistersAProcessor:
         @hookimpl
         def kronk_register_template_processors(
-            self, register: Register[TemplateProcessorFactory], kronk: Host
+            self, register: Register[TemplateProcessorFactory], kronk: KronkView
         ) -> None:
             def counting(**arguments: Any) -> TemplateProcessor:
                 # Looked up at load time: the registry is being filled while this hook runs.
@@ -492,7 +492,7 @@ async def test_hook_kronk_app(scripted_kronk: ScriptedKronk, make_server: MakeSe
 
     class AddsARoute:
         @hookimpl
-        def kronk_app(self, app_config: AppConfig, kronk: Host) -> None:
+        def kronk_app(self, app_config: AppConfig, kronk: KronkView) -> None:
             app_config.route_handlers.append(hello)
 
     server = make_server(scripted_kronk(plugins={"adds": AddsARoute()}))
@@ -564,7 +564,7 @@ def test_hook_kronk_register_limit_stores(scripted_kronk: ScriptedKronk) -> None
     class RegistersAStore:
         @hookimpl(optionalhook=True)
         def kronk_register_limit_stores(
-            self, register: Register[LimitStoreFactory], kronk: Host
+            self, register: Register[LimitStoreFactory], kronk: KronkView
         ) -> None:
             def counted(url: str, base_path: Path) -> LimitStore:
                 opened.append(url)
@@ -611,7 +611,9 @@ async def test_hook_kronk_register_tool_formats(scripted_kronk: ScriptedKronk) -
 
     class RegistersAFormat:
         @hookimpl(optionalhook=True)
-        def kronk_register_tool_formats(self, register: Register[ToolFormat], kronk: Host) -> None:
+        def kronk_register_tool_formats(
+            self, register: Register[ToolFormat], kronk: KronkView
+        ) -> None:
             register("bracketed", Bracketed())
 
     call = '<tool_call>\n{"name": "lookup", "arguments": {"q": "tea"}}\n</tool_call>'

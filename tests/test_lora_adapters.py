@@ -324,7 +324,7 @@ def test_the_http_api_lists_sets_and_takes_adapters_as_llama_server(
 
 
 def test_the_memory_estimate_counts_the_adapters(kronk: Kronk, adapters: dict[str, Path]) -> None:
-    found = kronk.memory_estimate("adapted")
+    found = kronk.models.memory_estimate("adapted")
     assert found is not None
     files = [Path(default_model_path()), adapters[SMOLLM2_LORA], adapters[SMOLLM2_LORA_B]]
     assert found.weights_bytes == sum(file.stat().st_size for file in files)

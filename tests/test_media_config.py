@@ -59,12 +59,12 @@ def test_a_pulled_model_reads_through_the_projector_beside_it(
 ) -> None:
     folder = _install(tmp_path, multimodal_paths, "mmproj-F16.gguf")
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
-        assert "vl-Q4_K_M" in kronk.model_ids()
-        assert not any(model_id.startswith("mmproj") for model_id in kronk.model_ids())
+        assert "vl-Q4_K_M" in kronk.models.ids()
+        assert not any(model_id.startswith("mmproj") for model_id in kronk.models.ids())
         assert model_config_for(kronk, "vl-Q4_K_M").projector_path == folder / "mmproj-F16.gguf"
         # Before loading, from the projector's header; after, from the loaded projector.
-        assert kronk.model_media("vl-Q4_K_M") == {MediaKind.image, MediaKind.audio}
-        estimate = kronk.memory_estimate("vl-Q4_K_M")
+        assert kronk.models.media("vl-Q4_K_M") == {MediaKind.image, MediaKind.audio}
+        estimate = kronk.models.memory_estimate("vl-Q4_K_M")
         assert (
             estimate is not None
             and estimate.projector_bytes == multimodal_paths.both.stat().st_size
@@ -73,8 +73,8 @@ def test_a_pulled_model_reads_through_the_projector_beside_it(
             estimate.weights_bytes + estimate.projector_bytes + estimate.kv_bytes
         )
         kronk.load("vl-Q4_K_M")
-        assert kronk.model_media("vl-Q4_K_M") == {MediaKind.image, MediaKind.audio}
-        assert kronk.model_media(None) == frozenset()  # the default model has no projector
+        assert kronk.models.media("vl-Q4_K_M") == {MediaKind.image, MediaKind.audio}
+        assert kronk.models.media(None) == frozenset()  # the default model has no projector
     (folder / "mmproj-Q8_0.gguf").symlink_to(multimodal_paths.vision)
     with caplog.at_level(logging.WARNING), Kronk(KronkConfig(base_path=tmp_path)) as kronk:
         assert model_config_for(kronk, "vl-Q4_K_M").projector_path is None
@@ -101,7 +101,7 @@ def test_a_catalog_model_runs_with_its_projector(
     (folder / "tiny-vl.gguf").symlink_to(multimodal_paths.model)
     (folder / "mmproj-tiny-vl.gguf").symlink_to(multimodal_paths.vision)
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
-        settings = kronk.provided_models()["Tiny-VL"]
+        settings = kronk.models.provided()["Tiny-VL"]
         assert settings["projector_path"] == str(folder / "mmproj-tiny-vl.gguf")
         result = asyncio.run(
             kronk.chat(
@@ -111,4 +111,4 @@ def test_a_catalog_model_runs_with_its_projector(
             )
         )
         assert result.usage.prompt_tokens > 64
-        assert kronk.model_media("Tiny-VL") == {MediaKind.image}
+        assert kronk.models.media("Tiny-VL") == {MediaKind.image}

@@ -43,8 +43,8 @@ def test_model_folders_are_listed_after_the_base_s_first_file_winning(
     base, a, b = folders
     monkeypatch.delenv("KRONK_MODEL_DIRS", raising=False)
     with Kronk(KronkConfig(base_path=base, model_dirs=[a, b])) as kronk:
-        installed = kronk.model_sources().installed
-        assert {"tiny", "shared", "own"} <= set(kronk.model_ids())
+        installed = kronk.models.sources().installed
+        assert {"tiny", "shared", "own"} <= set(kronk.models.ids())
         assert installed["tiny"].path == base / "models" / "tiny.gguf"
         assert installed["shared"].path == a / "shared.gguf"
         assert installed["own"].path == b / "own.gguf"
@@ -72,8 +72,8 @@ async def test_a_model_named_by_its_file_is_served_under_its_name(
         assert answer.usage.completion_tokens == 2
         assert [model.id for model in kronk.loaded_models()] == ["own"]
         # Any file of a model it serves, by any path; a file it does not serve is no model.
-        assert kronk.resolve(str(a / "shared.gguf")) == "shared"
-        assert kronk.resolve("../a/./shared.gguf") == "shared"
+        assert kronk.models.resolve(str(a / "shared.gguf")) == "shared"
+        assert kronk.models.resolve("../a/./shared.gguf") == "shared"
         # b's shared.gguf (here, in the working folder) is hidden by a's; a model file in
         # no model folder is no model either: a name does not make Kronk open a file.
         stray = base.parent / "stray.gguf"

@@ -14,7 +14,7 @@ from kronk_core.contract.errors import KronkError
 def devices() -> None:
     """List the devices models can run on, with free and total memory."""
     try:
-        found = Kronk(KronkConfig()).devices()
+        found = Kronk(KronkConfig()).models.devices()
     except KronkError as exc:
         fail(exc)
     rows = [("INDEX", "NAME", "TYPE", "FREE", "TOTAL", "DESCRIPTION")]

@@ -43,7 +43,7 @@ def model_list(base_path: Path | None, model_config_file: Path | None, as_json: 
     try:
         config = local_config(base_path, model_config_file)
         with Kronk(config) as kronk:
-            found = [_describe(kronk, model_id) for model_id in kronk.model_ids()]
+            found = [_describe(kronk, model_id) for model_id in kronk.models.ids()]
     except KronkError as exc:
         fail(exc)
     if as_json:
@@ -78,15 +78,15 @@ def _describe(kronk: Kronk, model_id: str) -> dict[str, Any]:
         path = model_config_for(kronk, model_id).model_path
         assert path is not None  # resolved
         entry["model_path"] = str(path)
-        entry["size_bytes"] = sum(part.stat().st_size for part in kronk.model_parts(path))
-        facts = kronk.model_facts(model_id)
+        entry["size_bytes"] = sum(part.stat().st_size for part in kronk.models.parts(path))
+        facts = kronk.models.facts(model_id)
     except (KronkError, OSError) as exc:
         return {**entry, "error": exc.message if isinstance(exc, KronkError) else str(exc)}
     if facts is not None:
         entry.update(asdict(facts))
     # What a request gets per slot, as a load would choose it now (the trained length,
     # lowered to what fits, or the entry's context_window), beside what the file says.
-    entry["context_window"] = kronk.context_length(model_id)
+    entry["context_window"] = kronk.models.context_length(model_id)
     return entry
 
 
@@ -101,14 +101,14 @@ def model_show(
     context length), its settings, and what loading it would take (memory estimate)."""
     try:
         kronk = Kronk(local_config(base_path, model_config_file, model_id))
-        model_id = kronk.resolve(model_id, pull=False)
+        model_id = kronk.models.resolve(model_id, pull=False)
         config = model_config_for(kronk, model_id)
-        facts = kronk.model_facts(model_id)
-        estimate = kronk.memory_estimate(model_id)
+        facts = kronk.models.facts(model_id)
+        estimate = kronk.models.memory_estimate(model_id)
     except KronkError as exc:
         fail(exc)
     assert config.model_path is not None  # resolved
-    size = sum(part.stat().st_size for part in kronk.model_parts(config.model_path))
+    size = sum(part.stat().st_size for part in kronk.models.parts(config.model_path))
     click.echo(f"model:           {model_id}")
     click.echo(f"file:            {config.model_path}")
     click.echo(f"size:            {mib(size)}")
@@ -173,8 +173,8 @@ def model_rm(
     try:
         config = local_config(base_path, model_config_file)
         with Kronk(config) as kronk:
-            sources = kronk.model_sources()
-            removed = removable_files(config, model_id, kronk.provided_models(), sources)
+            sources = kronk.models.sources()
+            removed = removable_files(config, model_id, kronk.models.provided(), sources)
     except KronkError as exc:
         fail(exc)
     files = removed.parts

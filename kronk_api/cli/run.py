@@ -57,7 +57,7 @@ def run(
         config = local_config(base_path, model_config_file, model_id)
         kronk = Kronk(config)
         with _progress_lines():
-            model_id = kronk.resolve(model_id, pull=True)
+            model_id = kronk.models.resolve(model_id, pull=True)
         with _spinner(f"loading {model_id}"):
             kronk.load(model_id)
     except KronkError as exc:

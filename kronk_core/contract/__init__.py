@@ -73,7 +73,7 @@ from kronk_core.contract.errors import (
     UnavailableError,
 )
 from kronk_core.contract.generation import EngineEvent, Finished, GenerationRequest, TextChunk
-from kronk_core.contract.host import Host, PluginManager, PoolView, Subscription
+from kronk_core.contract.kronk_view import KronkView, PluginManager, PoolView, Subscription
 from kronk_core.contract.media import (
     MEDIA_MARKER,
     Media,
@@ -306,7 +306,6 @@ __all__ = [
     "GenerationRequest",
     "Grammar",
     "Greedy",
-    "Host",
     "Infill",
     "InfillFile",
     "InsufficientMemoryError",
@@ -317,6 +316,7 @@ __all__ = [
     "Kronk",
     "KronkConfig",
     "KronkError",
+    "KronkView",
     "LimitExceededError",
     "LogitBias",
     "Media",

@@ -3,9 +3,10 @@
 Plugins are pluggy plugins of project "kronk", found through the entry-point
 group "kronk". Implement a hook by defining a function with the same name,
 decorated with `kronk_core.hookimpl`. Built-in features use exactly these hooks.
-The same name means the same thing in every hook: `kronk` the host (kronk_core.contract.host:
-the hook caller, the plugins, typed registries, the configuration, a read-only view of
-the pool), `model_config` a model's settings, `model_info` what the backend found in it.
+The same name means the same thing in every hook: `kronk` the Kronk view
+(kronk_core.contract.kronk_view: the hook caller, typed registries, the configuration,
+observer subscriptions, a read-only view of the pool), `model_config` a model's settings,
+`model_info` what the backend found in it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pluggy
 from kronk_core.contract.backend import Backend, ModelInfo
 from kronk_core.contract.cache import CacheStrategyFactory
 from kronk_core.contract.drafts import DraftStrategyFactory
-from kronk_core.contract.host import Host
+from kronk_core.contract.kronk_view import KronkView
 from kronk_core.contract.records import ChatRecord, RequestRecord
 from kronk_core.contract.registry import Register
 from kronk_core.contract.sampling import SamplerStage
@@ -62,7 +63,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookspec
-def kronk_models(kronk: Host) -> Mapping[str, Mapping[str, Any]]:
+def kronk_models(kronk: KronkView) -> Mapping[str, Mapping[str, Any]]:
     """Models your plugin can serve, by id, with their settings.
 
     Each value is a model entry as written in the model-config file (core
@@ -82,7 +83,7 @@ def kronk_pull_hint() -> str | None:
 
 
 @hookspec(firstresult=True)
-def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
+def kronk_resolve_model(kronk: KronkView, reference: str, pull: bool) -> str | None:
     """Name the model a reference stands for: the id of a model on disk, or None to pass.
 
     Called for a name no model answers to (no model-config entry, alias, plugin's
@@ -95,7 +96,7 @@ def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
 
 
 @hookspec
-def kronk_register_backends(register: Register[Backend], kronk: Host) -> None:
+def kronk_register_backends(register: Register[Backend], kronk: KronkView) -> None:
     """Register backends by name: `register("toy", ToyBackend())` (kronk_core.contract.backend).
 
     A model's `backend:` key selects one by name; unset, the first backend whose
@@ -107,7 +108,9 @@ def kronk_register_backends(register: Register[Backend], kronk: Host) -> None:
 
 
 @hookspec
-def kronk_register_cache_strategies(register: Register[CacheStrategyFactory], kronk: Host) -> None:
+def kronk_register_cache_strategies(
+    register: Register[CacheStrategyFactory], kronk: KronkView
+) -> None:
     """Register cache strategies by name: `register("imc", factory)`.
 
     A model's `cache:` key selects one by name (default "imc"; the caching
@@ -119,7 +122,9 @@ def kronk_register_cache_strategies(register: Register[CacheStrategyFactory], kr
 
 
 @hookspec
-def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Host) -> None:
+def kronk_register_draft_strategies(
+    register: Register[DraftStrategyFactory], kronk: KronkView
+) -> None:
     """Register draft strategies for speculative decoding by name: `register("lookup", factory)`.
 
     A model's `draft_strategy:` key selects one by name, or "none" (unset:
@@ -133,7 +138,7 @@ def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kr
 
 @hookspec
 def kronk_register_template_processors(
-    register: Register[TemplateProcessorFactory], kronk: Host
+    register: Register[TemplateProcessorFactory], kronk: KronkView
 ) -> None:
     """Register template processors by name: `register("jinja", factory)`.
 
@@ -157,7 +162,7 @@ def kronk_sampler_stages(
 
 
 @hookspec
-def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+def kronk_app(app_config: AppConfig, kronk: KronkView) -> None:
     """Add what your plugin serves to the server's Litestar `AppConfig` before it is built.
 
     Append to `route_handlers` (handlers or Routers; name each handler's endpoint in its
@@ -177,7 +182,7 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
 
 
 @hookspec
-def kronk_server_tools(settings: Sectioned, kronk: Host) -> Sequence[ServerTool]:
+def kronk_server_tools(settings: Sectioned, kronk: KronkView) -> Sequence[ServerTool]:
     """Offer tools the server runs itself (kronk_core.contract.server_tools.ServerTool).
 
     Called once per server, with its settings (your section: `section.of(settings)`), the

@@ -11,7 +11,7 @@ from types import ModuleType
 import pluggy
 
 from kronk_core.contract import hookspecs
-from kronk_core.contract.host import PluginManager
+from kronk_core.contract.kronk_view import PluginManager
 from kronk_core.contract.selection import PluginSelection
 
 log = logging.getLogger(__name__)

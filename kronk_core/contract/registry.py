@@ -27,7 +27,7 @@ T_contra = TypeVar("T_contra", contravariant=True)
 
 @dataclass(frozen=True)
 class RegistryKind(Generic[T]):
-    """A registry's name, typed by its items: `host.registry(CACHE_STRATEGIES)` is a
+    """A registry's name, typed by its items: `kronk.registry(CACHE_STRATEGIES)` is a
     `Registry[CacheStrategyFactory]`. Filled by the hook `kronk_register_<name>`."""
 
     name: str

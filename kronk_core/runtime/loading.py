@@ -26,7 +26,7 @@ from kronk_core.contract.errors import (
     ModelLoadError,
     TemplateError,
 )
-from kronk_core.contract.host import Host, PluginManager
+from kronk_core.contract.kronk_view import KronkView, PluginManager
 from kronk_core.contract.media import MEDIA_MARKER, Media, MediaPrompt
 from kronk_core.contract.records import RequestRecord
 from kronk_core.contract.sampling import SamplerStage
@@ -46,6 +46,7 @@ from kronk_core.settings.model_files import (
 from kronk_core.settings.sections import ModelSection, bind, declared_sections
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(eq=False)
 class LoadedModel:
@@ -171,43 +172,43 @@ def model_sections(manager: PluginManager) -> list[ModelSection[Any]]:
     return [section for _, section in declared.values()]
 
 
-def bind_model_settings(host: Host, config: ModelConfig) -> ModelConfig:
+def bind_model_settings(kronk: KronkView, config: ModelConfig) -> ModelConfig:
     """`config` with every plugin section validated (ConfigError naming the key)."""
     explicit = {key: getattr(config, key) for key in config.model_fields_set}
-    bound = bind(config, host.model_sections, host.disabled_plugins, explicit)
+    bound = bind(config, kronk.model_sections, kronk.disabled_plugins, explicit)
     return config.model_copy(update={"sections": bound.sections, **bound.chosen})
 
 
-def model_config_for(host: Host, model_id: str, *, pull: bool = False) -> ModelConfig:
+def model_config_for(kronk: KronkView, model_id: str, *, pull: bool = False) -> ModelConfig:
     """The settings a load of `model_id` uses: resolved, with its plugin sections validated.
 
     An entry's `source` is resolved by the plugins, and pulled first with `pull` (a load);
     without, it must be on disk already.
     """
-    entry = host.config.model(model_id)
+    entry = kronk.config.model(model_id)
     source_id = None
     if entry is not None and entry.source is not None and entry.model_path is None:
-        source_id = resolve_reference(host, entry.source, pull=pull)
+        source_id = resolve_reference(kronk, entry.source, pull=pull)
         if source_id is None:
             why = "no plugin can fetch it" if pull else "it is not pulled yet"
             raise ConfigError(entry.section_key("source"), f"{entry.source!r}: {why}")
     resolved = resolve_model_config(
-        host.config,
+        kronk.config,
         model_id,
-        provided_models(host),
-        model_sources(host),
+        provided_models(kronk),
+        model_sources(kronk),
         source_id,
-        bind=partial(bind_model_settings, host),
+        bind=partial(bind_model_settings, kronk),
     )
-    return bind_model_settings(host, resolved).with_context_default(host.config.context_window)
+    return bind_model_settings(kronk, resolved).with_context_default(kronk.config.context_window)
 
 
 def load_model(
-    host: Host, model_id: str, on_finished: Callable[[RequestRecord], None]
+    kronk: KronkView, model_id: str, on_finished: Callable[[RequestRecord], None]
 ) -> PooledModel:
     """Resolve, bind and load a model; a text model gets its engine, cache and template."""
-    config = model_config_for(host, model_id, pull=True)
-    backend_name, backend = backend_for(host, config)
+    config = model_config_for(kronk, model_id, pull=True)
+    backend_name, backend = backend_for(kronk, config)
     started = time.monotonic()
     model = backend.load_model(config)
     if not isinstance(model, TextModel):
@@ -233,19 +234,19 @@ def load_model(
                 else "its KV cache cannot move positions"
             )
             raise ConfigError(key("context_shift"), f"{config.id} cannot shift its context ({why})")
-        cache_factory = host.registry(CACHE_STRATEGIES).get(config.cache, key("cache"))
-        template_factory = host.registry(TEMPLATE_PROCESSORS).get(
+        cache_factory = kronk.registry(CACHE_STRATEGIES).get(config.cache, key("cache"))
+        template_factory = kronk.registry(TEMPLATE_PROCESSORS).get(
             config.template_processor, key("template_processor")
         )
         cache: CacheStrategy = cache_factory(model_config=config, model_info=info)
         template: TemplateProcessor = template_factory(model_config=config, model_info=info)
 
         def stages(params: SamplingParams) -> list[SamplerStage]:
-            return list(host.hook.kronk_sampler_stages(params=params, model_info=info) or [])
+            return list(kronk.hook.kronk_sampler_stages(params=params, model_info=info) or [])
 
         if not stages(SamplingParams()):
             raise ModelLoadError("no plugin provides sampler stages")
-        drafter = draft_strategy(host, config, model)
+        drafter = draft_strategy(kronk, config, model)
         try:
             engine = Engine(
                 model,
@@ -276,11 +277,13 @@ def load_model(
     return LoadedModel(config=config, model=model, engine=engine, template=template, cache=cache)
 
 
-def draft_strategy(host: Host, config: ModelConfig, model: StrategyModel) -> DraftStrategy | None:
+def draft_strategy(
+    kronk: KronkView, config: ModelConfig, model: StrategyModel
+) -> DraftStrategy | None:
     """The model's draft strategy for speculative decoding: the one `draft_strategy` names,
     none for "none", and where it is unset the default one if this model can use it."""
     name, key = config.draft_strategy, config.section_key("draft_strategy")
-    registry = host.registry(DRAFT_STRATEGIES)
+    registry = kronk.registry(DRAFT_STRATEGIES)
     # A sliding window can be cut back near its end; a recurrent state not at all, even
     # where the model's attention layers have a window (a hybrid such as LFM2).
     info = model.info
@@ -328,4 +331,3 @@ def embedding_model(lease: Lease[PooledModel]) -> Lease[LoadedEmbeddingModel]:
         "or reranking model",
         param="model",
     )
-

@@ -16,7 +16,7 @@ from kronk_core.contract.errors import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from kronk_core.contract.host import Host
+from kronk_core.contract.kronk_view import KronkView
 from kronk_core.settings.config import KronkConfig, ModelConfig, merge_settings, parse_model_config
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ def known_model_ids(config: KronkConfig, provided: Provided, sources: ModelSourc
     """
     claimed = {str(settings.get("model_path")) for settings in provided.values()}
     installed = [
-        model_id
-        for model_id, model in sources.installed.items()
-        if str(model.path) not in claimed
+        model_id for model_id, model in sources.installed.items() if str(model.path) not in claimed
     ]
     # The default model is listed even before its package is installed: loading it says how.
     packaged = [m.id for m in sources.packaged.values() if m.default or m.installed()]
@@ -233,67 +231,67 @@ def projector_beside(model: ModelFile) -> Path | None:
     return model.projectors[0] if len(model.projectors) == 1 else None
 
 
-def model_file(host: Host, path: Path) -> ModelFile | None:
+def model_file(kronk: KronkView, path: Path) -> ModelFile | None:
     """What the first backend that recognises the file at `path` says it is
     (`Backend.model_file`)."""
-    return next((found for _, found in _recognised(host, path)), None)
+    return next((found for _, found in _recognised(kronk, path)), None)
 
 
-def _recognised(host: Host, path: Path) -> Iterator[tuple[str, ModelFile]]:
-    for name, backend in host.registry(BACKENDS).items():
+def _recognised(kronk: KronkView, path: Path) -> Iterator[tuple[str, ModelFile]]:
+    for name, backend in kronk.registry(BACKENDS).items():
         found = backend.model_file(path)
         if found is not None:
             yield name, found
 
 
-def backend_for(host: Host, config: ModelConfig) -> tuple[str, Backend]:
+def backend_for(kronk: KronkView, config: ModelConfig) -> tuple[str, Backend]:
     """A model's backend, by name: the one its `backend:` names; unset, the first that
     recognises its file (`Backend.model_file`), else the default one. A ConfigError
     naming the key where none is."""
     name = config.backend
     if name is None and config.model_path is not None:
-        name = next((found for found, _ in _recognised(host, config.model_path)), None)
-    registry = host.registry(BACKENDS)
+        name = next((found for found, _ in _recognised(kronk, config.model_path)), None)
+    registry = kronk.registry(BACKENDS)
     backend = registry.get(name, config.section_key("backend"))
     return name or registry.default or "", backend
 
 
-def packaged_models(host: Host) -> dict[str, PackagedModel]:
+def packaged_models(kronk: KronkView) -> dict[str, PackagedModel]:
     """The models PyPI packages ship for the backends (`Backend.packaged_models`), by id."""
-    backends = host.registry(BACKENDS).items()
+    backends = kronk.registry(BACKENDS).items()
     return {model.id: model for _, backend in backends for model in backend.packaged_models()}
 
 
-def model_sources(host: Host, *, installed: bool = True) -> ModelSources:
+def model_sources(kronk: KronkView, *, installed: bool = True) -> ModelSources:
     """The models under <base>/models and the `model_dirs` the backends recognise
     (`Backend.model_file`; skipped with `installed=False`), those PyPI packages ship
     (`Backend.packaged_models`), and how to get others (`kronk_pull_hint`)."""
     found: dict[str, ModelFile] = {}
     if installed:
-        describe = partial(model_file, host)
+        describe = partial(model_file, kronk)
         # <base>/models first, then the extra folders in order: the first file of an id wins.
-        for root in (models_dir(host.config), *host.config.model_dirs):
+        for root in (models_dir(kronk.config), *kronk.config.model_dirs):
             for model_id, model in find_model_files(root, describe).items():
                 found.setdefault(model_id, model)
-    packaged = packaged_models(host)
-    hints = tuple(hint for hint in host.hook.kronk_pull_hint() if hint)
+    packaged = packaged_models(kronk)
+    hints = tuple(hint for hint in kronk.hook.kronk_pull_hint() if hint)
     return ModelSources(installed=found, packaged=packaged, hints=hints)
 
 
-def provided_models(host: Host) -> dict[str, Mapping[str, Any]]:
+def provided_models(kronk: KronkView) -> dict[str, Mapping[str, Any]]:
     """The models plugins provide (`kronk_models`) with their settings, by id.
 
     Asked anew each time: a plugin answers from what is on disk now (a catalog model pulled
     a second ago is there). The first answer for an id wins.
     """
     found: dict[str, Mapping[str, Any]] = {}
-    for models in host.hook.kronk_models(kronk=host):
+    for models in kronk.hook.kronk_models(kronk=kronk):
         for model_id, settings in (models or {}).items():
             found.setdefault(model_id, settings)
     return found
 
 
-def resolve_reference(host: Host, reference: str, *, pull: bool) -> str | None:
+def resolve_reference(kronk: KronkView, reference: str, *, pull: bool) -> str | None:
     """The id of the model on disk a plugin finds for `reference` (kronk_resolve_model)."""
-    found: str | None = host.hook.kronk_resolve_model(kronk=host, reference=reference, pull=pull)
+    found: str | None = kronk.hook.kronk_resolve_model(kronk=kronk, reference=reference, pull=pull)
     return found

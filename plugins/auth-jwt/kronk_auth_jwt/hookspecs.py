@@ -10,7 +10,7 @@ from __future__ import annotations
 import pluggy
 
 from kronk_auth_jwt.limits import LimitStoreFactory
-from kronk_core.contract import Host, Register, RegistryKind
+from kronk_core.contract import KronkView, Register, RegistryKind
 
 hookspec = pluggy.HookspecMarker("kronk")
 
@@ -18,7 +18,7 @@ LIMIT_STORES: RegistryKind[LimitStoreFactory] = RegistryKind("limit_stores")
 
 
 @hookspec
-def kronk_register_limit_stores(register: Register[LimitStoreFactory], kronk: Host) -> None:
+def kronk_register_limit_stores(register: Register[LimitStoreFactory], kronk: KronkView) -> None:
     """Register rate-limit counter stores by URL scheme: `register("redis", factory)`.
 
     The server's `auth-jwt.limit_store` URL selects one by its scheme (`sqlite`

@@ -23,7 +23,7 @@ from kronk_auth_jwt.settings import SETTINGS
 from kronk_auth_jwt.sqlite_store import SqliteLimitStore
 from kronk_auth_jwt.tokens import open_key_store
 from kronk_core import hookimpl
-from kronk_core.contract import ConfigError, Host, Register, Section
+from kronk_core.contract import ConfigError, KronkView, Register, Section
 
 
 @hookimpl
@@ -37,7 +37,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+def kronk_app(app_config: AppConfig, kronk: KronkView) -> None:
     app_config.guards.append(authorize)
     app_config.route_handlers.append(router())
     expect_token_checker(app_config)
@@ -57,7 +57,7 @@ def kronk_app(app_config: AppConfig, kronk: Host) -> None:
     app_config.lifespan.append(token_checker)
 
 
-def _token_checker(kronk: Host, app: Litestar) -> TokenChecker | None:
+def _token_checker(kronk: KronkView, app: Litestar) -> TokenChecker | None:
     settings = SETTINGS.of(app.state.settings)
     tokens = _jwt_checker(kronk, app) if settings.enabled else None
     if settings.api_key is not None:
@@ -65,7 +65,7 @@ def _token_checker(kronk: Host, app: Litestar) -> TokenChecker | None:
     return tokens
 
 
-def _jwt_checker(kronk: Host, app: Litestar) -> TokenChecker:
+def _jwt_checker(kronk: KronkView, app: Litestar) -> TokenChecker:
     settings = SETTINGS.of(app.state.settings)
     if settings.host:
         return RemoteAuthenticator(settings.host)

@@ -20,7 +20,7 @@ from kronk_catalog.resolve import resolve_model
 from kronk_catalog.routes import STATE_KEY, router
 from kronk_catalog.settings import DEFAULT_HF_ENDPOINT, SETTINGS
 from kronk_core import hookimpl
-from kronk_core.contract import Host, Section
+from kronk_core.contract import KronkView, Section
 
 
 @hookimpl
@@ -29,7 +29,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_models(kronk: Host) -> Mapping[str, Mapping[str, Any]]:
+def kronk_models(kronk: KronkView) -> Mapping[str, Mapping[str, Any]]:
     """The pulled catalog models, with their catalog settings."""
     base = kronk.config.base_path
     root, templates = models_dir(base), templates_dir(base)
@@ -50,7 +50,7 @@ def kronk_pull_hint() -> str:
 
 
 @hookimpl
-def kronk_resolve_model(kronk: Host, reference: str, pull: bool) -> str | None:
+def kronk_resolve_model(kronk: KronkView, reference: str, pull: bool) -> str | None:
     """A Hugging Face reference (`org/repo:Q4_K_M`) or a model file's URL: the model pulled
     from there, pulled now if `pull`."""
     return resolve_model(kronk.config.base_path, reference, pull)

@@ -132,7 +132,7 @@ async def show_catalog_model(
 def installed_packages(kronk: Kronk) -> set[str]:
     """The model ids installed PyPI packages serve, as the backends say
     (`Backend.packaged_models`)."""
-    packaged = kronk.model_sources(installed=False).packaged.values()
+    packaged = kronk.models.sources(installed=False).packaged.values()
     return {model.id for model in packaged if model.installed()}
 
 

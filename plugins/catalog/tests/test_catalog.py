@@ -120,7 +120,7 @@ def test_the_default_model_pulled_from_the_catalog_answers(tmp_path: Path, gemma
     config = KronkConfig(base_path=tmp_path, models={GEMMA_MODEL_ID: small})
     with Kronk(config) as kronk:
         resolved = resolve_model_config(
-            kronk.config, GEMMA_MODEL_ID, kronk.provided_models(), kronk.model_sources()
+            kronk.config, GEMMA_MODEL_ID, kronk.models.provided(), kronk.models.sources()
         )
         assert (resolved.model_path, resolved.n_seq_max) == (pulled, 1)
         assert resolved.sections["templates"] == {"template": "gemma"}
@@ -439,7 +439,7 @@ def test_a_catalog_as_kronk_writes_it_is_pulled_and_served_with_its_template(
     # Without the template fetched, the GGUF's own is used.
     template.unlink()
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
-        assert "templates" not in kronk.provided_models()["Tiny-Chat-Q8_0"]
+        assert "templates" not in kronk.models.provided()["Tiny-Chat-Q8_0"]
 
 
 def test_a_pull_of_a_model_the_local_catalogs_lack_updates_them_first(

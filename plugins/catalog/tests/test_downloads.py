@@ -40,7 +40,7 @@ def pull_command(url: str) -> list[str]:
 def answers(base: Path, model_id: str) -> str:
     async def chat() -> str:
         with Kronk(KronkConfig(base_path=base)) as kronk:
-            assert model_id in kronk.model_ids()
+            assert model_id in kronk.models.ids()
             result = await kronk.chat(
                 [{"role": "user", "content": "hi"}], model=model_id, max_tokens=4
             )

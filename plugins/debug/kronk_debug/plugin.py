@@ -17,7 +17,7 @@ from kronk_api.contract import ADMIN, ENDPOINT_OPT, announce
 from kronk_core import Kronk, hookimpl
 from kronk_core.contract import (
     ChatRecord,
-    Host,
+    KronkView,
     ModelConfig,
     NotFoundError,
     Section,
@@ -77,7 +77,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 # Last: its lifespan starts once every other plugin's has (a failing one stops the server
 # first), and stops first.
 @hookimpl(trylast=True)
-def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+def kronk_app(app_config: AppConfig, kronk: KronkView) -> None:
     app_config.middleware.append(count_requests)
     app_config.route_handlers.append(api_metrics)
 
@@ -107,7 +107,7 @@ async def api_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(state.metrics.exposition(), media_type=PROMETHEUS_TEXT)
 
 
-def _start(kronk: Host, app: Litestar) -> DebugState | None:
+def _start(kronk: KronkView, app: Litestar) -> DebugState | None:
     """The metrics, the loop-lag monitor and the debug server, when the plugin is on."""
     settings = SETTINGS.of(app.state.settings)
     if not settings.enabled:

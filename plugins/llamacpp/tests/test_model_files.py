@@ -17,7 +17,7 @@ def test_split_parts_and_projectors_are_not_models(tmp_path: Path) -> None:
         (root / name).write_bytes(b"GGUF")
     projector = root / "mmproj-F16.gguf"
     with Kronk(KronkConfig(base_path=tmp_path)) as kronk:
-        assert kronk.model_sources().installed == {
+        assert kronk.models.sources().installed == {
             "a": ModelFile("a", root / "a.gguf", (root / "a.gguf",), (projector,)),
             "big": ModelFile(
                 "big",
@@ -26,11 +26,11 @@ def test_split_parts_and_projectors_are_not_models(tmp_path: Path) -> None:
                 (projector,),
             ),
         }
-        assert kronk.model_parts(root / "big-00001-of-00002.gguf") == (
+        assert kronk.models.parts(root / "big-00001-of-00002.gguf") == (
             root / "big-00001-of-00002.gguf",
             root / "big-00002-of-00002.gguf",
         )
-        assert kronk.model_parts(root / "notes.txt") == (root / "notes.txt",)
+        assert kronk.models.parts(root / "notes.txt") == (root / "notes.txt",)
         # Both models take the one projector beside them.
         resolved = model_config_for(kronk, "big")
         assert (resolved.model_path, resolved.projector_path) == (

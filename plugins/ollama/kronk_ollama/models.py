@@ -70,8 +70,8 @@ def model_file(kronk: Kronk, model_id: str) -> ModelFile:
     try:
         path = model_config_for(kronk, model_id).model_path
         assert path is not None  # resolved
-        stats = [part.stat() for part in kronk.model_parts(path)]
-        facts = kronk.model_facts(model_id)
+        stats = [part.stat() for part in kronk.models.parts(path)]
+        facts = kronk.models.facts(model_id)
     except (KronkError, OSError):
         # Configured but not on disk yet (pulled on first use): listed without its file.
         return ModelFile(model_id, None, 0, datetime.fromtimestamp(0, UTC), None)
@@ -92,8 +92,10 @@ def _entry(name: str, found: ModelFile) -> dict[str, Any]:
 
 def tags(kronk: Kronk) -> dict[str, Any]:
     """Every model id, then every alias (with its model's file)."""
-    names = [*kronk.model_ids(), *kronk.aliases()]
-    return {"models": [_entry(name, model_file(kronk, kronk.canonical(name))) for name in names]}
+    names = [*kronk.models.ids(), *kronk.models.aliases()]
+    return {
+        "models": [_entry(name, model_file(kronk, kronk.models.canonical(name))) for name in names]
+    }
 
 
 def running(kronk: Kronk) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def running(kronk: Kronk) -> dict[str, Any]:
     models = []
     for entry in kronk.pool.entries():
         info = entry.model.info
-        estimate = kronk.memory_estimate(entry.model_id)
+        estimate = kronk.models.memory_estimate(entry.model_id)
         on_devices = sum(
             share.weights_bytes + share.kv_bytes
             for share in (estimate.placement if estimate else ())
@@ -135,7 +137,7 @@ def capabilities(kronk: Kronk, model_id: str, facts: ModelFacts | None) -> list[
         embedding = facts is not None and facts.architecture in EMBEDDING_ARCHITECTURES
     if embedding:
         return ["embedding"]
-    media = kronk.model_media(model_id)
+    media = kronk.models.media(model_id)
     found = ["completion", "tools"]
     if MediaKind.image in media:
         found.append("vision")

@@ -77,14 +77,14 @@ async def _load_only(
     kronk = kronk_of(request)
     given, seconds = body.keep_alive_for()
     if given and seconds == 0:
-        model_id = kronk.canonical(body.model_id)
-        if kronk.pool.get(model_id) is None and model_id not in kronk.model_ids():
-            raise kronk.unknown_model(body.model_id)
+        model_id = kronk.models.canonical(body.model_id)
+        if kronk.pool.get(model_id) is None and model_id not in kronk.models.ids():
+            raise kronk.models.unknown(body.model_id)
         kronk.pool.keep_alive(model_id, 0)
         reason = "unload"
     else:
         await kronk.aload(body.model_id)
-        _keep_alive(kronk, kronk.canonical(body.model_id), body)
+        _keep_alive(kronk, kronk.models.canonical(body.model_id), body)
         reason = "load"
     took = nanoseconds(time.monotonic() - answer.started)
     return {**answer.piece(""), "done": True, "done_reason": reason, "total_duration": took}
@@ -126,7 +126,7 @@ async def _embed(
     started = time.monotonic()
     kronk = kronk_of(request)
     load = 0.0
-    if kronk.pool.get(kronk.canonical(body.model_id)) is None:
+    if kronk.pool.get(kronk.models.canonical(body.model_id)) is None:
         await kronk.aload(body.model_id)
         load = time.monotonic() - started
     result = await kronk.embed(texts, model=body.model_id, **params)
@@ -174,17 +174,17 @@ async def running_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body = await parse_body(request, ShowBody)
     kronk = kronk_of(request)
-    if body.model_id not in [*kronk.model_ids(), *kronk.aliases()]:
-        raise kronk.unknown_model(body.model_id)
-    return await asyncio.to_thread(show, kronk, kronk.canonical(body.model_id))
+    if body.model_id not in [*kronk.models.ids(), *kronk.models.aliases()]:
+        raise kronk.models.unknown(body.model_id)
+    return await asyncio.to_thread(show, kronk, kronk.models.canonical(body.model_id))
 
 
 async def _pull(kronk: Kronk, name: str) -> str:
     """The id of the model `name` names, pulled first where it is not on disk (by the
     plugin that knows such references: the catalog, for Hugging Face's)."""
-    found = await asyncio.to_thread(kronk.resolve, model_id_of(name), pull=True)
-    if found not in kronk.model_ids():
-        raise kronk.unknown_model(name)
+    found = await asyncio.to_thread(kronk.models.resolve, model_id_of(name), pull=True)
+    if found not in kronk.models.ids():
+        raise kronk.models.unknown(name)
     return found
 
 
@@ -221,7 +221,7 @@ async def delete_model(request: Request[Any, Any, Any]) -> Response[bytes]:
     unloaded first, as Ollama stops it)."""
     body = await parse_body(request, DeleteBody)
     kronk = kronk_of(request)
-    await delete_model_files_of(kronk, kronk.canonical(body.model_id), force=True)
+    await delete_model_files_of(kronk, kronk.models.canonical(body.model_id), force=True)
     return Response(b"")  # Ollama's answer: 200, nothing more
 
 

@@ -172,20 +172,20 @@ def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
     request gets (loaded, or what a load would choose now; null when not known), and what a
     prompt may hold: text, and the images and sounds its projector reads; `error` says why
     a model cannot be served (a broken file or package), listed rather than failing the list."""
-    model_id = kronk.canonical(name)
-    media = kronk.model_media(model_id)
+    model_id = kronk.models.canonical(name)
+    media = kronk.models.media(model_id)
     card: dict[str, Any] = {
         "id": name,
         "object": "model",
         "created": int(time.time()),
         "owned_by": "kronk",
         "loaded": kronk.pool.get(model_id) is not None,
-        "context_length": kronk.context_length(model_id),
+        "context_length": kronk.models.context_length(model_id),
         "input_modalities": ["text", *(kind.value for kind in MediaKind if kind in media)],
     }
     if model_id != name:
         card["alias_of"] = model_id
-    error = kronk.model_error(model_id)
+    error = kronk.models.error(model_id)
     if error is not None:
         card["error"] = error
     return card
@@ -193,7 +193,7 @@ def _model_card(kronk: Kronk, name: str) -> dict[str, Any]:
 
 def _model_names(kronk: Kronk) -> list[str]:
     """Every model id, then every alias."""
-    return [*kronk.model_ids(), *kronk.aliases()]
+    return [*kronk.models.ids(), *kronk.models.aliases()]
 
 
 @get("/v1/models", opt={ENDPOINT_OPT: AUTHENTICATED})
@@ -212,7 +212,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: FromPath[Path]) -
     kronk = kronk_of(request)
     name = str(model_id).lstrip("/")
     if name not in _model_names(kronk):
-        raise kronk.unknown_model(name)
+        raise kronk.models.unknown(name)
     return await asyncio.to_thread(_model_card, kronk, name)
 
 
@@ -252,7 +252,7 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "object": "tokenize",
         "created": int(time.time()),
-        "model": body.model or kronk_of(request).default_model,
+        "model": body.model or kronk_of(request).models.default,
         "tokens": len(ids),
         "ids": ids,
     }

@@ -23,8 +23,8 @@ from kronk_core.contract import (
     Draft,
     DraftRequest,
     Greedy,
-    Host,
     KronkError,
+    KronkView,
     ModelConfig,
     ModelLoadError,
     Sampler,
@@ -61,7 +61,10 @@ _SUPPORT_LIMIT = 512
 
 
 def load_draft_model(
-    kronk: Host, model_config: ModelConfig, target: StrategyModel, settings: SpeculativeSettings
+    kronk: KronkView,
+    model_config: ModelConfig,
+    target: StrategyModel,
+    settings: SpeculativeSettings,
 ) -> StrategyModel:
     """The draft model for `target`: one sequence per target slot, the same context length.
 

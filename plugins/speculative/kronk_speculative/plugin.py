@@ -10,7 +10,7 @@ from kronk_core.contract import (
     ConfigError,
     DraftStrategy,
     DraftStrategyFactory,
-    Host,
+    KronkView,
     ModelConfig,
     ModelInfo,
     Register,
@@ -53,7 +53,7 @@ def prompt_lookup(
     )
 
 
-def draft_model_factory(kronk: Host) -> DraftStrategyFactory:
+def draft_model_factory(kronk: KronkView) -> DraftStrategyFactory:
     """The `draft` factory: it loads the draft model through `kronk`'s backends."""
 
     def draft_model(
@@ -77,7 +77,9 @@ def kronk_settings() -> Sequence[Section[Any]]:
 
 
 @hookimpl
-def kronk_register_draft_strategies(register: Register[DraftStrategyFactory], kronk: Host) -> None:
+def kronk_register_draft_strategies(
+    register: Register[DraftStrategyFactory], kronk: KronkView
+) -> None:
     register("draft", draft_model_factory(kronk))
     # The default: free where it misses, and agents resend text their answers repeat.
     register("lookup", prompt_lookup, default=True)

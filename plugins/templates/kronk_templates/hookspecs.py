@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from kronk_core.contract import Host, Register, RegistryKind
+from kronk_core.contract import KronkView, Register, RegistryKind
 from kronk_templates.formats.base import ToolFormat
 
 hookspec = pluggy.HookspecMarker("kronk")
@@ -18,7 +18,7 @@ TOOL_FORMATS: RegistryKind[ToolFormat] = RegistryKind("tool_formats")
 
 
 @hookspec
-def kronk_register_tool_formats(register: Register[ToolFormat], kronk: Host) -> None:
+def kronk_register_tool_formats(register: Register[ToolFormat], kronk: KronkView) -> None:
     """Register tool-call formats by name: `register("hermes", HermesFormat())`.
 
     A model's `templates.tool_format` selects one by name; unset, the format

@@ -12,7 +12,7 @@ import pluggy
 from kronk_core import hookimpl
 from kronk_core.contract import (
     ConfigError,
-    Host,
+    KronkView,
     ModelConfig,
     ModelInfo,
     Register,
@@ -98,7 +98,7 @@ def kronk_register_tool_formats(register: Register[ToolFormat]) -> None:
 
 @hookimpl
 def kronk_register_template_processors(
-    register: Register[TemplateProcessorFactory], kronk: Host
+    register: Register[TemplateProcessorFactory], kronk: KronkView
 ) -> None:
     def jinja(*, model_config: ModelConfig, model_info: ModelInfo) -> TemplateProcessor:
         return jinja_processor(

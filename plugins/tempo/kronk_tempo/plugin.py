@@ -12,7 +12,7 @@ from litestar.config.app import AppConfig
 from opentelemetry import trace
 
 from kronk_core import hookimpl
-from kronk_core.contract import ChatRecord, Host, ModelConfig, Section
+from kronk_core.contract import ChatRecord, KronkView, ModelConfig, Section
 from kronk_tempo.middleware import STATE_KEY, trace_requests
 from kronk_tempo.settings import SETTINGS, with_otel_environment
 from kronk_tempo.tracing import Tracing, current_tracing, record_chat, record_load
@@ -52,7 +52,7 @@ def kronk_settings() -> Sequence[Section[Any]]:
 # Last: its lifespan starts once every other plugin's has (a failing one stops the server
 # first), and stops first.
 @hookimpl(trylast=True)
-def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+def kronk_app(app_config: AppConfig, kronk: KronkView) -> None:
     app_config.middleware.append(trace_requests)
 
     @asynccontextmanager

@@ -21,7 +21,7 @@ from litestar.params import FromPath
 
 from kronk_api.contract import ENDPOINT_OPT, PUBLIC, announce, api_url
 from kronk_core import hookimpl
-from kronk_core.contract import Host
+from kronk_core.contract import KronkView
 from kronk_ui.live import STATE_KEY, LiveCounts, live
 from kronk_ui.reference import reference
 
@@ -78,7 +78,7 @@ async def vendor_asset(name: FromPath[str]) -> Response[bytes]:
 
 
 @hookimpl
-def kronk_app(app_config: AppConfig, kronk: Host) -> None:
+def kronk_app(app_config: AppConfig, kronk: KronkView) -> None:
     app_config.route_handlers.append(
         Router(path="/", route_handlers=[index, asset, vendor_asset, live, reference])
     )

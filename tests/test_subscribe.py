@@ -1,11 +1,11 @@
-"""Host.subscribe: an observer's hookimpls run while it is subscribed, and only then."""
+"""KronkView.subscribe: an observer's hookimpls run while it is subscribed, and only then."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from kronk_core import Kronk, KronkConfig, hookimpl
-from kronk_core.contract import ChatRecord, Host, Usage
+from kronk_core.contract import ChatRecord, KronkView, Usage
 
 
 class Finished:
@@ -26,10 +26,10 @@ def test_an_observer_hears_the_hook_calls_until_its_subscription_is_cancelled(
     tmp_path: Path,
 ) -> None:
     kronk = Kronk(KronkConfig(base_path=tmp_path))
-    host: Host = kronk
+    view: KronkView = kronk
     observer = Finished()
     _finish(kronk, "before")
-    subscription = host.subscribe(observer)
+    subscription = view.subscribe(observer)
     _finish(kronk, "during")
     subscription.cancel()
     subscription.cancel()  # again: nothing more to do

@@ -1,4 +1,5 @@
-"""What hooks and model loading get from the Kronk instance they serve: a narrow host.
+"""What hooks and model loading get from the Kronk instance they serve: a narrow view
+of it (the network host, and the host memory a cache keeps KV in, are other things).
 
 `Kronk` (the SDK facade) is one; a hook that needs more than this (a route that runs
 chats) reaches the facade the server keeps on `app.state.kronk`.
@@ -32,7 +33,7 @@ class PluginManager(pluggy.PluginManager):
 
 
 class Subscription:
-    """An observer subscribed to the hook calls (`Host.subscribe`) until `cancel()`, or the
+    """An observer subscribed to the hook calls (`KronkView.subscribe`) until `cancel()`, or the
     end of its `with` block."""
 
     def __init__(self, plugins: PluginManager, observer: object) -> None:
@@ -58,7 +59,7 @@ class PoolView(Protocol):
     def entries(self) -> list[PoolEntry[Any]]: ...
 
 
-class Host(Protocol):
+class KronkView(Protocol):
     """The hook caller, observers' subscriptions, the plugins configuration disabled, typed
     registry lookup, the configuration (with the model sections the plugins declare) and a
     read-only view of the pool."""
