@@ -154,6 +154,18 @@ def test_the_server_never_imports_its_own_front() -> None:
     assert not front, "\n".join(front)
 
 
+def test_the_server_imports_no_plugin() -> None:
+    """kronk_api reaches plugins through hooks and registries, as the core does."""
+    packages = {f"kronk_{folder.name.replace('-', '_')}" for folder in (ROOT / "plugins").iterdir()}
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {imported}"
+        for path in sorted((ROOT / "kronk_api").rglob("*.py"))
+        for line, imported in imports(path, typing_too=True)
+        if imported.split(".")[0] in packages
+    ]
+    assert not found, "\n".join(found)
+
+
 def _typed_names(path: Path) -> dict[str, str]:
     """Name → module of the front's `if TYPE_CHECKING:` imports."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -172,9 +184,7 @@ def test_the_contract_front_names_what_it_hands_out() -> None:
     front = ROOT / "kronk_core" / "contract" / "__init__.py"
     for name in kronk_core.contract.__all__:
         assert getattr(kronk_core.contract, name) is not None, name
-    lazy = {
-        name: module for module, names in kronk_core.contract.ABOVE.items() for name in names
-    }
+    lazy = {name: module for module, names in kronk_core.contract.ABOVE.items() for name in names}
     assert _typed_names(front) == lazy
     assert set(lazy) <= set(kronk_core.contract.__all__)
 
