@@ -36,11 +36,16 @@ SERVER_DIALECT = KronkDialect()
 
 @get("/v1/liveness", opt={ENDPOINT_OPT: PUBLIC})
 async def liveness() -> dict[str, Any]:
+    """Whether the process answers: 200 while it runs, loaded models or not."""
     return {"status": "up", "version": __version__, "host": socket.gethostname()}
 
 
 @get("/v1/readiness", opt={ENDPOINT_OPT: PUBLIC})
 async def readiness(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """Whether to send this server new work: 200 while it accepts requests, its default model
+    loaded or not; 503 while it drains or shuts down, when the model's last load failed or its
+    engine stopped or hangs, or when every slot and the queue are full. The body and the
+    X-Kronk-Load header carry the slots and queue either way."""
     body, load = _readiness(request)
     return Response(
         body,

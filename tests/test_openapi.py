@@ -80,7 +80,20 @@ def test_operations_have_summaries_and_kronk_s_errors(document: dict[str, Any]) 
     assert unload["summary"] == (
         "Unload a model now; requests still running on it end with an error."
     )
-    assert document["paths"]["/v1/liveness"]["get"]["summary"] == "Liveness"
+    liveness = document["paths"]["/v1/liveness"]["get"]
+    assert liveness["summary"] == (
+        "Whether the process answers: 200 while it runs, loaded models or not."
+    )
+    assert all(op.get("description") for op in operations), "a handler without a docstring"
+
+
+def test_a_handler_without_a_docstring_is_summarised_by_its_name() -> None:
+    def list_widgets() -> None:
+        pass
+
+    operation: dict[str, Any] = {"description": "from Litestar"}
+    openapi._describe(operation, list_widgets)
+    assert operation == {"summary": "List widgets"}
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,8 @@ _OPT = {"kronk_endpoint": "messages"}
 
 @post("/v1/messages", status_code=200, opt=_OPT)
 async def create_message(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """Anthropic Messages: a conversation in, the model's message out, streamed as Anthropic's
+    events with `stream`."""
     received = await receive(request, MessagesRequest)
     body = received.body
     plan, headers = client_extras(request, FIELDS, body)
@@ -67,6 +69,8 @@ async def _answer(
 
 @post("/v1/messages/count_tokens", status_code=200, opt=_OPT)
 async def count_tokens(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """Anthropic's token count: the prompt tokens the message request would take, without
+    generating."""
     received = await receive(request, CountTokensRequest)
     plan, headers = client_extras(request, FIELDS, received.body)
     chat = received.body.to_core(received.sources)

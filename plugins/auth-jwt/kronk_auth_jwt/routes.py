@@ -64,6 +64,8 @@ def _auth(request: Request[Any, Any, Any]) -> Authenticator:
 # auth-jwt.host).
 @post("/v1/kronk/security/authenticate", opt={ENDPOINT_OPT: AUTHENTICATED}, status_code=200)
 async def authenticate(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Check the caller's token for an endpoint, as a remote authenticator asks: its subject
+    and whether it is an admin, or the error the endpoint would answer."""
     checker = _checker(request)
     credentials = credentials_of(request)
     try:
@@ -76,22 +78,26 @@ async def authenticate(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/v1/kronk/security/keys", opt=_ADMIN)
 async def list_keys(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The signing keys (admin)."""
     return {"object": "list", "data": [info.as_dict() for info in _auth(request).keys.list()]}
 
 
 @post("/v1/kronk/security/keys", opt=_ADMIN, status_code=201)
 async def create_key(request: Request[Any, Any, Any]) -> dict[str, str]:
+    """Add a signing key (admin)."""
     return _auth(request).keys.create().as_dict()
 
 
 @delete("/v1/kronk/security/keys/{key_id:str}", opt=_ADMIN, status_code=200)
 async def delete_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> dict[str, Any]:
+    """Remove a signing key (admin)."""
     _auth(request).keys.delete(key_id)
     return {"id": key_id, "deleted": True}
 
 
 @post("/v1/kronk/security/tokens", opt=_ADMIN, status_code=201)
 async def create_token(request: Request[Any, Any, Any]) -> dict[str, str]:
+    """Issue a token: its lifetime and the endpoints it may call, with their limits (admin)."""
     auth = _auth(request)
     try:
         body = TokenRequest.model_validate(json.loads(await request.body()))

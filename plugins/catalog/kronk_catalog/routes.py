@@ -124,6 +124,7 @@ async def list_catalog(
 async def show_catalog_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> dict[str, Any]:
+    """One catalog entry and its files (admin)."""
     packaged = installed_packages(kronk_of(request))
     base = _base(request)
     return describe(Catalog(base).get(model_id), base, _settings(request).endpoint(), packaged)
@@ -176,11 +177,13 @@ async def start_pull(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/v1/kronk/pulls", opt=_ADMIN)
 async def list_pulls(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The pulls this server started, with their progress (admin)."""
     return {"object": "list", "data": [pull.snapshot() for pull in pulls_of(request).list()]}
 
 
 @get("/v1/kronk/pulls/{pull_id:str}", opt=_ADMIN)
 async def show_pull(request: Request[Any, Any, Any], pull_id: FromPath[str]) -> dict[str, Any]:
+    """One pull's progress (admin)."""
     return pulls_of(request).get(pull_id).snapshot()
 
 

@@ -25,6 +25,7 @@ def _usage(prompt_tokens: int) -> dict[str, int]:
 
 @post("/v1/embeddings", status_code=200, opt={"kronk_endpoint": "embeddings"})
 async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """OpenAI embeddings: one vector per input text or token list."""
     received = await receive(request, EmbeddingsRequest)
     body = received.body
     result = await received.kronk.embed(
@@ -47,6 +48,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @post(["/v1/rerank", "/v1/reranking"], status_code=200, opt={"kronk_endpoint": "rerank"})
 async def rerank(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Rerank documents against a query: a relevance score for each, best first."""
     received = await receive(request, RerankRequest)
     body = received.body
     result = await received.kronk.rerank(

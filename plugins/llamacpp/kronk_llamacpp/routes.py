@@ -33,6 +33,8 @@ def installed_builds() -> list[dict[str, Any]]:
 
 @get("/v1/kronk/libs", opt={ENDPOINT_OPT: ADMIN}, sync_to_thread=True)
 def libs() -> dict[str, Any]:
+    """The llama.cpp libraries this server runs on, and the builds `kronk libs` installed
+    (admin)."""
     loaded = native.load()
     return {
         "status": "retrieve",

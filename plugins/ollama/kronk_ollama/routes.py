@@ -92,6 +92,8 @@ async def _load_only(
 
 @post("/api/chat", status_code=200, opt={ENDPOINT_OPT: "ollama-chat"})
 async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """Ollama chat: a conversation in, the model's message out, streamed as JSON lines unless
+    `stream` is false."""
     started = time.monotonic()
     received = await receive(request, ChatBody)
     body = received.body
@@ -105,6 +107,8 @@ async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
 
 @post("/api/generate", status_code=200, opt={ENDPOINT_OPT: "ollama-generate"})
 async def generate(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """Ollama generate: a prompt in, its completion out, streamed as JSON lines unless `stream` is
+    false."""
     started = time.monotonic()
     received = await receive(request, GenerateBody)
     body, kronk = received.body, received.kronk
@@ -141,6 +145,7 @@ async def _embed(
 
 @post("/api/embed", status_code=200, opt={ENDPOINT_OPT: "ollama-embed"})
 async def embed(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Ollama embed: one vector per input."""
     body = await parse_body(request, EmbedBody)
     vectors, stats = await _embed(
         request, body, body.texts(), dimensions=body.dimensions, truncate=body.truncate
@@ -150,6 +155,7 @@ async def embed(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @post("/api/embeddings", status_code=200, opt={ENDPOINT_OPT: "ollama-embed"})
 async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Ollama's older embeddings route: one vector for one prompt."""
     body = await parse_body(request, EmbeddingsBody)
     vectors, _ = await _embed(request, body, [body.prompt], truncate=True)
     return {"embedding": vectors[0]}
@@ -157,21 +163,25 @@ async def embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/api/version", opt={ENDPOINT_OPT: PUBLIC})
 async def version() -> dict[str, str]:
+    """The version Ollama clients check."""
     return {"version": OLLAMA_VERSION}
 
 
 @get("/api/tags", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Ollama tags: the models this server can serve, with their sizes and details."""
     return await asyncio.to_thread(tags, kronk_of(request))
 
 
 @get("/api/ps", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def running_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Ollama ps: the loaded models, their memory and when they unload."""
     return await asyncio.to_thread(running, kronk_of(request))
 
 
 @post("/api/show", status_code=200, opt={ENDPOINT_OPT: AUTHENTICATED})
 async def show_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Ollama show: one model's details, parameters, template and what its file says."""
     body = await parse_body(request, ShowBody)
     kronk = kronk_of(request)
     if body.model_id not in [*kronk.models.ids(), *kronk.models.aliases()]:
@@ -207,6 +217,8 @@ async def _pull_lines(kronk: Kronk, name: str) -> AsyncIterator[bytes]:
 
 @post("/api/pull", status_code=200, opt={ENDPOINT_OPT: ADMIN})
 async def pull_model(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """Ollama pull: fetch a model by reference, streaming progress as JSON lines unless `stream` is
+    false."""
     body = await parse_body(request, PullBody)
     kronk = kronk_of(request)
     if body.stream:

@@ -225,11 +225,14 @@ async def _serve(request: Request[Any, Any, Any], task: Task) -> Response[Any] |
 
 @post("/v1/audio/transcriptions", status_code=200, opt={ENDPOINT_OPT: "transcriptions"})
 async def transcriptions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """OpenAI transcriptions: a sound file in, its text out (a model with an audio projector)."""
     return await _serve(request, "transcribe")
 
 
 @post("/v1/audio/translations", status_code=200, opt={ENDPOINT_OPT: "transcriptions"})
 async def translations(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """OpenAI translations: a sound file in, its English text out (a model with an audio
+    projector)."""
     return await _serve(request, "translate")
 
 

@@ -26,6 +26,7 @@ from kronk_openai.schemas import TextCompletionRequest, UsageInStream
 
 @post("/v1/completions", status_code=200, opt={ENDPOINT_OPT: "completions"})
 async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """OpenAI legacy completions: a prompt in, its continuation out, streamed with `stream`."""
     received = await receive(request, TextCompletionRequest)
     body = received.body
     try:

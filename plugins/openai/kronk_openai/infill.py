@@ -59,6 +59,8 @@ async def _lines(stream: ChatStream, deltas: AsyncIterator[ChatDelta]) -> AsyncI
 
 @post("/infill", status_code=200, opt={ENDPOINT_OPT: "completions"})
 async def infill(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """llama-server's fill-in-the-middle: the text between a prefix and a suffix, with other files
+    of the project as context."""
     received = await receive(request, InfillRequest)
     body = received.body
     (stream,) = await received.kronk.start_choices(body.to_core())

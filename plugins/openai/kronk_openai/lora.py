@@ -26,6 +26,7 @@ def _listed(adapters: list[AdapterInfo]) -> list[dict[str, Any]]:
 async def lora_adapters(
     request: Request[Any, Any, Any], model: FromQuery[str | None] = None
 ) -> Any:
+    """The model's LoRA adapters and their scales (llama-server's route)."""
     return _listed(await kronk_of(request).lora_adapters(model=model))
 
 

@@ -57,6 +57,8 @@ from kronk_openai.schemas import (
 
 @post("/v1/chat/completions", status_code=200, opt={ENDPOINT_OPT: "chat-completions"})
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """OpenAI chat completions: messages in, the assistant's message out (tool calls, reasoning,
+    log-probs), streamed as chunks with `stream`."""
     received = await receive(request, ChatCompletionRequest)
     body = received.body
     streams = await received.kronk.start_choices(
@@ -198,6 +200,8 @@ def _model_names(kronk: Kronk) -> list[str]:
 
 @get("/v1/models", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """OpenAI models: the models this server can serve, with Kronk's details (loaded, context,
+    media)."""
     kronk = kronk_of(request)
 
     def cards() -> list[dict[str, Any]]:  # reads GGUF headers and device memory
@@ -209,6 +213,7 @@ async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
 # A path, not a segment: an id or alias may hold a `/` (`org/model`, `openai/gpt-4o`).
 @get("/v1/models/{model_id:path}", opt={ENDPOINT_OPT: AUTHENTICATED})
 async def get_model(request: Request[Any, Any, Any], model_id: FromPath[Path]) -> dict[str, Any]:
+    """One model, by id or alias."""
     kronk = kronk_of(request)
     name = str(model_id).lstrip("/")
     if name not in _model_names(kronk):

@@ -37,6 +37,7 @@ class LiveCounts:
 
 @get("/v1/kronk/ui/live", opt={ENDPOINT_OPT: ADMIN})
 async def live(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The browser UI's live counters: chats served and their time to first token."""
     counts: LiveCounts = request.app.state[STATE_KEY]
     return {
         "chats": counts.chats,

@@ -105,4 +105,5 @@ def sdk_reference() -> list[dict[str, Any]]:
 
 @get("/v1/kronk/ui/reference", opt={ENDPOINT_OPT: PUBLIC}, sync_to_thread=True)
 def reference() -> dict[str, Any]:
+    """The CLI and SDK reference the browser UI's reference page shows."""
     return {"cli": cli_reference(), "sdk": sdk_reference()}

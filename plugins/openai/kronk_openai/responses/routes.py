@@ -67,6 +67,8 @@ def _skeleton(body: ResponsesRequest, response_id: str, model_id: str) -> dict[s
     exception_handlers=RESPONSES_ERRORS.exception_handlers(),
 )
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
+    """OpenAI Responses: input items in, a response out, streamed as Responses events with `stream`;
+    stored for `previous_response_id` unless `store` is false."""
     received = await receive(request, ResponsesRequest)
     body, kronk, owner = received.body, received.kronk, received.subject
     tools, headers = client_extras(request, FIELDS, body)
@@ -169,6 +171,7 @@ async def _sse(
 async def get_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> dict[str, Any]:
+    """A stored response, by id."""
     return _store(request).get(response_id, subject_of(request), param="response_id").body
 
 
@@ -176,6 +179,7 @@ async def get_response(
 async def delete_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> dict[str, Any]:
+    """Delete a stored response."""
     _store(request).delete(response_id, subject_of(request), param="response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
