@@ -160,6 +160,7 @@ from kronk_core.contract.types import (
 )
 
 if TYPE_CHECKING:
+    from kronk_core.model_directory import ModelDirectory
     from kronk_core.runtime.chat_stream import ChatStream, collect, collect_choices
     from kronk_core.runtime.draft_policy import DraftPolicy, Wish
     from kronk_core.runtime.engine import Engine
@@ -227,6 +228,7 @@ ABOVE: dict[str, tuple[str, ...]] = {
         "StepRecord",
     ),
     "kronk_core.runtime.speculation": ("draw",),
+    "kronk_core.model_directory": ("ModelDirectory",),
     "kronk_core.sdk": ("Kronk",),
     "kronk_core.tool_loop": (
         "ServerToolUse",
@@ -333,6 +335,7 @@ __all__ = [
     "Mirostat",
     "MirostatV2",
     "ModelConfig",
+    "ModelDirectory",
     "ModelFacts",
     "ModelFile",
     "ModelInfo",

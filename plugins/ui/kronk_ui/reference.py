@@ -12,6 +12,7 @@ from litestar import get
 
 from kronk_api.contract import ENDPOINT_OPT, PUBLIC
 from kronk_core import Kronk
+from kronk_core.contract import ModelDirectory
 
 
 def _first_paragraph(text: str | None) -> str:
@@ -90,7 +91,7 @@ def _written(annotation: Any) -> Any:
 
 @functools.cache
 def sdk_reference() -> list[dict[str, Any]]:
-    """Kronk's public methods: signature and docstring."""
+    """Kronk's public methods and its model directory's (`models.`): signature and docstring."""
     return [
         {
             "name": name,
@@ -98,8 +99,10 @@ def sdk_reference() -> list[dict[str, Any]]:
             "doc": inspect.getdoc(member) or "",
             "async": inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member),
         }
-        for name, member in inspect.getmembers(Kronk, inspect.isfunction)
-        if not name.startswith("_")
+        for prefix, owner in (("", Kronk), ("models.", ModelDirectory))
+        for own_name, member in inspect.getmembers(owner, inspect.isfunction)
+        if not own_name.startswith("_")
+        for name in (prefix + own_name,)
     ]
 
 

@@ -418,6 +418,7 @@ def test_libraries_and_documentation_pages(
     assert "kronk server start" in titles and "kronk model pull REFERENCE" in titles
     methods = page.locator("#docs-sdk summary code").all_inner_texts()
     assert any(title.startswith("await kronk.chat(messages") for title in methods)
+    assert any(title.startswith("kronk.models.ids()") for title in methods)
     start = page.locator('#docs-cli details.entry[data-title="kronk server start"]')
     start.locator("summary").click()
     expect(start).to_contain_text("--api-host")
