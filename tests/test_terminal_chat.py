@@ -134,7 +134,10 @@ def test_a_terminal_session(setup: tuple[list[str], dict[str, str], Path]) -> No
         term.expect("No system message was specified.")
         assert LONG.strip() not in term.screen
 
-        term.interrupt()  # at the prompt: the session goes on
+        # At the prompt (once it is there: a signal before the read would stop the last
+        # command instead), the session goes on.
+        term.expect(">>> ")
+        term.interrupt()
         term.expect("Use Ctrl + d or /bye to exit.")
         term.type("/bye\n")
         assert term.wait() == 0
