@@ -80,7 +80,7 @@ def _readiness(request: Request[Any, Any, Any]) -> tuple[dict[str, Any], Load]:
     kronk: Kronk = request.app.state.kronk
     drain: Drain = request.app.state.drain
     settings: ServerSettings = request.app.state.settings
-    model_id = kronk.models.canonical(kronk.models.default)
+    model_id = kronk.models.canonical()
     state, failure = kronk.pool.state(model_id)
     load = load_of(kronk)
     stuck = _stuck_engine(kronk, settings.engine_step_deadline)

@@ -59,7 +59,10 @@ def imports(path: Path, *, typing_too: bool = False) -> Iterator[tuple[int, str]
     where a.b is a module counts as importing a.b."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = set() if typing_too else _type_checking_blocks(tree)
-    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else None
+    # The package a relative import starts from: the module's own, or the package itself.
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
     for node in ast.walk(tree):
         if getattr(node, "lineno", None) in typing_only:
             continue
@@ -69,8 +72,7 @@ def imports(path: Path, *, typing_too: bool = False) -> Iterator[tuple[int, str]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = module_name(path) if path.name == "__init__.py" else package or ""
-                anchor = ".".join(anchor.split(".")[: len(anchor.split(".")) - node.level + 1])
+                anchor = ".".join(package[: len(package) - node.level + 1])
                 base = f"{anchor}.{base}" if base else anchor
             for alias in node.names:
                 whole = f"{base}.{alias.name}"
