@@ -198,7 +198,13 @@ class ShortlistGreedySampler(NativeSampler):
     below `floor` and can only go down, so when the chain's pick on the shortlist still
     scores at least `floor` it is the pick of the whole vocabulary, ties included (the
     shortlist keeps vocabulary order, and greedy takes the first of equal maxima).
-    Otherwise the chain runs on the whole vocabulary.
+
+    The first shortlist is the argmax alone, with the maximum as its floor: where the
+    stages leave that token be (most steps), it is the pick, since the tokens left out
+    score no more and those that tie come after it. That skips the pass over the whole
+    vocabulary that finds the tokens within MARGIN, which on a flat step (SmolLM2 on an
+    unusual prompt: 36,000 of 49,152 tokens within 10 nats) costs 0.14 ms. Then the
+    MARGIN shortlist, then the whole vocabulary.
     """
 
     MARGIN = 10.0  # nats below the maximum: a few dozen tokens on a confident step
@@ -206,17 +212,24 @@ class ShortlistGreedySampler(NativeSampler):
     def sample(self, batch_index: int) -> int:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
-        floor = logits.max() - self.MARGIN
-        shortlist = np.flatnonzero(logits >= floor).astype(np.int32)
-        if len(shortlist):
-            data, candidates = _candidates(shortlist, logits[shortlist])
-            llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
-            picked = data[candidates.selected]
-            if picked["logit"] >= floor:
-                token = int(picked["id"])
-                self.accept(token)
-                return token
-        return self._sample_whole_vocabulary(batch_index)
+        best = logits.argmax()
+        token = self._pick(np.array([best], dtype=np.int32), logits, logits[best])
+        if token is None:
+            floor = logits[best] - self.MARGIN
+            token = self._pick(np.flatnonzero(logits >= floor).astype(np.int32), logits, floor)
+        if token is None:
+            return self._sample_whole_vocabulary(batch_index)
+        self.accept(token)
+        return token
+
+    def _pick(self, shortlist: np.ndarray, logits: np.ndarray, floor: float) -> int | None:
+        """The chain's pick on the shortlist if it still scores `floor`, else None."""
+        if not len(shortlist):
+            return None
+        data, candidates = _candidates(shortlist, logits[shortlist])
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        picked = data[candidates.selected]
+        return int(picked["id"]) if picked["logit"] >= floor else None
 
     def _sample_whole_vocabulary(self, batch_index: int) -> int:
         return super().sample(batch_index)

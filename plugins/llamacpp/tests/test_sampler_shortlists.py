@@ -4,6 +4,7 @@ behind top-k) must pick the token llama.cpp's full chain picks, step after step.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -147,6 +148,37 @@ def test_greedy_behind_dry_and_penalties_picks_the_full_chains_token(
         assert full_runs > 0  # the penalties demoted the maximum: fallback taken and exact
     else:
         assert full_runs < 16  # the shortlist decides nearly every step
+
+
+def test_the_argmax_alone_decides_where_the_stages_leave_it_be(
+    model: LlamaTextModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first shortlist is the argmax alone: it decides the steps where the stages leave
+    that token be (here a ban on the two tokens the unbiased answer picks most, as a ban on
+    end tokens would), with no pass over the vocabulary; where the ban demotes it, the
+    margin's shortlist decides. Every pick is the full chain's."""
+    _, _, unbiased, _ = side_by_side(model, [DRY, Greedy()], 120)
+    banned = sorted(set(unbiased), key=unbiased.count)[-2:]
+    shortlists: list[int] = []
+    pick = ShortlistGreedySampler._pick
+
+    def counted(sampler: ShortlistGreedySampler, shortlist: np.ndarray, *rest: Any) -> int | None:
+        shortlists.append(len(shortlist))
+        return pick(sampler, shortlist, *rest)
+
+    monkeypatch.setattr(ShortlistGreedySampler, "_pick", counted)
+    stages = [LogitBias(tuple((token, -100.0) for token in banned)), DRY, Greedy()]
+    picked, full_chain, argmax, full_runs = side_by_side(model, stages, 120)
+    assert picked == full_chain
+    assert not set(picked) & set(banned)
+    demoted = sum(p != a for p, a in zip(picked, argmax, strict=True))
+    assert demoted >= 3
+    # A step is one pick on the argmax alone, then one on the margin's shortlist where the
+    # argmax was demoted (every step whose pick is not the argmax).
+    margin_picks = len(shortlists) - 120
+    assert demoted <= margin_picks < 120 // 2
+    assert any(size > 1 for size in shortlists)
+    assert full_runs == 0
 
 
 def lowering(model: LlamaTextModel, steps: int, bias: float) -> LogitBias:
