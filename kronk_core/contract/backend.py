@@ -327,6 +327,37 @@ class AdaptedModel(Protocol):
         thread calls it between decodes)."""
 
 
+class EngineThread(Protocol):
+    """The thread an engine's loop runs on, and how the loop waits for work there: a
+    `HostingModel`'s choice (the llamacpp plugin's models on the CPU run theirs on the
+    thread that computes), else a thread of the engine's own."""
+
+    def start(self, loop: Callable[[], None]) -> None:
+        """Run `loop` on the thread; it returns once the engine stops."""
+
+    def wake(self) -> None:
+        """End the loop's current or next `idle` (any thread calls it)."""
+
+    def idle(self, seconds: float) -> None:
+        """On the loop's thread: wait for a wake, at most `seconds`. The backend may run
+        other work of its own on the thread meanwhile."""
+
+    def join(self) -> None:
+        """Wait until `loop` has returned."""
+
+    def is_alive(self) -> bool:
+        """Whether `loop` has started and not yet returned."""
+
+
+@runtime_checkable
+class HostingModel(Protocol):
+    """A TextModel that chooses the thread its engine's loop runs on."""
+
+    def engine_thread(self, name: str) -> EngineThread | None:
+        """Where the engine's loop runs (`name`: the thread's name while it does); None: a
+        thread of the engine's own. The engine asks once, as it starts."""
+
+
 @runtime_checkable
 class MediaModel(Protocol):
     """A TextModel with a projector: images or sounds (`info.media` says which) in prompts.

@@ -1,5 +1,9 @@
 """The batch engine: one worker thread per loaded text model, continuous batching over slots.
 
+The thread is the engine's own unless the model chooses one (`HostingModel`: the
+llamacpp plugin runs a CPU model's loop on the thread that computes, so a decode needs
+no hand-over between threads).
+
 Each step builds ONE batch holding a token for every generating slot plus
 prompt chunks for prefilling slots (bounded by n_batch), runs one decode, then
 samples, detokenizes and checks stop conditions per slot. With a draft
@@ -31,6 +35,8 @@ from dataclasses import replace
 from kronk_core.contract.backend import (
     AdaptedModel,
     Batch,
+    EngineThread,
+    HostingModel,
     MediaModel,
     ShiftableModel,
     StrategyModel,
@@ -51,6 +57,7 @@ from kronk_core.contract.sampling import SamplerStage
 from kronk_core.contract.tokens import common_prefix
 from kronk_core.contract.types import Adapters, FinishReason, SamplingParams, TokenLogprob, Usage
 from kronk_core.runtime.detok import StopMatcher
+from kronk_core.runtime.engine_thread import OwnThread
 from kronk_core.runtime.jobs import Job, MediaPart, Outbox, Part, rows
 from kronk_core.runtime.media_encoder import MediaEncoder
 from kronk_core.runtime.reports import EngineStats, SlotState, StepRecord
@@ -147,7 +154,6 @@ class Engine:
         # holds a prefix they share (`_admit`); that slot's chunks stop there (`_step`).
         self._held_prompts: list[Sequence[int]] = []
         self._capacity = len(self.slots) * queue_depth
-        self._wake = threading.Event()
         self._active: list[Job] = []
         self._outbox = Outbox()
         self._overlap = model.info.overlap_decode
@@ -162,10 +168,10 @@ class Engine:
         self._last_prompts: dict[int, tuple[Sequence[int], int]] = {}
         self._generated = 0
         self._prefilled = 0
-        self._thread = threading.Thread(
-            target=self._run, name=f"kronk-engine-{model.info.id}", daemon=True
-        )
-        self._thread.start()
+        name = f"kronk-engine-{model.info.id}"
+        chosen = model.engine_thread(name) if isinstance(model, HostingModel) else None
+        self._thread: EngineThread = chosen or OwnThread(name)
+        self._thread.start(self._run)
 
     # ---- asyncio side -------------------------------------------------------
 
@@ -218,7 +224,7 @@ class Engine:
                 ) from None
             if not self.alive:  # the queue emptied because the engine stopped
                 raise self._lost or EngineClosedError(f"{self.model.info.id} was unloaded")
-        self._wake.set()
+        self._thread.wake()
         return [GenerationStream(self, job, job.events) for job in jobs]
 
     def _enqueue(self, job: Job, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
@@ -253,7 +259,7 @@ class Engine:
                     heir, *rest = job.followers
                     heir.followers, job.followers = rest, []
                     self._waiting.insert(index, heir)
-        self._wake.set()
+        self._thread.wake()
 
     def sampler_stages(self, params: SamplingParams) -> Sequence[SamplerStage]:
         """The sampler stages the plugins make of `params` for this model."""
@@ -332,7 +338,7 @@ class Engine:
     def close(self) -> None:
         """Stop the worker; queued and running requests end with an error event."""
         self._stopping = True
-        self._wake.set()
+        self._thread.wake()
         self._thread.join()
         if self._speculation is not None:
             self._speculation.close()
@@ -340,7 +346,7 @@ class Engine:
             self._media.close()
 
     def _wake_up(self) -> None:
-        self._wake.set()
+        self._thread.wake()
 
     # ---- engine thread ------------------------------------------------------
 
@@ -353,14 +359,12 @@ class Engine:
                 if not self._active:
                     self._outbox.flush()
                     self._step_started = None
-                    self._wake.wait(_IDLE_WAIT_SECONDS)
-                    self._wake.clear()
+                    self._thread.idle(_IDLE_WAIT_SECONDS)
                     continue
                 if not self._step():
                     # Every active request waits for its media to encode: sleep till one is.
                     self._step_started = None
-                    self._wake.wait(_IDLE_WAIT_SECONDS)
-                    self._wake.clear()
+                    self._thread.idle(_IDLE_WAIT_SECONDS)
                 self._outbox.flush()
         except BackendLostError as exc:
             log.error("engine for %s stopped: %s", self.model.info.id, exc.message)

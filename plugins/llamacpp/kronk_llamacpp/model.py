@@ -28,7 +28,7 @@ from kronk_core.contract import (
     TopLogprob,
 )
 from kronk_llamacpp.adapters import LoraAdapters
-from kronk_llamacpp.compute import runner
+from kronk_llamacpp.compute import CpuThread, HostedLoop, runner
 from kronk_llamacpp.estimate import kv_bytes_per_token
 from kronk_llamacpp.gguf_meta import read_metadata
 from kronk_llamacpp.grammar_compiler import GrammarCompiler
@@ -266,6 +266,11 @@ class LlamaTextModel:
         status = self._compute(llama_cpp.llama_decode, self._ctx, self._batch)
         if status != 0:
             raise decode_error(status)
+
+    def engine_thread(self, name: str) -> HostedLoop | None:
+        """The CPU compute thread, for the first model on the CPU to ask (compute.py)."""
+        compute = self._compute
+        return compute.engine_thread(name) if isinstance(compute, CpuThread) else None
 
     def check_workers(self) -> None:
         """BackendLostError if one of the model's RPC workers is gone."""
