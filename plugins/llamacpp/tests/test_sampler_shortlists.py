@@ -134,51 +134,68 @@ def side_by_side(
 # ---- greedy behind stages that lower logits ----------------------------------------
 
 
+@pytest.mark.parametrize("looks", [ShortlistGreedySampler.LOOKS, 0])
 @pytest.mark.parametrize("margin", [ShortlistGreedySampler.MARGIN, 0.0])
 def test_greedy_behind_dry_and_penalties_picks_the_full_chains_token(
-    model: LlamaTextModel, margin: float
+    model: LlamaTextModel, margin: float, looks: int
 ) -> None:
-    """Over a long answer where DRY changes the pick: the shortlist's pick is the full chain's
-    at every step; with no margin at all the whole-vocabulary run catches every case."""
+    """Over a long answer where DRY changes the pick: the fast sampler's pick is the full
+    chain's at every step, from tokens tried one at a time (`looks`), the margin's
+    shortlist or, with neither, the whole vocabulary, which then catches every case."""
     stages: list[SamplerStage] = [Penalties(64, 1.1, 0.0, 0.0), DRY, Greedy()]
-    picked, full_chain, argmax, full_runs = side_by_side(model, stages, 160, MARGIN=margin)
+    picked, full_chain, argmax, full_runs = side_by_side(
+        model, stages, 160, MARGIN=margin, LOOKS=looks
+    )
     assert picked == full_chain
     assert sum(p != a for p, a in zip(picked, argmax, strict=True)) >= 3  # penalties mattered
-    if margin == 0.0:
+    if margin == 0.0 and looks == 0:
         assert full_runs > 0  # the penalties demoted the maximum: fallback taken and exact
     else:
-        assert full_runs < 16  # the shortlist decides nearly every step
+        assert full_runs < 16  # the look or the shortlist decides nearly every step
 
 
-def test_the_argmax_alone_decides_where_the_stages_leave_it_be(
-    model: LlamaTextModel, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "penalties", [False, True], ids=["ban_on_the_top_tokens", "repeat_penalty"]
+)
+def test_tokens_tried_best_first_decide_most_steps(
+    model: LlamaTextModel, monkeypatch: pytest.MonkeyPatch, penalties: bool
 ) -> None:
-    """The first shortlist is the argmax alone: it decides the steps where the stages leave
-    that token be (here a ban on the two tokens the unbiased answer picks most, as a ban on
-    end tokens would), with no pass over the vocabulary; where the ban demotes it, the
-    margin's shortlist decides. Every pick is the full chain's."""
+    """Before any shortlist, the tokens go through the chain one at a time, best first:
+    a ban on the two tokens the unbiased answer picks most (as a ban on end tokens
+    would be) or a repeat penalty demotes the maximum on many steps, and the next
+    token or two decide them, seldom the margin's shortlist. Every pick is the full
+    chain's, and the logits are left as they were (log-probs read them after)."""
     _, _, unbiased, _ = side_by_side(model, [DRY, Greedy()], 120)
     banned = sorted(set(unbiased), key=unbiased.count)[-2:]
-    shortlists: list[int] = []
-    pick = ShortlistGreedySampler._pick
+    first: SamplerStage = (
+        Penalties(64, 1.1, 0.0, 0.0) if penalties else LogitBias(tuple((t, -100.0) for t in banned))
+    )
+    scored: list[int] = []
+    margin_picks: list[int] = []
+    score, pick = ShortlistGreedySampler._score, ShortlistGreedySampler._pick
 
-    def counted(sampler: ShortlistGreedySampler, shortlist: np.ndarray, *rest: Any) -> int | None:
-        shortlists.append(len(shortlist))
+    def counted_score(sampler: ShortlistGreedySampler, token: int, logit: float) -> float:
+        scored.append(token)
+        return score(sampler, token, logit)
+
+    def counted_pick(sampler: ShortlistGreedySampler, shortlist: np.ndarray, *rest: Any) -> Any:
+        margin_picks.append(len(shortlist))
         return pick(sampler, shortlist, *rest)
 
-    monkeypatch.setattr(ShortlistGreedySampler, "_pick", counted)
-    stages = [LogitBias(tuple((token, -100.0) for token in banned)), DRY, Greedy()]
-    picked, full_chain, argmax, full_runs = side_by_side(model, stages, 120)
+    monkeypatch.setattr(ShortlistGreedySampler, "_score", counted_score)
+    monkeypatch.setattr(ShortlistGreedySampler, "_pick", counted_pick)
+    untouched = side_by_side(model, [DRY, Greedy()], 1)[2]
+    picked, full_chain, argmax, full_runs = side_by_side(model, [first, DRY, Greedy()], 120)
     assert picked == full_chain
-    assert not set(picked) & set(banned)
     demoted = sum(p != a for p, a in zip(picked, argmax, strict=True))
     assert demoted >= 3
-    # A step is one pick on the argmax alone, then one on the margin's shortlist where the
-    # argmax was demoted (every step whose pick is not the argmax).
-    margin_picks = len(shortlists) - 120
-    assert demoted <= margin_picks < 120 // 2
-    assert any(size > 1 for size in shortlists)
-    assert full_runs == 0
+    assert len(scored) > 120 + demoted  # a demoted step tried more than one token
+    assert len(margin_picks) < 120 // 4
+    if not penalties:
+        assert not set(picked) & set(banned)
+        assert not margin_picks and not full_runs
+    # The first step again, unbiased: the logits the fast sampler set aside were restored.
+    assert side_by_side(model, [DRY, Greedy()], 1)[2] == untouched
 
 
 def lowering(model: LlamaTextModel, steps: int, bias: float) -> LogitBias:
