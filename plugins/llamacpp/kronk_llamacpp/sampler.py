@@ -236,16 +236,17 @@ class ShortlistGreedySampler(NativeSampler):
         buffer: log-probs read it later), and restored."""
         best_token, best_score = -1, -np.inf
         tried: list[tuple[int, float]] = []
+        token = int(logits.argmax())
         try:
             for _ in range(self.LOOKS):
-                token = int(logits.argmax())
                 raw = float(logits[token])
                 score = self._score(token, raw)
                 if score > best_score or (score == best_score and token < best_token):
                     best_token, best_score = token, score
                 tried.append((token, raw))
                 logits[token] = -np.inf
-                if best_score > logits.max():
+                token = int(logits.argmax())  # the next to try, and the best left untried
+                if best_score > logits[token]:
                     return best_token
         finally:
             for token, raw in tried:
