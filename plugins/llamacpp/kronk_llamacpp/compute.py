@@ -121,12 +121,11 @@ class CpuThread:
             return self._hosted
 
     def serve_calls(self) -> None:
-        """On this thread: run the calls queued so far, oldest first."""
-        while True:
-            with self._lock:
-                if not self._calls:
-                    return
-                queued = self._calls.popleft()
+        """On this thread: run the calls queued so far, oldest first (those queued
+        meanwhile wait for the next turn, so the hosted loop's own call comes soon)."""
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+        for queued in calls:
             queued.run()
 
     def idle(self, hosted: HostedLoop, seconds: float) -> None:
