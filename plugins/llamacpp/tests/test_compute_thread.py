@@ -8,18 +8,15 @@ this process are counted in /proc/self/task while each model's engine thread liv
 
 from __future__ import annotations
 
-import asyncio
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import llama_cpp
 import pytest
 
-from kronk_core import Kronk, KronkConfig
 from kronk_core.contract.backend import Batch
 from kronk_core.settings.config import ModelConfig
 from kronk_llamacpp.compute import computes_on_cpu, runner, uses_openmp
@@ -125,55 +122,75 @@ def test_a_second_model_on_the_cpu_adds_no_openmp_pool(
     assert runner(config(gemma_path, "a")) is runner(config(gemma_path, "b"))
 
 
+# In a process of its own: the CPU thread hosts the first CPU model's engine of the
+# process, which in a test session may be another test's model.
+FIRST_MODEL_HOSTS = r"""
+import asyncio, os, sys, threading
+import llama_cpp
+from kronk_core import Kronk, KronkConfig
+
+gemma, minilm, base = sys.argv[1:4]
+decoded_on = []
+decode = llama_cpp.llama_decode
+
+def recorded(*args):
+    decoded_on.append(threading.current_thread().name)
+    return decode(*args)
+
+llama_cpp.llama_decode = recorded
+engine = {"model_path": gemma, "context_window": 512, "n_seq_max": 1,
+          "llamacpp": {"n_threads": 2}}
+models = {"a": engine, "b": engine, "e": {"model_path": minilm, "llamacpp": {"n_threads": 2}}}
+kronk = Kronk(KronkConfig.model_validate({"base_path": base, "models": models}))
+
+def native_threads():  # threads Python does not know: OpenMP's workers among them
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+async def answers(model, tokens=6):
+    result = await kronk.complete("The capital of France is", model=model, max_tokens=tokens)
+    return result.usage.completion_tokens
+
+def decoded_by(name):
+    names = set(decoded_on)
+    decoded_on.clear()
+    assert names == {name}, names
+
+async def main():
+    assert await answers("a") == 6
+    decoded_by("kronk-engine-a")
+    native = native_threads()
+    together = asyncio.gather(answers("a", 24), answers("b"), kronk.embed("hi", model="e"))
+    busy, quiet, embedded = await asyncio.wait_for(together, timeout=120)
+    assert (busy, quiet, len(embedded.vectors)) == (24, 6, 1)
+    assert native_threads() == native  # a second OpenMP pool would add a worker
+    decoded_by("kronk-engine-a")
+    assert await asyncio.wait_for(answers("b"), timeout=60) == 6  # a idles meanwhile
+    decoded_by("kronk-engine-a")
+    await kronk.aunload("a")
+    assert await asyncio.wait_for(answers("b"), timeout=60) == 6
+    decoded_by("kronk-llama-cpu")
+    assert await answers("a") == 6
+    decoded_by("kronk-engine-a")
+
+with kronk:
+    asyncio.run(main())
+print("hosted as expected")
+"""
+
+
 @pytest.mark.skipif(not uses_openmp(), reason="this build of llama.cpp has no OpenMP")
-async def test_the_first_model_on_the_cpu_runs_its_engine_on_the_compute_thread(
-    tmp_path: Path, gemma_path: str, minilm_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_first_model_on_the_cpu_runs_its_engine_on_the_compute_thread(
+    tmp_path: Path, gemma_path: str, minilm_path: Path
 ) -> None:
     """Model a's engine loop runs on the compute thread (named for its engine meanwhile):
     every decode of a's runs there. Model b's engine and the embedding model queue their
     calls to it, served between a's steps and while a idles, with no OpenMP pool added.
     Once a is unloaded, the thread serves b's calls alone; a loaded again hosts again."""
-    decoded_on: list[str] = []
-    decode = llama_cpp.llama_decode
-
-    def recorded(*args: Any) -> int:
-        decoded_on.append(threading.current_thread().name)
-        return int(decode(*args))
-
-    monkeypatch.setattr(llama_cpp, "llama_decode", recorded)
-    models = {
-        name: {"model_path": gemma_path, "context_window": 512, "n_seq_max": 1,
-               "llamacpp": {"n_threads": THREADS}}
-        for name in ("a", "b")
-    }  # fmt: skip
-    models["e"] = {"model_path": minilm_path, "llamacpp": {"n_threads": THREADS}}
-    kronk = Kronk(KronkConfig.model_validate({"base_path": tmp_path, "models": models}))
-
-    async def answers(model: str, tokens: int = 6) -> int:
-        result = await kronk.complete("The capital of France is", model=model, max_tokens=tokens)
-        return result.usage.completion_tokens
-
-    with kronk:
-        assert await answers("a") == 6
-        assert set(decoded_on) == {"kronk-engine-a"}
-        # Threads that Python does not know: OpenMP's workers among them.
-        native = threads_now() - threading.active_count()
-        decoded_on.clear()
-        busy, quiet, embedded = await asyncio.wait_for(
-            asyncio.gather(answers("a", 24), answers("b"), kronk.embed("hello", model="e")),
-            timeout=120,
-        )
-        assert (busy, quiet, len(embedded.vectors)) == (24, 6, 1)
-        # A second OpenMP pool would add a worker.
-        assert threads_now() - threading.active_count() == native
-        assert set(decoded_on) == {"kronk-engine-a"}
-        decoded_on.clear()  # a idles: its wait serves b's calls
-        assert await asyncio.wait_for(answers("b"), timeout=60) == 6
-        assert set(decoded_on) == {"kronk-engine-a"}
-        await kronk.aunload("a")
-        decoded_on.clear()
-        assert await asyncio.wait_for(answers("b"), timeout=60) == 6
-        assert set(decoded_on) == {"kronk-llama-cpu"}
-        decoded_on.clear()
-        assert await answers("a") == 6
-        assert set(decoded_on) == {"kronk-engine-a"}
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_MODEL_HOSTS, gemma_path, str(minilm_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "hosted as expected" in done.stdout
